@@ -1,0 +1,14 @@
+"""ComfyUI-Prequant: load pre-quantized (torchao int8 / fp8) diffusion transformers in ComfyUI."""
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+# prequant_core is a standalone package (command line, other tools); make it importable by its own name.
+# Appended, not prepended: this folder's nodes/ must never shadow ComfyUI's own top-level nodes module.
+if _here not in sys.path:
+    sys.path.append(_here)
+
+from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
+
+WEB_DIRECTORY = "./web"
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

@@ -1,0 +1,14 @@
+"""The ComfyUI side: the only package that imports ComfyUI."""
+from __future__ import annotations
+
+from . import paths
+from .load import PrequantLoadTransformer
+
+paths.register()
+
+NODE_CLASS_MAPPINGS = {
+    "PrequantLoadTransformer": PrequantLoadTransformer,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "PrequantLoadTransformer": "Load Prequant Transformer",
+}

@@ -1,0 +1,41 @@
+"""A ModelPatcher that lets stock LoRA nodes patch quantized Linears: dequantize -> ComfyUI's own
+``calculate_weight`` -> requantize per row, with the original codes *and* scales backed up, so unpatching
+restores the quantized weight exactly."""
+from __future__ import annotations
+
+import collections
+
+import torch
+
+import comfy.lora
+import comfy.model_patcher
+import comfy.utils
+
+from .ops import is_prequant_linear
+
+_Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])
+
+
+class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
+    def _prequant_op(self, key):
+        mod_name, _, attr = key.rpartition(".")
+        if attr != "weight" or not mod_name:
+            return None
+        try:
+            op = comfy.utils.get_attr(self.model, mod_name)
+        except AttributeError:
+            return None
+        return op if is_prequant_linear(op) else None
+
+    def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
+        op = self._prequant_op(key) if key in self.patches else None
+        if op is None:
+            return super().patch_weight_to_device(key, device_to=device_to, inplace_update=inplace_update)
+        # Tensors made here outlive this call's inference mode (unpatch may run outside it): make them normal.
+        with torch.inference_mode(False), torch.no_grad():
+            if key not in self.backup:
+                self.backup[key] = _Backup(op.weight, False)
+                self.backup[key + "_scale"] = _Backup(op.weight_scale, False)
+            dense = op.prequant_dense(torch.float32, device=device_to)
+            out = comfy.lora.calculate_weight(self.patches[key], dense, key)
+            op.prequant_assign_dense(out)

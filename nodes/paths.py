@@ -1,0 +1,78 @@
+"""The ``prequant`` model folder and the file list the loader offers."""
+from __future__ import annotations
+
+import os
+
+import folder_paths
+
+FOLDER = "prequant"
+EXTENSIONS = {".safetensors", ".pt"}
+DIFFUSION_PREFIX = "diffusion_models/"
+NONE_CHOICE = "(none: use path or hub_repo)"
+# Name patterns of pre-quantized files (FORMAT.md section 3); headers are read for .safetensors as well.
+_NAME_TOKENS = ("-int8", "-fp8", "_int8", "_fp8", "prequant")
+_header_cache: dict = {}
+
+
+def register() -> None:
+    default = os.path.join(folder_paths.models_dir, FOLDER)
+    if FOLDER in folder_paths.folder_names_and_paths:
+        paths, exts = folder_paths.folder_names_and_paths[FOLDER]
+        folder_paths.folder_names_and_paths[FOLDER] = (paths, set(exts) | EXTENSIONS)
+    else:
+        # Extensions are given explicitly: an empty set means "no files" on some ComfyUI distributions.
+        folder_paths.folder_names_and_paths[FOLDER] = ([default], set(EXTENSIONS))
+    try:
+        os.makedirs(default, exist_ok=True)
+    except OSError:
+        pass
+
+
+def model_dirs() -> list[str]:
+    dirs = []
+    for name in (FOLDER, "diffusion_models"):
+        try:
+            dirs.extend(folder_paths.get_folder_paths(name))
+        except (KeyError, AttributeError):
+            pass
+    return dirs
+
+
+def _looks_prequant(full: str) -> bool:
+    low = os.path.basename(full).lower()
+    if full.endswith(".safetensors"):
+        try:
+            st = os.stat(full)
+        except OSError:
+            return False
+        key = (full, st.st_mtime_ns, st.st_size)
+        if key not in _header_cache:
+            from prequant_core.formats.safetensors_container import read_header
+            try:
+                _, meta, _ = read_header(full)
+                _header_cache[key] = "unsloth_format" in meta
+            except Exception:  # noqa: BLE001 - an unreadable file is simply not offered
+                _header_cache[key] = False
+        return _header_cache[key]
+    return low.endswith(".pt") and any(t in low for t in _NAME_TOKENS)
+
+
+def choices() -> list[str]:
+    own = sorted(f for f in folder_paths.get_filename_list(FOLDER) if os.path.splitext(f)[1] in EXTENSIONS)
+    extra = []
+    try:
+        for f in folder_paths.get_filename_list("diffusion_models"):
+            full = folder_paths.get_full_path("diffusion_models", f)
+            if full and os.path.splitext(f)[1] in EXTENSIONS and _looks_prequant(full):
+                extra.append(DIFFUSION_PREFIX + f)
+    except KeyError:
+        pass
+    return [NONE_CHOICE] + own + sorted(extra)
+
+
+def resolve(choice: str) -> str | None:
+    if not choice or choice == NONE_CHOICE:
+        return None
+    if choice.startswith(DIFFUSION_PREFIX):
+        return folder_paths.get_full_path_or_raise("diffusion_models", choice[len(DIFFUSION_PREFIX):])
+    return folder_paths.get_full_path_or_raise(FOLDER, choice)

@@ -1,0 +1,85 @@
+"""One error family for everything the pack refuses.
+
+Every error carries the file (or source) it is about, what was expected, what was found and what to do,
+so the ComfyUI node, the command line and the log all show the same actionable sentence.
+"""
+from __future__ import annotations
+
+
+class PrequantError(Exception):
+    """Base class. ``str(err)`` is the full user-facing message."""
+
+    kind = "error"
+
+    def __init__(self, message: str, *, path: str | None = None, expected: str | None = None,
+                 found: str | None = None, fix: str | None = None, reasons: list[str] | None = None):
+        self.message = message
+        self.path = path
+        self.expected = expected
+        self.found = found
+        self.fix = fix
+        self.reasons = list(reasons or [])
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        parts = [self.message]
+        if self.path:
+            parts.append(f"File: {self.path}")
+        if self.expected is not None:
+            parts.append(f"Expected: {self.expected}")
+        if self.found is not None:
+            parts.append(f"Found: {self.found}")
+        for r in self.reasons:
+            parts.append(f"- {r}")
+        if self.fix:
+            parts.append(f"Fix: {self.fix}")
+        return "\n".join(parts)
+
+
+class PathNotAllowedError(PrequantError):
+    kind = "path-not-allowed"
+
+
+class CheckpointNotFoundError(PrequantError):
+    kind = "not-found"
+
+
+class CorruptCheckpointError(PrequantError):
+    """Truncated, not a checkpoint, malformed header, inconsistent tensors."""
+    kind = "corrupt"
+
+
+class UnsafeCheckpointError(PrequantError):
+    """The file asks for code execution (pickle globals outside the allowlist)."""
+    kind = "unsafe"
+
+
+class UnsupportedFormatError(PrequantError):
+    """A known container we deliberately do not load (v2/v3, per-tensor fp8, unknown ComfyUI quant formats)."""
+    kind = "unsupported"
+
+
+class ValidationError(PrequantError):
+    """Metadata does not match what the caller asked for; ``reasons`` lists every mismatch."""
+    kind = "invalid"
+
+
+class UnknownFamilyError(PrequantError):
+    kind = "unknown-family"
+
+
+class ComfyVersionError(PrequantError):
+    """The running ComfyUI lacks what a family needs."""
+    kind = "comfy-version"
+
+
+class HubError(PrequantError):
+    kind = "hub"
+
+
+class BuildError(PrequantError):
+    kind = "build"
+
+
+class MemoryBudgetError(PrequantError):
+    kind = "memory"

@@ -1,0 +1,41 @@
+"""``md5-packed-v1``: per quantized weight, md5 over its packed codes then its per-row float32 scales."""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from . import qtensor
+
+ALGO = "md5-packed-v1"
+
+
+def of_tensor(t) -> str:
+    q, s, _ = qtensor.split(t)
+    h = hashlib.md5()
+    h.update(q.contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(s.to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def compute(tensors: dict, skipped: list[str] | None = None) -> dict:
+    mods = {k: of_tensor(v) for k, v in sorted(tensors.items()) if qtensor.is_quantized(v)}
+    return {"algo": ALGO, "count": len(mods), "modules": mods, "skipped": sorted(skipped or [])}
+
+
+def verify(tensors: dict, fp: dict) -> list[str]:
+    """Reasons the fingerprint does not match (empty when it does)."""
+    if not isinstance(fp, dict) or fp.get("algo") != ALGO:
+        return [f"fingerprint algorithm {fp.get('algo') if isinstance(fp, dict) else fp!r} is not {ALGO}"]
+    mods = fp.get("modules") or {}
+    got = {k: of_tensor(v) for k, v in tensors.items() if qtensor.is_quantized(v)}
+    bad = [k for k, h in mods.items() if got.get(k) != h]
+    missing = [k for k in got if k not in mods]
+    out = []
+    if bad:
+        out.append(f"{len(bad)} weights differ from the recorded fingerprint (e.g. '{bad[0]}')")
+    if missing:
+        out.append(f"{len(missing)} quantized weights are not in the fingerprint (e.g. '{missing[0]}')")
+    if fp.get("count") is not None and fp.get("count") != len(got):
+        out.append(f"fingerprint counts {fp.get('count')} weights, file has {len(got)}")
+    return out

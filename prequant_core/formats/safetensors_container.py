@@ -1,0 +1,172 @@
+"""The ``.safetensors`` container (no pickle anywhere): torchao's flattened tensors plus Unsloth's header entries.
+
+Layout (FORMAT.md section 2):
+  tensors   ``<fqn>._weight_qdata`` / ``_weight_scale`` (int8 also ``_weight_zero_point``), plain tensors as is,
+            root-level keys (no dot) as ``unsloth_root::<key>``
+  header    per tensor name the torchao JSON, ``tensor_names``, ``unsloth_format``, ``unsloth_metadata`` (JSON),
+            ``unsloth_root_tensors`` (JSON list)
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from .. import qtensor
+from ..checkpoint import Checkpoint
+from ..errors import CorruptCheckpointError
+from . import torchao_json
+from .validate_tensors import check_quantized
+
+ROOT_PREFIX = "unsloth_root::"
+MAX_HEADER = 100 * 1024 * 1024
+ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def read_header(path: str) -> tuple[dict, dict, int]:
+    """(tensor index, __metadata__, header length) after checking every offset against the file size.
+
+    Reads only the 8-byte length and the header itself: no tensor bytes.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise CorruptCheckpointError("The safetensors file is truncated before its header.", path=path)
+        n = int.from_bytes(raw, "little")
+        if n > MAX_HEADER:
+            raise CorruptCheckpointError("The safetensors header is larger than the 100 MB limit.", path=path,
+                                         found=f"{n} bytes declared")
+        if n > size - 8:
+            raise CorruptCheckpointError("The safetensors header runs past the end of the file (truncated).",
+                                         path=path, found=f"header {n} bytes, file {size} bytes",
+                                         fix="Download or build the file again.")
+        blob = f.read(n)
+    try:
+        header = json.loads(blob.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CorruptCheckpointError("The safetensors header is not valid UTF-8 JSON.", path=path,
+                                     found=f"{type(e).__name__}") from None
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError("The safetensors header is not a JSON object.", path=path)
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise CorruptCheckpointError("The safetensors __metadata__ is not a string-to-string map.", path=path)
+    data_len = size - 8 - n
+    spans = []
+    for name, info in header.items():
+        ok = (isinstance(info, dict) and info.get("dtype") in ST_DTYPES and isinstance(info.get("shape"), list)
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])
+              and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+              and all(isinstance(o, int) and not isinstance(o, bool) for o in info["data_offsets"]))
+        if not ok:
+            raise CorruptCheckpointError(f"Tensor entry '{name[:80]}' in the safetensors header is malformed.",
+                                         path=path, found=json.dumps(info)[:200])
+        a, b = info["data_offsets"]
+        numel = 1
+        for d in info["shape"]:
+            numel *= d
+        if not (0 <= a <= b <= data_len) or b - a != numel * ST_DTYPES[info["dtype"]]:
+            raise CorruptCheckpointError(f"Tensor '{name[:80]}' points outside the file or has the wrong length "
+                                         "for its shape (truncated or corrupt).", path=path,
+                                         found=f"offsets {a}..{b}, data section {data_len} bytes, "
+                                               f"{info['dtype']} {info['shape']}",
+                                         fix="Download or build the file again.")
+        spans.append((a, b, name))
+    spans.sort()
+    for (a1, b1, n1), (a2, b2, n2) in zip(spans, spans[1:]):
+        if a2 < b1:
+            raise CorruptCheckpointError("Two tensors in the safetensors file overlap.", path=path,
+                                         found=f"'{n1[:60]}' and '{n2[:60]}'")
+    return header, meta, n
+
+
+def _json_entry(meta: dict, key: str, path: str, default):
+    raw = meta.get(key)
+    if raw is None:
+        return default
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        raise CorruptCheckpointError(f"Header entry '{key}' is not valid JSON.", path=path) from None
+
+
+def read_safetensors(path: str) -> Checkpoint:
+    from safetensors import safe_open
+    index, meta, _ = read_header(path)
+    tag = meta.get("unsloth_format")
+    metadata = _json_entry(meta, "unsloth_metadata", path, {})
+    if not isinstance(metadata, dict):
+        raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
+    if tag is None and any(k.endswith(".comfy_quant") for k in index) or "_quantization_metadata" in meta \
+            or "scaled_fp8" in index:
+        from .comfy_native import read_comfy_native
+        return read_comfy_native(path, index, meta)
+    tensor_names = _json_entry(meta, "tensor_names", path, None)
+    roots = _json_entry(meta, "unsloth_root_tensors", path, [])
+    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+        raise CorruptCheckpointError("Header entry 'unsloth_root_tensors' is not a list of names.", path=path)
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            raw = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
+        raise CorruptCheckpointError("The safetensors file could not be read.", path=path,
+                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
+    tensors: dict = {}
+    consumed: set = set()
+    if tensor_names is not None:
+        if not isinstance(tensor_names, list) or not all(isinstance(t, str) for t in tensor_names):
+            raise CorruptCheckpointError("Header entry 'tensor_names' is not a list of names.", path=path)
+        for name in tensor_names:
+            entry = meta.get(name)
+            if entry is None:
+                raise CorruptCheckpointError(f"Header lists tensor '{name[:80]}' but has no entry for it.", path=path)
+            if "." not in name:
+                raise CorruptCheckpointError(f"Tensor name '{name[:80]}' has no module path.", path=path)
+            fqn, attr = name.rsplit(".", 1)
+            prefix = f"{fqn}._{attr}_"
+            parts = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
+            if parts:
+                try:
+                    t = torchao_json.decode_weight(entry, parts)
+                except torchao_json.DecodeError as e:
+                    raise CorruptCheckpointError(f"Quantized tensor '{name[:80]}' cannot be decoded: {e}.",
+                                                 path=path, fix="Download or build the file again.") from None
+                check_quantized(name, t, path)
+                tensors[name] = t
+                consumed.update(prefix + p for p in parts)
+            elif name in raw:
+                tensors[name] = raw[name]
+                consumed.add(name)
+            else:
+                raise CorruptCheckpointError(f"Tensor '{name[:80]}' is listed in the header but missing.", path=path)
+    for k, v in raw.items():
+        if k in consumed:
+            continue
+        if k.startswith(ROOT_PREFIX):
+            tensors[k[len(ROOT_PREFIX):]] = v
+        else:
+            tensors[k] = v
+    if not tensors:
+        raise CorruptCheckpointError("The checkpoint holds no tensors.", path=path)
+    return Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=metadata, tensors=tensors)
+
+
+def flatten(tensors: dict, *, format_tag: str, metadata: dict) -> tuple[dict, dict]:
+    """State dict with torchao tensors -> (plain tensors, header) in the container's layout."""
+    from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+    dotted = {k: v for k, v in tensors.items() if "." in k}
+    roots = {k: v for k, v in tensors.items() if "." not in k}
+    # torchao's flatten clones every tensor; fine for the per-layer pieces we pass it, and it keeps its JSON exact
+    flat, header = flatten_tensor_state_dict(dotted)
+    for k, v in roots.items():
+        if qtensor.is_quantized(v):
+            raise ValueError(f"root-level tensor '{k}' cannot be quantized")
+        flat[ROOT_PREFIX + k] = v.contiguous()
+    header["unsloth_format"] = format_tag
+    header["unsloth_metadata"] = json.dumps(metadata, sort_keys=True, default=str)
+    header["unsloth_root_tensors"] = json.dumps(sorted(roots))
+    flat = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in flat.items()}
+    return flat, header

@@ -1,0 +1,128 @@
+"""Scheme -> torchao config and the layer filter: one implementation shared by the builder and by load-time
+quantization, so a pre-quantized file and quantizing on the fly give the same tensors bit for bit."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .errors import ValidationError
+
+# FORMAT.md section 1: int8 files exclude these name tokens on every family; other schemes exclude none.
+INT8_BASE_EXCLUDE = ("norm", "_mod", "modulation", "timestep_embed", "guidance_embed", "time_text_embed",
+                     "pooled", "time_embed")
+
+SCHEMES = ("int8", "fp8", "int8-weight-only", "fp8-weight-only")
+KNOWN_BUT_UNSUPPORTED = ("nvfp4", "mxfp8")
+DEFAULT_MIN_FEATURES = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemeRules:
+    name: str
+    require_bf16: bool
+    require_divisible: int
+    fast_accum: bool | None
+    fp8_granularity: str | None
+
+
+def rules(scheme: str) -> SchemeRules:
+    scheme = normalize(scheme)
+    fp8 = scheme.startswith("fp8")
+    return SchemeRules(scheme, require_bf16=fp8, require_divisible=16 if fp8 else 0,
+                       fast_accum=True if scheme == "fp8" else None,
+                       fp8_granularity="per_row" if fp8 else None)
+
+
+def normalize(scheme: str) -> str:
+    s = str(scheme).strip().lower().replace("_", "-")
+    if s in ("int8-wo", "int8wo"):
+        s = "int8-weight-only"
+    if s in ("fp8-wo", "fp8wo"):
+        s = "fp8-weight-only"
+    if s in SCHEMES:
+        return s
+    if s in KNOWN_BUT_UNSUPPORTED:
+        raise ValidationError(f"Scheme '{scheme}' is a real pre-quantized scheme but this pack does not load it yet.",
+                              expected=" / ".join(SCHEMES), found=s, fix="Use an int8 or fp8 checkpoint.")
+    raise ValidationError(f"Unknown quantization scheme '{scheme}'.", expected=" / ".join(SCHEMES), found=str(scheme),
+                          fix="Pick one of the listed schemes.")
+
+
+def torchao_config(scheme: str):
+    """The exact torchao config a scheme stands for (FORMAT.md)."""
+    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig,
+                                      Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, PerRow)
+    from torchao.float8.inference import Float8MMConfig
+    from torchao.quantization.quantize_.common import KernelPreference
+    scheme = normalize(scheme)
+    if scheme == "int8":
+        return Int8DynamicActivationInt8WeightConfig()
+    if scheme == "fp8":
+        return Float8DynamicActivationFloat8WeightConfig(
+            granularity=PerRow(), activation_value_lb=1e-12, kernel_preference=KernelPreference.TORCH,
+            mm_config=Float8MMConfig(use_fast_accum=True))
+    if scheme == "int8-weight-only":
+        return Int8WeightOnlyConfig()
+    return Float8WeightOnlyConfig()
+
+
+def quantize_weight(weight: torch.Tensor, scheme: str):
+    """Quantize one Linear weight exactly as ``quantize_(module, torchao_config(scheme))`` would.
+
+    torchao's fp8 module handler asserts a CUDA GPU of compute capability >= 8.9; the tensor it builds is
+    ``Float8Tensor.from_hp`` with the config's fields, which runs anywhere, so that is what we call.
+    """
+    from torchao.quantization.quantize_.workflows import Float8Tensor, Int8Tensor
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
+    from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
+    cfg = torchao_config(scheme)
+    scheme = normalize(scheme)
+    if scheme == "int8":
+        act_g, w_g = Int8Tensor._normalize_granularity(cfg.granularity)
+        return Int8Tensor.from_hp(weight, granularity=w_g, act_quant_kwargs=QuantizeTensorToInt8Kwargs(
+            granularity=act_g, mapping_type=cfg.act_mapping_type, reduce_range=cfg.reduce_range),
+            reduce_range=cfg.reduce_range)
+    if scheme == "int8-weight-only":
+        return Int8Tensor.from_hp(weight, granularity=cfg.granularity)
+    if scheme == "fp8":
+        act_g, w_g = cfg.granularity
+        return Float8Tensor.from_hp(weight, float8_dtype=cfg.weight_dtype, granularity=w_g, mm_config=cfg.mm_config,
+                                    kernel_preference=cfg.kernel_preference,
+                                    act_quant_kwargs=QuantizeTensorToFloat8Kwargs(
+                                        cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
+                                        hp_value_ub=cfg.activation_value_ub,
+                                        kernel_preference=cfg.kernel_preference))
+    return Float8Tensor.from_hp(weight, float8_dtype=cfg.weight_dtype, granularity=cfg.granularity)
+
+
+def exclude_tokens(scheme: str, family_extra: tuple[str, ...] = ()) -> list[str]:
+    if normalize(scheme).startswith("int8"):
+        return sorted(set(INT8_BASE_EXCLUDE) | set(family_extra))
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerFilter:
+    """Which ``nn.Linear`` weights a scheme quantizes (FORMAT.md filter)."""
+    scheme: str
+    min_features: int = DEFAULT_MIN_FEATURES
+    exclude: tuple[str, ...] = ()
+
+    def reason_skipped(self, name: str, weight: torch.Tensor) -> str | None:
+        """None if the Linear weight is quantized, else why not. ``name`` is the module name (no ``.weight``)."""
+        r = rules(self.scheme)
+        if weight.ndim != 2:
+            return "not a Linear weight"
+        out_f, in_f = weight.shape
+        if in_f < self.min_features or out_f < self.min_features:
+            return f"smaller than min_features={self.min_features}"
+        low = name.lower()
+        for tok in self.exclude:
+            if tok in low:
+                return f"name contains excluded token '{tok}'"
+        if r.require_bf16 and weight.dtype != torch.bfloat16:
+            return f"{weight.dtype} weight (scheme needs bfloat16)"
+        if r.require_divisible and (in_f % r.require_divisible or out_f % r.require_divisible):
+            return f"dims not divisible by {r.require_divisible}"
+        return None
