@@ -39,3 +39,13 @@ def save_dense_safetensors(sd: dict, path: str) -> str:
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in sd.items()}, path)
     return path
+
+
+def zimage_comfy_layout(dense_diffusers: dict) -> dict:
+    """The same weights in ComfyUI's key layout (fused qkv), converted with ComfyUI's own key map."""
+    import comfy.utils
+    from prequant_core import families, keymap
+    fam = families.get("z-image")
+    shapes = {k: tuple(v.shape) for k, v in dense_diffusers.items()}
+    cfg = fam.comfy_unet_config(shapes, {})
+    return keymap.to_comfy(dense_diffusers, getattr(comfy.utils, fam.comfy_key_map)(cfg))

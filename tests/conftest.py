@@ -1,0 +1,87 @@
+"""Shared fixtures: the real ComfyUI (headless, in-process), tiny real-architecture models, files on disk."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tools import tiny_models  # noqa: E402
+
+BASE_ID = "Tongyi-MAI/Z-Image-Turbo"
+
+
+@pytest.fixture(scope="session")
+def comfy(tmp_path_factory):
+    """(ComfyUI's nodes module, this pack's module) with ComfyUI imported headless on the CPU.
+
+    ComfyUI's base directory is a session temp folder, so models/prequant etc. are real folders we control.
+    """
+    from tools import comfy_headless
+    base = tmp_path_factory.mktemp("comfy_base")
+    nodes, pack = comfy_headless.boot(base_dir=str(base))
+    import folder_paths
+    pack.nodes.paths.register()
+    return nodes, pack
+
+
+@pytest.fixture(scope="session")
+def models_dir(comfy):
+    import folder_paths
+    return folder_paths.models_dir
+
+
+@pytest.fixture(scope="session")
+def zimage_dense():
+    """Dense tiny Z-Image (diffusers layout, bf16), built once per session."""
+    return tiny_models.zimage_dense(seed=0)
+
+
+@pytest.fixture(scope="session")
+def prequant_files(zimage_dense, tmp_path_factory):
+    """Factory: path of a pre-quantized tiny Z-Image file for (scheme, container, layout), cached per session."""
+    from prequant_core import build, families
+    cache: dict = {}
+    folder = tmp_path_factory.mktemp("prequant_files")
+    fam = families.get("z-image")
+
+    def make(scheme="int8", container="safetensors", layout="diffusers"):
+        key = (scheme, container, layout)
+        if key not in cache:
+            path = str(folder / f"Z-Image-Turbo-{scheme.upper()}-{layout}.{container}")
+            if layout == "diffusers":
+                build.build_from_tensors(path, zimage_dense, family=fam, scheme=scheme, base_model_id=BASE_ID,
+                                         container=container)
+            else:
+                tensors = tiny_models.zimage_comfy_layout(zimage_dense)
+                build.build_from_tensors(path, tensors, family=fam, scheme=scheme, base_model_id=BASE_ID,
+                                         container=container)
+            cache[key] = path
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture
+def allow_dir(monkeypatch):
+    """Allowlist a folder for explicit paths via the documented environment variable."""
+    def allow(*dirs):
+        monkeypatch.setenv("PREQUANT_ALLOW_LOCAL_PATH", os.pathsep.join(str(d) for d in dirs))
+    return allow
+
+
+def sample(model, steps=2, seed=0, size=32, cap_len=12, cap_dim=768, cfg=1.0):
+    """One deterministic KSampler run through ComfyUI's own sampling code; returns the latent."""
+    import comfy.sample
+    g = torch.Generator().manual_seed(seed)
+    cond = [[torch.randn(1, cap_len, cap_dim, generator=g), {}]]
+    latent = torch.zeros(1, 16, size, size)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed + 1))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", cond, cond, latent, seed=seed,
+                                   disable_pbar=True)
