@@ -1,4 +1,5 @@
 """ComfyUI-Prequant: load pre-quantized (torchao int8 / fp8) diffusion transformers in ComfyUI."""
+import importlib.util
 import os
 import sys
 
@@ -8,7 +9,11 @@ _here = os.path.dirname(os.path.abspath(__file__))
 if _here not in sys.path:
     sys.path.append(_here)
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
-
 WEB_DIRECTORY = "./web"
+
+if importlib.util.find_spec("folder_paths") is not None:
+    from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+else:  # imported outside ComfyUI (e.g. by a test runner collecting this folder): nothing to register
+    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = {}, {}
+
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

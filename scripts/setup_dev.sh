@@ -27,6 +27,10 @@ if [ ! -f .comfyui/comfyui_version.py ]; then
   # Its extra_model_paths.yaml points at horde's own (absent) node folder and stops the server.
   rm -f .comfyui/extra_model_paths.yaml
 fi
+# Test-only system pieces (headless Chromium for the browser test, torchao 0.14.1 for legacy fixtures).
+if [ "${1:-}" = "--with-test-extras" ]; then
+  "$root/scripts/setup_test_extras.sh"
+fi
 mkdir -p .comfyui/custom_nodes
 ln -sfn "$root" .comfyui/custom_nodes/ComfyUI-Prequant
 echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch,torchao;print("torch",torch.__version__,"torchao",torchao.__version__)')), ComfyUI $(sed -n 's/^__version__ = "\(.*\)"/\1/p' .comfyui/comfyui_version.py)"

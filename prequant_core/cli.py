@@ -1,0 +1,37 @@
+"""``python -m prequant_core``: inspect, verify and build pre-quantized checkpoints without ComfyUI.
+
+Each command lives beside the code it drives: ``info`` / ``verify`` in info.py, ``build`` in build.py; every
+module exposes ``add_cli(subparsers)`` which registers its commands with a ``func(args) -> exit code``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+from .errors import PrequantError
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import build, info
+    p = argparse.ArgumentParser(prog="python -m prequant_core",
+                                description="Inspect, verify and build pre-quantized (torchao int8 / fp8) diffusion "
+                                            "transformer checkpoints.")
+    p.add_argument("--version", action="version", version=f"prequant_core {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (info, build):
+        if hasattr(module, "add_cli"):
+            module.add_cli(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PrequantError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""Inspecting checkpoints (``info``) and checking them against a request (``verify``)."""

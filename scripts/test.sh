@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up the pinned dev environment if needed, then runs the whole test suite.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/setup_dev.sh" --with-test-extras
+cd "$root"
+exec .venv/bin/python -m pytest tests "$@"
