@@ -1,1 +1,528 @@
-"""Inspecting checkpoints (``info``) and checking them against a request (``verify``)."""
+"""Inspecting checkpoints (``info``) and checking them against a request (``verify``).
+
+``info(path)`` tells what a checkpoint is without loading it:
+
+- ``.safetensors``: only the 8-byte length and the JSON header are read. Every tensor becomes a ``meta`` tensor
+  (shape and dtype, no storage); quantized weights are rebuilt as torchao tensors on ``meta`` with the same strict
+  decoder the real reader uses, so the report, family detection and ``metadata.validate`` see exactly what a full
+  read would, minus the bytes.
+- ``.pt``: ``torch.load(mmap=True, weights_only=True)``: the pickle is read, tensor storages stay mapped and are
+  never touched (sizes come from shapes and dtypes).
+- Kinds these light paths do not understand (a ComfyUI-native safetensors twin, a legacy torchao-v1 ``.pt``) fall
+  back to the full reader (``formats.read``), whatever ``container`` it reports; the report says how it was read.
+
+Fingerprint verification hashes every quantized weight, so it reads the data; it runs only when asked
+(``verify_fingerprint=True``), one weight at a time.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from . import families, fingerprint, formats, metadata, qtensor
+from .checkpoint import Checkpoint
+from .errors import CorruptCheckpointError, UnknownFamilyError
+
+READ_HEADER = "header"  # safetensors: length + JSON header only
+READ_MMAP = "mmap"  # torch.load(mmap=True): pickle only, tensor bytes mapped, untouched
+READ_FULL = "full"  # the full reader: every tensor loaded (kinds the light paths do not understand)
+READ_MODE_TEXT = {READ_HEADER: "header only, no weight bytes", READ_MMAP: "index only (memory-mapped, weights untouched)",
+                  READ_FULL: "full read"}
+
+ST_TORCH_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F8_E4M3": torch.float8_e4m3fn,
+                   "F8_E5M2": torch.float8_e5m2, "I16": torch.int16, "U16": torch.uint16, "F16": torch.float16,
+                   "BF16": torch.bfloat16, "I32": torch.int32, "U32": torch.uint32, "F32": torch.float32,
+                   "I64": torch.int64, "U64": torch.uint64, "F64": torch.float64}
+QUANT_CODE_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The report
+
+@dataclasses.dataclass
+class Report:
+    path: str
+    file_size: int
+    container: str  # "safetensors" | "pt" | "legacy-pt" | "comfyui-native" | whatever a reader reports
+    read_mode: str  # READ_HEADER | READ_MMAP | READ_FULL
+    format_tag: str | None
+    scheme: str | None  # as recorded in the metadata, else inferred from the weights
+    schemes_found: list[str]  # from the weights themselves
+    family: str | None
+    layout: str | None  # key layout: "diffusers" | "comfyui"
+    base_model_id: Any
+    component: Any
+    transformer_class: Any
+    quantized_count: int
+    quantized_bytes: int  # stored bytes of the quantized weights (codes + scales + zero points)
+    dense_count: int
+    dense_bytes: int  # every other tensor, as stored
+    dense_equivalent_bytes: int  # the same checkpoint unquantized (quantized weights at their logical dtype)
+    torch_version: Any
+    torchao_version: Any
+    diffusers_version: Any
+    min_features: Any
+    exclude_tokens: Any
+    fingerprint_present: bool
+    fingerprint_algo: Any
+    fingerprint_count: Any
+    fingerprint_verified: bool | None  # None: not checked (not asked, or nothing to check)
+    fingerprint_reasons: list[str]
+    request: dict | None  # what the verdict was checked against; None: the file's own consistency only
+    valid: bool
+    reasons: list[str]
+    notes: list[str]
+
+    @property
+    def file(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.quantized_bytes + self.dense_bytes
+
+    @property
+    def saving_bytes(self) -> int:
+        return self.dense_equivalent_bytes - self.total_bytes
+
+    @property
+    def saving_pct(self) -> float:
+        if self.dense_equivalent_bytes <= 0:
+            return 0.0
+        return round(100.0 * self.saving_bytes / self.dense_equivalent_bytes, 1)
+
+    def verdict_line(self) -> str:
+        if self.request:
+            asked = ", ".join(f"{k} '{v}'" for k, v in self.request.items())
+            head = f"VALID for {asked}" if self.valid else f"INVALID for {asked}"
+        else:
+            head = ("VALID (no base or scheme requested: the file is self-consistent)" if self.valid
+                    else "INVALID (the file is not a loadable pre-quantized checkpoint)")
+        return head
+
+    def rows(self) -> list[list[str]]:
+        """(label, value) pairs: the one layout both ``to_text`` and the browser table show."""
+        def opt(v):
+            return "-" if v is None or v == "" else str(v)
+
+        versions = ", ".join(f"{name} {v}" for name, v in (("torch", self.torch_version),
+                                                           ("torchao", self.torchao_version),
+                                                           ("diffusers", self.diffusers_version)) if v)
+        fam = opt(self.family)
+        if self.layout:
+            fam += f" ({self.layout} keys)"
+        if self.transformer_class:
+            fam += f", {self.transformer_class}"
+        scheme = opt(self.scheme)
+        if self.schemes_found and [self.scheme] != self.schemes_found:
+            scheme += f" (weights: {', '.join(self.schemes_found)})"
+        if not self.fingerprint_present:
+            fp = "absent"
+        else:
+            fp = f"{opt(self.fingerprint_algo)}, {opt(self.fingerprint_count)} weights; "
+            fp += {None: "not verified", True: "verified", False: "MISMATCH"}[self.fingerprint_verified]
+        ex = self.exclude_tokens
+        ex_text = "-" if ex is None else (", ".join(map(str, ex)) if isinstance(ex, list) and ex else
+                                          "none" if isinstance(ex, list) else str(ex))
+        return [
+            ["File", f"{self.file} ({human_bytes(self.file_size)})"],
+            ["Format", f"{opt(self.format_tag)} [{self.container}, read: {READ_MODE_TEXT.get(self.read_mode, self.read_mode)}]"],
+            ["Scheme", scheme],
+            ["Family", fam],
+            ["Base model", opt(self.base_model_id)],
+            ["Component", opt(self.component)],
+            ["Quantized", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)}"],
+            ["Dense", f"{self.dense_count} tensors, {human_bytes(self.dense_bytes)}"],
+            ["Total size", human_bytes(self.total_bytes)],
+            ["Dense equivalent", f"{human_bytes(self.dense_equivalent_bytes)} (saves {human_bytes(self.saving_bytes)}, "
+                                 f"{self.saving_pct:.1f} %)"],
+            ["Versions", versions or "-"],
+            ["min_features", opt(self.min_features)],
+            ["Excluded names", ex_text],
+            ["Fingerprint", fp],
+        ]
+
+    def to_dict(self) -> dict:
+        d = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        d.update(file=self.file, total_bytes=self.total_bytes, saving_bytes=self.saving_bytes,
+                 saving_pct=self.saving_pct,
+                 verdict={"ok": self.valid, "reasons": list(self.reasons), "requested": _jsonable(self.request),
+                          "summary": self.verdict_line()},
+                 rows=self.rows())
+        return d
+
+    def to_text(self) -> str:
+        rows = self.rows()
+        width = max(len(k) for k, _ in rows)
+        lines = [f"Prequant Info: {self.file}", f"  {'Verdict'.ljust(width)}  {self.verdict_line()}"]
+        lines += [f"  {' ' * width}  - {r}" for r in self.reasons]
+        lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def human_bytes(n: int) -> str:
+    n = int(n)
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+def _jsonable(v):
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    if isinstance(v, str):
+        return str(v)  # TorchVersion and other str subclasses -> plain str
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set)):
+        return [_jsonable(x) for x in v]
+    return str(v)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Light readers: a Checkpoint whose tensors carry shapes and dtypes but whose bytes were never read
+
+@dataclasses.dataclass
+class _Light:
+    checkpoint: Checkpoint
+    read_mode: str
+    # safetensors only: logical name -> (torchao JSON entry, {part: stored key}) for streaming verification
+    quantized_parts: dict | None = None
+
+
+def _json_header_entry(meta: dict, key: str, path: str, default):
+    raw = meta.get(key)
+    if raw is None:
+        return default
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        raise CorruptCheckpointError(f"Header entry '{key}' is not valid JSON.", path=path) from None
+
+
+def _is_comfy_native(index: dict, meta: dict) -> bool:
+    # The same test the full reader applies before handing the file to the ComfyUI-native reader.
+    return (meta.get("unsloth_format") is None and any(k.endswith(".comfy_quant") for k in index)) \
+        or "_quantization_metadata" in meta or "scaled_fp8" in index
+
+
+def _meta_tensor(info: dict) -> torch.Tensor:
+    return torch.empty(info["shape"], dtype=ST_TORCH_DTYPES[info["dtype"]], device="meta")
+
+
+def _safetensors_light(path: str) -> _Light | None:
+    """Header-only read, mirroring ``read_safetensors`` key for key. None: not a layout this path understands."""
+    from .formats import safetensors_container as sc
+    from .formats import torchao_json
+    index, meta, _ = sc.read_header(path)
+    if _is_comfy_native(index, meta):
+        return None
+    tag = meta.get("unsloth_format")
+    md = _json_header_entry(meta, "unsloth_metadata", path, {})
+    if not isinstance(md, dict):
+        raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
+    tensor_names = _json_header_entry(meta, "tensor_names", path, None)
+    roots = _json_header_entry(meta, "unsloth_root_tensors", path, [])
+    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+        raise CorruptCheckpointError("Header entry 'unsloth_root_tensors' is not a list of names.", path=path)
+    keys = sorted(index)
+    tensors: dict = {}
+    consumed: set = set()
+    qparts: dict = {}
+    if tensor_names is not None:
+        if not isinstance(tensor_names, list) or not all(isinstance(t, str) for t in tensor_names):
+            raise CorruptCheckpointError("Header entry 'tensor_names' is not a list of names.", path=path)
+        for name in tensor_names:
+            entry = meta.get(name)
+            if entry is None:
+                raise CorruptCheckpointError(f"Header lists tensor '{name[:80]}' but has no entry for it.", path=path)
+            if "." not in name:
+                raise CorruptCheckpointError(f"Tensor name '{name[:80]}' has no module path.", path=path)
+            fqn, attr = name.rsplit(".", 1)
+            prefix = f"{fqn}._{attr}_"
+            i = bisect.bisect_left(keys, prefix)
+            stored = {}
+            while i < len(keys) and keys[i].startswith(prefix):
+                stored[keys[i][len(prefix):]] = keys[i]
+                i += 1
+            if stored:
+                parts = {p: _meta_tensor(index[k]) for p, k in stored.items()}
+                try:
+                    t = torchao_json.decode_weight(entry, parts)
+                except torchao_json.DecodeError as e:
+                    raise CorruptCheckpointError(f"Quantized tensor '{name[:80]}' cannot be decoded: {e}.",
+                                                 path=path, fix="Download or build the file again.") from None
+                _check_quantized_shapes(name, t, path)
+                tensors[name] = t
+                qparts[name] = (entry, stored)
+                consumed.update(stored.values())
+            elif name in index:
+                tensors[name] = _meta_tensor(index[name])
+                consumed.add(name)
+            else:
+                raise CorruptCheckpointError(f"Tensor '{name[:80]}' is listed in the header but missing.", path=path)
+    for k in keys:
+        if k in consumed:
+            continue
+        name = k[len(sc.ROOT_PREFIX):] if k.startswith(sc.ROOT_PREFIX) else k
+        tensors[name] = _meta_tensor(index[k])
+    if not tensors:
+        raise CorruptCheckpointError("The checkpoint holds no tensors.", path=path)
+    ck = Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=md, tensors=tensors)
+    return _Light(ck, READ_HEADER, qparts)
+
+
+def _check_quantized_shapes(key: str, t, path: str) -> None:
+    """``validate_tensors.check_quantized`` without touching data (no zero-point values)."""
+    q, s = t.qdata, t.scale
+    rows = q.shape[0] if q.ndim else 0
+    if q.ndim != 2 or s.numel() not in (1, rows) or tuple(t.shape) != tuple(q.shape):
+        raise CorruptCheckpointError(f"Quantized tensor '{key}' has mismatched data and scale shapes.", path=path,
+                                     found=f"data {tuple(q.shape)}, scale {tuple(s.shape)}")
+    if q.dtype not in QUANT_CODE_DTYPES:
+        raise CorruptCheckpointError(f"Quantized tensor '{key}' stores {q.dtype} codes.", path=path,
+                                     expected="int8 or float8 codes")
+
+
+def _pt_light(path: str) -> _Light | None:
+    """torch.load(mmap=True, weights_only=True); container checks as ``read_pt``; no tensor byte touched.
+
+    None: a legacy torchao-v1 file (the full reader knows how to convert it).
+    """
+    from .formats import pt as ptf
+    try:
+        obj = ptf.load_weights_only(path, mmap=True)
+    except ptf._LegacyV1:  # noqa: SLF001 - the .pt reader's own signal for torchao-v1 pickles
+        return None
+    if not isinstance(obj, dict) or "state_dict" not in obj:
+        found = type(obj).__name__ if not isinstance(obj, dict) else f"dict with keys {sorted(map(str, obj))[:8]}"
+        raise CorruptCheckpointError(
+            "This .pt file is not a pre-quantized transformer container.", path=path,
+            expected="a dict with 'format', 'metadata' and 'state_dict'", found=found,
+            fix="Use a file written by Build Prequant Checkpoint or an Unsloth *-FP8 repo.")
+    tag = obj.get("format")
+    md = obj.get("metadata") if obj.get("metadata") is not None else {}
+    if tag is not None and not isinstance(tag, str):
+        raise CorruptCheckpointError("The container's 'format' entry is not a string.", path=path,
+                                     found=type(tag).__name__)
+    if not isinstance(md, dict):
+        raise CorruptCheckpointError("The container's 'metadata' entry is not a dict.", path=path,
+                                     found=type(md).__name__)
+    sd = obj["state_dict"]
+    if not isinstance(sd, dict):
+        raise CorruptCheckpointError("The checkpoint's state_dict is not a dict.", path=path, found=type(sd).__name__)
+    if not sd:
+        raise CorruptCheckpointError("The checkpoint holds no tensors.", path=path, fix="Build or download it again.")
+    for k, v in sd.items():
+        if not isinstance(k, str):
+            raise CorruptCheckpointError("A state_dict key is not a string.", path=path, found=repr(k)[:100])
+        if not isinstance(v, torch.Tensor):
+            raise CorruptCheckpointError(f"Entry '{k}' is not a tensor.", path=path, found=type(v).__name__)
+        if qtensor.is_quantized(v):
+            _check_quantized_shapes(k, v, path)
+    return _Light(Checkpoint(path=path, container="pt", format_tag=tag, metadata=dict(md), tensors=dict(sd)),
+                  READ_MMAP)
+
+
+def _open(path: str) -> _Light:
+    kind = formats.sniff(path)
+    light = _safetensors_light(path) if kind == "safetensors" else _pt_light(path)
+    if light is not None:
+        return light
+    return _Light(formats.read(path), READ_FULL)
+
+
+class _StreamedWeights(Mapping):
+    """Quantized weights of a safetensors file, read and decoded one at a time (for fingerprint verification)."""
+
+    def __init__(self, handle, parts: dict, path: str):
+        self._f, self._parts, self._path = handle, parts, path
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __getitem__(self, name: str):
+        from .formats import torchao_json
+        entry, stored = self._parts[name]
+        try:
+            return torchao_json.decode_weight(entry, {p: self._f.get_tensor(k) for p, k in stored.items()})
+        except Exception as e:  # noqa: BLE001 - any failure reading a stranger's bytes is corruption
+            raise CorruptCheckpointError(f"Quantized tensor '{name[:80]}' could not be read.", path=self._path,
+                                         found=f"{type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _verify_fingerprint(light: _Light, fp: dict) -> list[str]:
+    ck = light.checkpoint
+    if light.quantized_parts is None:
+        return fingerprint.verify(ck.tensors, fp)
+    from safetensors import safe_open
+    try:
+        handle = safe_open(ck.path, framework="pt", device="cpu")
+    except Exception as e:  # noqa: BLE001
+        raise CorruptCheckpointError("The safetensors file could not be read.", path=ck.path,
+                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
+    with handle as f:
+        return fingerprint.verify(_StreamedWeights(f, light.quantized_parts, ck.path), fp)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+def _sizes(t) -> tuple[int, int]:
+    """(stored bytes, dense-equivalent bytes) from shapes and dtypes only."""
+    if qtensor.is_quantized(t):
+        parts = [t.qdata, t.scale]
+        zp = getattr(t, "zero_point", None)
+        if zp is not None:
+            parts.append(zp)
+        return sum(p.numel() * p.element_size() for p in parts), qtensor.dense_nbytes(t)
+    n = t.numel() * t.element_size()
+    return n, n
+
+
+def _request_dict(req: metadata.Request | None) -> dict | None:
+    if req is None:
+        return None
+    d = {k: getattr(req, k) for k in ("base_model_id", "scheme", "family", "min_features", "exclude_tokens")
+         if getattr(req, k) not in (None, "")}
+    return d or None
+
+
+def info(path, request: metadata.Request | Mapping | None = None, verify_fingerprint: bool = False) -> Report:
+    """Describe a checkpoint (and judge it against ``request``) without loading its weights.
+
+    Raises the ``PrequantError`` family (not found, corrupt, unsafe, unsupported, unknown family/scheme in the
+    request). A file that reads but does not fit (wrong base, v2 tag, dense) is a report with ``valid=False``.
+    """
+    path = os.fspath(path)
+    if isinstance(request, Mapping):
+        request = metadata.Request(**request)
+    light = _open(path)
+    ck = light.checkpoint
+    md = ck.metadata
+    notes: list[str] = []
+
+    keys = list(ck.tensors)
+    fam = layout = None
+    try:
+        fam, layout = families.detect(keys, md, path)
+    except UnknownFamilyError:
+        notes.append("model family not recognised from the metadata or the tensor names")
+    req_fam = families.get(request.family) if request is not None and request.family else None
+    exclude_extra = (req_fam or fam).int8_exclude_extra if (req_fam or fam) else ()
+    if layout is None and req_fam is not None:
+        layout = req_fam.layout_of(keys)
+
+    verdict = metadata.validate(ck, request or metadata.Request(), exclude_extra)
+    reasons = list(verdict.reasons)
+
+    q_count = q_bytes = d_count = d_bytes = equiv = 0
+    for t in ck.tensors.values():
+        stored, dense = _sizes(t)
+        equiv += dense
+        if qtensor.is_quantized(t):
+            q_count += 1
+            q_bytes += stored
+        else:
+            d_count += 1
+            d_bytes += stored
+    found = sorted(s for s in ck.schemes_found() if s)
+
+    fp = md.get("fingerprint")
+    fp_present = isinstance(fp, dict)
+    fp_verified, fp_reasons = None, []
+    if verify_fingerprint:
+        if not fp_present:
+            notes.append("no fingerprint recorded: nothing to verify")
+        else:
+            fp_reasons = _verify_fingerprint(light, fp)
+            fp_verified = not fp_reasons
+            reasons += [f"fingerprint: {r}" for r in fp_reasons]
+    elif fp_present:
+        notes.append("fingerprint not verified (verification reads every weight; ask for it explicitly)")
+
+    scheme = md.get("scheme") if md.get("scheme") is not None else (",".join(found) or None)
+    return Report(
+        path=os.path.abspath(path), file_size=os.path.getsize(path), container=ck.container, read_mode=light.read_mode,
+        format_tag=ck.format_tag, scheme=scheme, schemes_found=found,
+        family=md.get("family") if isinstance(md.get("family"), str) else (fam.name if fam else None),
+        layout=layout, base_model_id=md.get("base_model_id"), component=md.get("component"),
+        transformer_class=md.get("transformer_class"),
+        quantized_count=q_count, quantized_bytes=q_bytes, dense_count=d_count, dense_bytes=d_bytes,
+        dense_equivalent_bytes=equiv, torch_version=md.get("torch_version"),
+        torchao_version=md.get("torchao_version"), diffusers_version=md.get("diffusers_version"),
+        min_features=md.get("min_features"), exclude_tokens=md.get("exclude_name_tokens"),
+        fingerprint_present=fp_present, fingerprint_algo=fp.get("algo") if fp_present else None,
+        fingerprint_count=(fp.get("count") if fp.get("count") is not None else len(fp.get("modules") or {}))
+        if fp_present else None,
+        fingerprint_verified=fp_verified, fingerprint_reasons=fp_reasons, request=_request_dict(request),
+        valid=not reasons, reasons=reasons, notes=notes)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line: python -m prequant_core info FILE / verify FILE --base ID --scheme S
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "info", help="describe a checkpoint without loading its weights",
+        description="Describe a pre-quantized checkpoint: format tag, container, scheme, family, base model, "
+                    "quantized / dense tensor counts and sizes, the saving against the dense model, recorded "
+                    "versions and filter settings, and whether the file is self-consistent. Reads only the "
+                    "header (.safetensors) or the pickle index (.pt, memory-mapped); weights are read only with "
+                    "--verify-fingerprint. Exit status: 0 when the file could be read (whatever its verdict), "
+                    "2 on error.")
+    p.add_argument("file", metavar="FILE", help="a .safetensors or .pt checkpoint")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of a table")
+    p.add_argument("--verify-fingerprint", action="store_true",
+                   help="also hash every quantized weight and compare with the recorded fingerprint "
+                        "(reads the whole file)")
+    p.set_defaults(func=_cmd_info)
+
+    v = subparsers.add_parser(
+        "verify", help="check that a checkpoint matches a base model and scheme",
+        description="Check a checkpoint against the base model and scheme you mean to load it as, with the "
+                    "same rules as the ComfyUI loader. Exit status: 0 valid, 1 invalid (every reason is "
+                    "printed), 2 on error (missing, unreadable or unsafe file, unknown scheme or family).")
+    v.add_argument("file", metavar="FILE", help="a .safetensors or .pt checkpoint")
+    v.add_argument("--base", required=True, metavar="ID",
+                   help="base model id, e.g. Tongyi-MAI/Z-Image-Turbo (the last path part, any case, also matches)")
+    v.add_argument("--scheme", required=True, metavar="S",
+                   help="quantization scheme: int8, fp8, int8-weight-only or fp8-weight-only")
+    v.add_argument("--min-features", type=int, default=None, metavar="N",
+                   help="require this min_features setting (only Linears with in and out features >= N quantized)")
+    v.add_argument("--family", default=None, metavar="F",
+                   help=f"require this model family ({', '.join(sorted(families.FAMILIES))})")
+    v.add_argument("--verify-fingerprint", action="store_true",
+                   help="also hash every quantized weight against the recorded fingerprint (reads the whole file)")
+    v.add_argument("--json", action="store_true", help="print the full report as JSON instead of the verdict")
+    v.set_defaults(func=_cmd_verify)
+
+
+def _cmd_info(args) -> int:
+    r = info(args.file, verify_fingerprint=args.verify_fingerprint)
+    print(json.dumps(r.to_dict(), indent=2, sort_keys=True) if args.json else r.to_text())
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    req = metadata.Request(scheme=args.scheme, base_model_id=args.base, min_features=args.min_features,
+                           family=args.family)
+    r = info(args.file, req, verify_fingerprint=args.verify_fingerprint)
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(f"{r.file}: {r.verdict_line()}")
+        for reason in r.reasons:
+            print(f"  - {reason}")
+    return 0 if r.valid else 1
+

@@ -1,0 +1,68 @@
+"""Prequant Info: what a checkpoint is (format, scheme, family, base, sizes, verdict) before loading it."""
+from __future__ import annotations
+
+import logging
+import os
+
+from prequant_core import allowlist, schemes
+from prequant_core.errors import PrequantError
+from prequant_core.info import info
+from prequant_core.metadata import Request
+
+from . import paths
+
+log = logging.getLogger("prequant")
+ANY = "any"
+
+
+class PrequantInfo:
+    CATEGORY = "loaders/prequant"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("report",)
+    FUNCTION = "inspect"
+    OUTPUT_NODE = True
+    DESCRIPTION = ("Shows what a pre-quantized checkpoint is without loading it: format, scheme, family, base model, "
+                   "quantized and dense sizes, the saving, recorded versions, and whether it matches the base model "
+                   "and scheme you give. Reads only the file's header / index.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "checkpoint": (paths.choices(), {"tooltip": "A file from models/prequant (or a pre-quantized file "
+                                                            "in models/diffusion_models)."}),
+            },
+            "optional": {
+                "path": ("STRING", {"default": "", "tooltip": "Explicit file path instead of the list (e.g. the "
+                                    "output of Build Prequant Checkpoint). Outside the model folders it must lie "
+                                    "under PREQUANT_ALLOW_LOCAL_PATH."}),
+                "base_model_id": ("STRING", {"default": "", "tooltip": "Judge the file against this base model "
+                                             "(e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough)."}),
+                "scheme": ([ANY] + list(schemes.SCHEMES), {"default": ANY,
+                                                           "tooltip": "Judge the file against this scheme."}),
+                "verify_fingerprint": ("BOOLEAN", {"default": False, "tooltip": "Also hash every quantized weight "
+                                                   "against the recorded fingerprint (reads the whole file)."}),
+            },
+        }
+
+    @classmethod
+    def IS_CHANGED(cls, checkpoint, path="", **kw):
+        target = (path or "").strip() or paths.resolve(checkpoint)
+        try:
+            st = os.stat(target)
+            return f"{target}:{st.st_mtime_ns}:{st.st_size}"
+        except (OSError, TypeError):
+            return f"{target}"
+
+    def inspect(self, checkpoint, path="", base_model_id="", scheme=ANY, verify_fingerprint=False):
+        target = (path or "").strip() or paths.resolve(checkpoint)
+        if not target:
+            raise PrequantError("No checkpoint chosen.", fix="Pick a file in 'checkpoint', or fill 'path'.")
+        real = allowlist.check(target, paths.model_dirs())
+        req = Request(scheme=None if scheme in (ANY, "", None) else scheme,
+                      base_model_id=(base_model_id or "").strip() or None)
+        report = info(real, None if req.scheme is None and req.base_model_id is None else req,
+                      verify_fingerprint=bool(verify_fingerprint))
+        text = report.to_text()
+        log.info("[prequant] %s", text)
+        return {"ui": {"prequant_info": [report.to_dict()], "text": [text]}, "result": (text,)}

@@ -1,0 +1,272 @@
+"""Where a checkpoint comes from: a pure planner (no I/O) plus a "usable source" filter.
+
+``plan(...)`` turns the loader's inputs into an ordered list of candidates:
+
+1. an explicit local path (typed by the user, or picked from the model folder list);
+2. a named Hub repo (``hub_repo``, or the repo of a chosen preset);
+3. the family's hosted repo for the scheme (``families.FAMILIES[...].hosted_repos``; where a family hosts several
+   repos, e.g. FLUX.1 schnell / dev / Krea-dev, the one whose model name matches ``variant`` or the tail of
+   ``base_model_id``);
+4. nothing (an empty plan).
+
+Each Hub candidate carries the filename chain of FORMAT.md section 3, tried in order:
+``<Model>-<SCHEME>.safetensors``, ``<Model>-<SCHEME>.pt``, legacy ``transformer_<scheme>.pt``, where ``<Model>`` is
+the repo name minus a ``-FP8`` / ``-INT8`` / ``-NVFP4`` / ``-MXFP8`` / ``-quantized`` suffix and SCHEME is upper case.
+
+Weight-only schemes (``int8-weight-only``, ``fp8-weight-only``): Unsloth hosts int8 and fp8 files only and no legacy
+name predates them, so (a) a family's hosted repo is never planned for them, and (b) a repo named explicitly is
+searched for ``<Model>-INT8-WEIGHT-ONLY.safetensors`` then ``.pt`` (the normalized scheme name upper-cased, no
+legacy name). Self-hosted weight-only files therefore follow the same pattern as everything else.
+
+``usable(...)`` keeps the candidates that can be used right now: a local path only if the allowlist admits it and the
+file exists; a Hub candidate if one of its names is in the local Hugging Face cache, or if we are not offline. The
+cache check is passed in (``hub.is_cached``) so this module never imports the Hub client.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Callable, Iterable, Mapping
+
+from . import allowlist, families, schemes
+from .errors import HubError
+
+MODEL_SUFFIXES = ("-FP8", "-INT8", "-NVFP4", "-MXFP8", "-quantized")
+HOSTED_SCHEMES = ("int8", "fp8")  # what Unsloth's repos hold (FORMAT.md section 3)
+PRESET_NONE = "none"
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf://", "hf.co/",
+                 "https://hf.co/")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    kind: str  # "local" | "hub"
+    origin: str  # "path" | "hub_repo" | "preset" | "family"
+    scheme: str | None = None
+    path: str | None = None  # local
+    repo: str | None = None  # hub
+    filenames: tuple[str, ...] = ()  # hub, in the order they are tried
+    revision: str | None = None  # hub; None means the default branch
+
+    def describe(self) -> str:
+        if self.kind == "local":
+            return f"local file {self.path}"
+        rev = f"@{self.revision}" if self.revision else ""
+        return f"Hub repo {self.repo}{rev} ({', '.join(self.filenames)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    candidates: tuple[Candidate, ...]
+    notes: tuple[str, ...] = ()  # steps that were skipped and why
+
+    def __bool__(self) -> bool:
+        return bool(self.candidates)
+
+    def __iter__(self):
+        return iter(self.candidates)
+
+    def __len__(self):
+        return len(self.candidates)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    label: str
+    repo: str
+    scheme: str
+    family: str
+
+
+def normalize_repo(repo: str) -> str:
+    """``owner/name`` from what a user may paste (also a huggingface.co URL); raises ``HubError`` if not a repo id."""
+    r = str(repo).strip()
+    for p in _URL_PREFIXES:
+        if r.lower().startswith(p):
+            r = r[len(p):]
+            break
+    r = r.strip("/")
+    if not _REPO_RE.match(r) or ".." in r:
+        raise HubError(f"'{repo}' is not a Hugging Face repo id.", expected="owner/name, e.g. unsloth/Z-Image-Turbo-FP8",
+                       found=str(repo), fix="Type the repo id as shown on its Hugging Face page.")
+    return r
+
+
+def model_name(repo: str) -> str:
+    """``<Model>``: the repo name minus one quantization suffix (``unsloth/Z-Image-Turbo-FP8`` -> ``Z-Image-Turbo``)."""
+    name = repo.rstrip("/").rsplit("/", 1)[-1]
+    low = name.lower()
+    for suf in MODEL_SUFFIXES:
+        if low.endswith(suf.lower()) and len(name) > len(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def scheme_token(scheme: str) -> str:
+    return schemes.normalize(scheme).upper()
+
+
+def filenames(repo: str, scheme: str) -> tuple[str, ...]:
+    """The names to try in ``repo`` for ``scheme``, in order (FORMAT.md section 3)."""
+    s = schemes.normalize(scheme)
+    model = model_name(repo)
+    names = [f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
+    if s in HOSTED_SCHEMES:
+        names.append(f"transformer_{s}.pt")
+    return tuple(names)
+
+
+def scheme_from_repo(repo: str) -> str | None:
+    """The scheme a repo's own suffix names (``-FP8`` -> fp8, ``-INT8`` -> int8), else None."""
+    low = repo.lower()
+    if low.endswith("-fp8"):
+        return "fp8"
+    if low.endswith("-int8"):
+        return "int8"
+    return None
+
+
+def _tail(s: str) -> str:
+    return s.strip().rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str | None = None) -> str | None:
+    """The family's hosted repo. With several: the one whose ``<Model>`` equals ``variant`` (or ends with
+    ``-<variant>``), else equals the tail of ``base_model_id``, else the one matching the family's first base repo,
+    else the first listed. None if the family hosts nothing."""
+    fam = families.get(family)
+    repos = list(fam.hosted_repos)
+    if not repos:
+        return None
+    if len(repos) == 1 and not variant:
+        return repos[0]
+    by_model = {model_name(r).lower(): r for r in repos}
+    if variant and variant.strip():
+        v = _tail(variant)
+        if v in by_model:
+            return by_model[v]
+        hits = [r for m, r in by_model.items() if m.endswith("-" + v)]
+        if len(hits) == 1:
+            return hits[0]
+        raise HubError(f"Family '{fam.name}' has no hosted repo for variant '{variant}'.",
+                       expected=", ".join(repos), found=str(variant),
+                       fix="Pick one of the listed repos in hub_repo, or leave the variant empty.")
+    if base_model_id and base_model_id.strip() and _tail(base_model_id) in by_model:
+        return by_model[_tail(base_model_id)]
+    for base in fam.base_repos:
+        if _tail(base) in by_model:
+            return by_model[_tail(base)]
+    return repos[0]
+
+
+def presets() -> list[Preset]:
+    """One preset per hosted repo and hosted scheme, e.g. ``Z-Image-Turbo / fp8``."""
+    out = []
+    for fam in families.FAMILIES.values():
+        for repo in fam.hosted_repos:
+            for s in HOSTED_SCHEMES:
+                out.append(Preset(f"{model_name(repo)} / {s}", repo, s, fam.name))
+    return out
+
+
+def preset_labels() -> list[str]:
+    return [PRESET_NONE] + [p.label for p in presets()]
+
+
+def get_preset(label: str | None) -> Preset | None:
+    if not label or label.strip().lower() == PRESET_NONE:
+        return None
+    for p in presets():
+        if p.label == label:
+            return p
+    raise HubError(f"Unknown preset '{label}'.", expected=", ".join(preset_labels()), found=str(label),
+                   fix="Pick a preset from the list (the list follows the families this pack supports).")
+
+
+def _clean(s: str | None) -> str | None:
+    s = (s or "").strip()
+    return s or None
+
+
+def plan(path: str | None = None, hub_repo: str | None = None, family: str | None = None, scheme: str | None = None,
+         *, variant: str | None = None, base_model_id: str | None = None, revision: str | None = None,
+         preset: str | None = None) -> Plan:
+    """Ordered candidates for the loader's inputs. Pure: reads no file and no network.
+
+    ``scheme`` None (or "auto") means "not chosen": a named repo then takes the scheme its suffix names
+    (``-FP8`` / ``-INT8``); the family step is skipped. ``preset`` supplies repo, scheme and family where those are
+    not given; a scheme that contradicts the preset is an error rather than a silent choice.
+    """
+    path, hub_repo, revision = _clean(path), _clean(hub_repo), _clean(revision)
+    family = None if _clean(family) in (None, "auto") else family.strip().lower()
+    scheme = None if _clean(scheme) in (None, "auto") else schemes.normalize(scheme)
+    notes: list[str] = []
+    out: list[Candidate] = []
+    chosen = get_preset(preset)
+    origin = "hub_repo"
+    if chosen:
+        if scheme and scheme != chosen.scheme:
+            raise HubError(f"The preset '{chosen.label}' is a {chosen.scheme} checkpoint but scheme is '{scheme}'.",
+                           expected=chosen.scheme, found=scheme,
+                           fix="Set scheme to auto (or to the preset's scheme), or pick the other preset.")
+        if hub_repo is None:
+            hub_repo, origin = chosen.repo, "preset"
+        scheme = scheme or chosen.scheme
+        family = family or chosen.family
+
+    if path:
+        out.append(Candidate("local", "path", scheme=scheme, path=path))
+
+    if hub_repo:
+        repo = normalize_repo(hub_repo)
+        s = scheme or scheme_from_repo(repo)
+        if s is None:
+            raise HubError(f"Which scheme should be downloaded from {repo}?", expected="int8 or fp8", found="auto",
+                           fix="Set the node's scheme input (the repo name does not end in -FP8 or -INT8).")
+        out.append(Candidate("hub", origin, scheme=s, repo=repo, filenames=filenames(repo, s), revision=revision))
+
+    if family:
+        fam = families.get(family)
+        if not scheme:
+            notes.append(f"family '{fam.name}': no scheme chosen, so its hosted repo is not planned")
+        elif scheme not in HOSTED_SCHEMES:
+            notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(HOSTED_SCHEMES)} only, not {scheme}")
+        else:
+            repo = hosted_repo(fam.name, variant=variant, base_model_id=base_model_id)
+            if repo is None:
+                notes.append(f"family '{fam.name}' has no hosted repo")
+            elif not any(c.kind == "hub" and c.repo == repo and c.scheme == scheme for c in out):
+                out.append(Candidate("hub", "family", scheme=scheme, repo=repo, filenames=filenames(repo, scheme),
+                                     revision=revision))
+    return Plan(tuple(out), tuple(notes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Usable:
+    usable: tuple[Candidate, ...]
+    rejected: tuple[tuple[Candidate, str], ...]  # (candidate, why it cannot be used now)
+
+
+def usable(candidates: Iterable[Candidate], *, model_dirs: Iterable[str] = (), offline: bool = False,
+           is_cached: Callable[[Candidate], bool] | None = None, exists: Callable[[str], bool] = os.path.isfile,
+           env: Mapping[str, str] | None = None) -> Usable:
+    """Split candidates into usable now / rejected (with the reason), keeping the plan's order."""
+    model_dirs = list(model_dirs)
+    ok, bad = [], []
+    for c in candidates:
+        if c.kind == "local":
+            if not allowlist.is_allowed(c.path, model_dirs, env):
+                bad.append((c, "outside the model folders and the allowlist"))
+            elif not exists(os.path.realpath(os.path.expanduser(c.path))):
+                bad.append((c, "no such file"))
+            else:
+                ok.append(c)
+        else:
+            cached = bool(is_cached and is_cached(c))
+            if cached or not offline:
+                ok.append(c)
+            else:
+                bad.append((c, "offline (HF_HUB_OFFLINE) and none of its files is in the local cache"))
+    return Usable(tuple(ok), tuple(bad))

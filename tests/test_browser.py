@@ -1,0 +1,136 @@
+"""The real ComfyUI server, its real front end (comfyui-frontend-package) and this pack, in headless Chromium.
+
+Chromium is Debian's (``apt-get install -y chromium``), driven through playwright-core from npm
+(``npm ci --prefix tests/browser``): playwright-core talks to the browser over the DevTools protocol, so no
+matching driver binary (chromedriver) and no browser download are needed, no Python package joins the venv, and
+its waits (``waitForFunction``) make the run deterministic. A missing Chromium, node or playwright-core FAILS the
+test with the command that fixes it; this test never skips.
+
+One workflow: two Prequant Info nodes on a real tiny int8 file in the server's models/prequant (one asked for the
+right base + scheme, one for the wrong ones) and Load Prequant Transformer feeding PreviewAny, queued from the page.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+
+from conftest import BASE_ID, ROOT
+from prequant_core.info import info
+from tools.comfy_server import ComfyServer
+
+BROWSER_DIR = os.path.join(ROOT, "tests", "browser")
+FILE = "Z-Image-Turbo-INT8.safetensors"
+SCREENSHOT_COPY = os.environ.get("PREQUANT_SCREENSHOT_DIR", os.path.join(ROOT, "out", "browser"))
+WRONG_BASE = "black-forest-labs/FLUX.1-dev"
+
+
+def _chromium() -> str:
+    for c in (os.environ.get("PREQUANT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+              shutil.which("chromium-browser")):
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    pytest.fail("Chromium is missing: the browser test needs Debian's headless Chromium. Install it with\n"
+                "  apt-get update && apt-get install -y chromium\n(or point PREQUANT_CHROMIUM at a Chromium binary).")
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if not node:
+        pytest.fail("node is missing: install Node.js >= 20 (apt-get install -y nodejs npm).")
+    if not os.path.isfile(os.path.join(BROWSER_DIR, "node_modules", "playwright-core", "package.json")):
+        pytest.fail("playwright-core is missing: run  npm ci --prefix tests/browser")
+    return node
+
+
+def _workflow(fname: str) -> dict:
+    """A UI-format workflow, as the front end saves it."""
+    def info_node(nid, x, y, base, scheme):
+        return {"id": nid, "type": "PrequantInfo", "pos": [x, y], "size": [460, 420], "flags": {}, "order": nid - 1,
+                "mode": 0, "inputs": [], "outputs": [{"name": "report", "type": "STRING", "links": None}],
+                "properties": {"Node name for S&R": "PrequantInfo"},
+                "widgets_values": [fname, "", base, scheme, False]}
+    return {
+        "last_node_id": 4, "last_link_id": 1,
+        "nodes": [
+            info_node(1, 20, 20, BASE_ID, "int8"),
+            info_node(2, 500, 20, WRONG_BASE, "fp8"),
+            {"id": 3, "type": "PrequantLoadTransformer", "pos": [980, 20], "size": [420, 200], "flags": {},
+             "order": 2, "mode": 0, "inputs": [], "outputs": [{"name": "model", "type": "MODEL", "links": [1]}],
+             "properties": {"Node name for S&R": "PrequantLoadTransformer"},
+             "widgets_values": [fname, "", "", "auto", "auto"]},
+            {"id": 4, "type": "PreviewAny", "pos": [980, 300], "size": [420, 160], "flags": {}, "order": 3,
+             "mode": 0, "inputs": [{"name": "source", "type": "*", "link": 1}], "outputs": [],
+             "properties": {"Node name for S&R": "PreviewAny"}, "widgets_values": []},
+        ],
+        "links": [[1, 3, 0, 4, 0, "MODEL"]],
+        "groups": [], "config": {}, "extra": {}, "version": 0.4,
+    }
+
+
+def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
+    chromium, node = _chromium(), _node()
+    src = prequant_files("int8", "safetensors")
+    expected = info(src, {"base_model_id": BASE_ID, "scheme": "int8"})
+    base = tmp_path / "comfy"
+    (base / "models" / "prequant").mkdir(parents=True)
+    shutil.copy(src, base / "models" / "prequant" / FILE)
+    shot = tmp_path / "prequant_info.png"
+    out = tmp_path / "browser.json"
+
+    with ComfyServer(str(base)) as server:
+        listed = server.get("/object_info/PrequantInfo")["PrequantInfo"]
+        assert FILE in listed["input"]["required"]["checkpoint"][0]
+        assert listed["output_node"] is True and listed["category"] == "loaders/prequant"
+        with urllib.request.urlopen(server.url + "/extensions/ComfyUI-Prequant/prequant.js", timeout=10) as r:
+            assert b"registerExtension" in r.read(), "the pack's web extension is not served"
+        cfg = {"url": server.url, "workflow": _workflow(FILE), "screenshot": str(shot), "out": str(out),
+               "chromium": chromium, "userDataDir": str(tmp_path / "chromium-profile"), "timeoutMs": 120000}
+        proc = subprocess.run([node, os.path.join(BROWSER_DIR, "drive.mjs"), json.dumps(cfg)], cwd=BROWSER_DIR,
+                              capture_output=True, text=True, timeout=240)
+        server_log = server.log_tail()
+    res = json.loads(out.read_text()) if out.exists() else {}
+    assert proc.returncode == 0 and res.get("ok"), (
+        f"browser run failed (rc {proc.returncode}): {res.get('error') or proc.stderr[-3000:]}\n"
+        f"console: {res.get('console', [])[-30:]}\nserver log:\n{server_log}")
+    ours = [m for m in res["console"] if "prequant" in m.lower() and ("error" in m.lower())]
+    assert not ours, f"the extension logged errors: {ours}"
+    assert res["expected"]["placeholders"] == ["Run the workflow (Queue) to inspect the file."] * 2
+
+    nodes = {n["id"]: n for n in res["nodes"]}
+    good, bad, loader = nodes[1], nodes[2], nodes[3]
+
+    # the valid request: green verdict, the table rows the Python report chose, the report as the widget value
+    assert good["visible"] and good["verdictAttr"] == "valid" and "prequant-valid" in good["verdictClass"]
+    assert good["verdictColor"] == "rgb(30, 107, 52)"
+    assert good["domText"].startswith("VALID for base_model_id 'Tongyi-MAI/Z-Image-Turbo', scheme 'int8'")
+    assert good["rows"] == expected.to_dict()["rows"]
+    rows = dict(good["rows"])
+    assert rows["Scheme"] == "int8" and rows["Base model"] == BASE_ID and rows["Family"].startswith("z-image")
+    assert "header only" in rows["Format"] and "47.5 %" in rows["Dense equivalent"]
+    assert good["widgetValue"]["verdict"]["ok"] is True
+    assert good["widgetValue"]["total_bytes"] == expected.total_bytes
+    assert good["widgetValue"]["quantized_count"] == expected.quantized_count > 0
+    assert good["reasons"] == []
+
+    # the wrong request: red verdict listing every mismatch
+    assert bad["visible"] and bad["verdictAttr"] == "invalid" and "prequant-invalid" in bad["verdictClass"]
+    assert bad["verdictColor"] == "rgb(138, 31, 31)"
+    assert any("requested 'fp8'" in r for r in bad["reasons"]), bad["reasons"]
+    assert any(f"requested '{WRONG_BASE}'" in r for r in bad["reasons"]), bad["reasons"]
+    assert bad["widgetValue"]["verdict"]["ok"] is False
+    assert bad["domText"].startswith(f"INVALID for base_model_id '{WRONG_BASE}', scheme 'fp8'")
+
+    # the loader, after really loading the file in the server: scheme and size on the node
+    assert loader["summary"]["scheme"] == "int8" and loader["loadedScheme"] == "int8"
+    assert loader["summary"]["file"] == FILE and loader["summary"]["size_bytes"] > 0
+    assert loader["domText"].startswith("int8 · ") and "MiB in memory" in loader["domText"]
+    assert "smaller" in loader["domText"] and "z-image" in loader["domText"]
+
+    assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    os.makedirs(SCREENSHOT_COPY, exist_ok=True)
+    shutil.copy(shot, os.path.join(SCREENSHOT_COPY, "prequant_info.png"))

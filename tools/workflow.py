@@ -1,0 +1,86 @@
+"""ComfyUI workflow JSON (the UI format users save and drag in) -> API prompt, checked against /object_info."""
+from __future__ import annotations
+
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+
+
+class WorkflowError(ValueError):
+    pass
+
+
+def _is_widget(spec) -> bool:
+    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES
+
+
+def _inputs(info):
+    for section in ("required", "optional"):
+        yield from (info.get("input", {}).get(section) or {}).items()
+
+
+def check(workflow: dict, object_info: dict) -> list[str]:
+    """Problems: unknown node types, links whose types do not match the two ends."""
+    problems = []
+    nodes = {n["id"]: n for n in workflow["nodes"]}
+    for n in nodes.values():
+        if n["type"] not in object_info:
+            problems.append(f"node {n['id']}: unknown type {n['type']}")
+    for link in workflow.get("links", []):
+        lid, src, src_slot, dst, dst_slot, ltype = link[:6]
+        if src not in nodes or dst not in nodes:
+            problems.append(f"link {lid}: dangling")
+            continue
+        s, d = nodes[src], nodes[dst]
+        if s["type"] not in object_info or d["type"] not in object_info:
+            continue
+        out_types = object_info[s["type"]]["output"]
+        if src_slot >= len(out_types):
+            problems.append(f"link {lid}: {s['type']} has no output {src_slot}")
+            continue
+        dst_input = d["inputs"][dst_slot]
+        specs = dict(_inputs(object_info[d["type"]]))
+        if dst_input["name"] not in specs:
+            problems.append(f"link {lid}: {d['type']} has no input {dst_input['name']}")
+            continue
+        want = specs[dst_input["name"]][0]
+        got = out_types[src_slot]
+        if isinstance(want, list) or want == "*" or got == "*":
+            continue
+        if want != got or ltype not in (got, "*"):
+            problems.append(f"link {lid}: {s['type']}[{src_slot}] gives {got}, {d['type']}.{dst_input['name']} "
+                            f"takes {want} (link says {ltype})")
+    return problems
+
+
+def to_api(workflow: dict, object_info: dict, overrides: dict | None = None) -> dict:
+    """``overrides``: {node title or type: {input name: value}} applied after conversion."""
+    problems = check(workflow, object_info)
+    if problems:
+        raise WorkflowError("; ".join(problems))
+    links = {l[0]: l for l in workflow.get("links", [])}
+    prompt = {}
+    for n in workflow["nodes"]:
+        info = object_info[n["type"]]
+        linked = {i["name"]: links[i["link"]] for i in n.get("inputs", []) if i.get("link") is not None}
+        inputs = {name: [str(l[1]), l[2]] for name, l in linked.items()}
+        values = list(n.get("widgets_values") or [])
+        pos = 0
+        for name, spec in _inputs(info):
+            if not _is_widget(spec):
+                continue
+            if pos >= len(values):
+                break
+            if name not in linked:
+                inputs[name] = values[pos]
+            pos += 1
+            opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+            if opts.get("control_after_generate") or (name in ("seed", "noise_seed") and spec[0] == "INT"):
+                pos += 1  # the UI stores "fixed" / "randomize" after the seed
+        prompt[str(n["id"])] = {"class_type": n["type"], "inputs": inputs,
+                                "_meta": {"title": n.get("title") or n["type"]}}
+    for key, vals in (overrides or {}).items():
+        hits = [p for p in prompt.values() if p["_meta"]["title"] == key or p["class_type"] == key]
+        if not hits:
+            raise WorkflowError(f"override for '{key}' matches no node")
+        for p in hits:
+            p["inputs"].update(vals)
+    return prompt
