@@ -20,6 +20,13 @@ def count_blocks(shapes: Shapes, prefix: str) -> int:
     return max(idx) + 1 if idx else 0
 
 
+Marker = "str | tuple[str, ...]"  # a key, or keys that must all be present
+
+
+def _has(keys: set, marker) -> bool:
+    return all(k in keys for k in ((marker,) if isinstance(marker, str) else marker))
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str
@@ -28,20 +35,29 @@ class Family:
     base_repos: tuple[str, ...]
     hosted_repos: tuple[str, ...]
     int8_exclude_extra: tuple[str, ...]
-    diffusers_markers: tuple[str, ...]  # keys only a diffusers-layout file has
-    comfy_markers: tuple[str, ...]  # keys only a ComfyUI-layout file has
-    comfy_model: str  # class name in comfy.supported_models
-    comfy_key_map: str | None  # function name in comfy.utils: unet config -> {diffusers key: comfy key | (key, slice)}
+    diffusers_markers: tuple  # keys only a diffusers-layout file of this family has (a key, or a tuple: all of them)
+    comfy_markers: tuple  # the same for a ComfyUI-layout file; empty where both layouts are the same
+    # Class name(s) in comfy.supported_models. Several: the first whose own ``unet_config`` matches the derived config
+    # (ComfyUI's own rule), e.g. FLUX.1 dev (guidance embedder) vs schnell (none).
+    comfy_model: str | tuple[str, ...]
+    # diffusers -> ComfyUI key map, {diffusers key: comfy key | (comfy key, (0, offset, length)) | (.., .., permutation)}:
+    # a str names a function in comfy.utils taking the unet config (ComfyUI's own map), a callable is our own map in
+    # prequant_core.keymaps, None means the diffusers names already are ComfyUI's.
+    comfy_key_map: str | Callable[[Mapping], dict] | None
     comfy_unet_config: Callable[[Shapes, dict], dict]  # ComfyUI unet config from the file's shapes (either layout)
     # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them.
     fill_missing: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    min_comfy: str = "0.3.75"
+    min_comfy: str = "0.3.75"  # oldest ComfyUI whose model class runs this family
+
+    @property
+    def comfy_models(self) -> tuple[str, ...]:
+        return (self.comfy_model,) if isinstance(self.comfy_model, str) else tuple(self.comfy_model)
 
     def layout_of(self, keys) -> str | None:
         keys = set(keys)
-        if any(k in keys for k in self.diffusers_markers):
+        if any(_has(keys, m) for m in self.diffusers_markers):
             return "diffusers"
-        if any(k in keys for k in self.comfy_markers):
+        if any(_has(keys, m) for m in self.comfy_markers):
             return "comfyui"
         return None
 

@@ -1,0 +1,118 @@
+"""The pack inside a real ComfyUI server on 127.0.0.1: the example workflow, /free, errors reaching the UI."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import ROOT
+
+WORKFLOW = os.path.join(ROOT, "example_workflows", "z_image_turbo_prequant.json")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, zimage_dense, comfy):
+    from prequant_core import build, families
+    from tools import tiny_assets, tiny_models
+    from tools.comfy_server import ComfyServer
+    base = tmp_path_factory.mktemp("server")
+    models = base / "models"
+    (models / "prequant").mkdir(parents=True)
+    tiny_assets.install(str(models))
+    dense = tiny_models.zimage_dense(seed=0, cap_feat_dim=tiny_assets.CAP_FEAT_DIM)
+    comfy_layout = tiny_models.zimage_comfy_layout(dense)
+    fam = families.get("z-image")
+    for scheme in ("int8", "fp8"):
+        build.build_from_tensors(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}.safetensors"), dense,
+                                 family=fam, scheme=scheme, base_model_id="Tongyi-MAI/Z-Image-Turbo")
+        build.build_from_tensors(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}-comfykeys.pt"),
+                                 comfy_layout, family=fam, scheme=scheme, base_model_id="Tongyi-MAI/Z-Image-Turbo",
+                                 container="pt")
+    outside = tmp_path_factory.mktemp("outside")
+    shutil.copy(models / "prequant" / "Z-Image-Turbo-INT8.safetensors", outside / "elsewhere.safetensors")
+    env = {"PREQUANT_ALLOW_LOCAL_PATH": "", "UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH": ""}
+    s = ComfyServer(str(base), env=env).start()
+    s.outside = str(outside / "elsewhere.safetensors")
+    yield s
+    s.stop()
+
+
+def prompt_for(server, checkpoint="Z-Image-Turbo-FP8.safetensors", scheme="fp8", **loader):
+    from tools import tiny_assets
+    from tools.workflow import to_api
+    with open(WORKFLOW) as f:
+        wf = json.load(f)
+    return to_api(wf, server.get("/object_info"), {
+        "Load Prequant Transformer": {"checkpoint": checkpoint, "scheme": scheme, **loader},
+        "CLIPLoader": {"clip_name": tiny_assets.CLIP_NAME, "type": "stable_diffusion"},
+        "VAELoader": {"vae_name": tiny_assets.VAE_NAME},
+        "EmptySD3LatentImage": {"width": 128, "height": 128},
+        "KSampler": {"steps": 2},
+    })
+
+
+def image_digest(server, entry):
+    imgs = [i for out in entry["outputs"].values() for i in out.get("images", [])]
+    assert len(imgs) == 1
+    p = os.path.join(server.base_dir, "output", imgs[0].get("subfolder", ""), imgs[0]["filename"])
+    return hashlib.sha256(open(p, "rb").read()).hexdigest()
+
+
+def test_example_workflow_matches_object_info(server):
+    from tools.workflow import check
+    with open(WORKFLOW) as f:
+        wf = json.load(f)
+    info = server.get("/object_info")
+    assert check(wf, info) == []
+    assert "PrequantLoadTransformer" in info
+    assert info["PrequantLoadTransformer"]["category"] == "loaders/prequant"
+    choices = info["PrequantLoadTransformer"]["input"]["required"]["checkpoint"][0]
+    assert "Z-Image-Turbo-FP8.safetensors" in choices and "Z-Image-Turbo-INT8-comfykeys.pt" in choices
+
+
+@pytest.mark.parametrize("checkpoint,scheme", [
+    ("Z-Image-Turbo-FP8.safetensors", "fp8"), ("Z-Image-Turbo-INT8.safetensors", "int8"),
+    ("Z-Image-Turbo-FP8-comfykeys.pt", "fp8"), ("Z-Image-Turbo-INT8-comfykeys.pt", "int8")])
+def test_example_workflow_runs(server, checkpoint, scheme):
+    from tools.comfy_server import execution_error
+    entry = server.run(prompt_for(server, checkpoint, scheme))
+    assert execution_error(entry) is None, execution_error(entry)
+    loader_ui = [o for o in entry["outputs"].values() if "prequant" in o]
+    assert loader_ui and loader_ui[0]["prequant"][0]["scheme"] == scheme
+    image_digest(server, entry)
+
+
+def test_free_then_run_again_gives_the_same_image(server):
+    from tools.comfy_server import execution_error
+    p = prompt_for(server)
+    first = server.run(p)
+    assert execution_error(first) is None
+    server.free()
+    p["7"]["inputs"]["denoise"] = 1.0  # identical graph; /free forces a full reload from disk
+    second = server.run(p)
+    assert execution_error(second) is None
+    assert image_digest(server, first) == image_digest(server, second)
+
+
+@pytest.mark.parametrize("loader,needle", [
+    ({"checkpoint": "(none: use path or hub_repo)", "path": "OUTSIDE"}, "PREQUANT_ALLOW_LOCAL_PATH"),
+    ({"base_model_id": "Qwen/Qwen-Image"}, "requested 'Qwen/Qwen-Image'"),
+    ({"scheme": "int8"}, "requested 'int8'"),
+])
+def test_errors_reach_the_ui_and_the_server_keeps_serving(server, loader, needle):
+    from tools.comfy_server import execution_error
+    loader = {k: (server.outside if v == "OUTSIDE" else v) for k, v in loader.items()}
+    before = sorted(os.listdir(os.path.join(server.base_dir, "output"))), \
+        sorted(os.listdir(os.path.join(server.base_dir, "models", "prequant")))
+    entry = server.run(prompt_for(server, **loader))
+    err = execution_error(entry)
+    assert err and needle in err, err
+    assert "Fix:" in err
+    after = sorted(os.listdir(os.path.join(server.base_dir, "output"))), \
+        sorted(os.listdir(os.path.join(server.base_dir, "models", "prequant")))
+    assert before == after, "a refused load must write nothing"
+    ok = server.run(prompt_for(server))
+    assert execution_error(ok) is None
