@@ -10,7 +10,7 @@ import comfy.ops
 import comfy.supported_models
 import comfy.utils
 
-from prequant_core import keymap, placement
+from prequant_core import keymap, keymaps, placement
 from prequant_core.checkpoint import Checkpoint
 from prequant_core.errors import ComfyVersionError
 from prequant_core.families import Family
@@ -21,32 +21,80 @@ from .patcher import PrequantModelPatcher
 log = logging.getLogger("prequant")
 
 
+def comfy_version() -> str:
+    try:
+        import comfyui_version
+        return str(comfyui_version.__version__)
+    except Exception:  # noqa: BLE001 - a distribution without the version file
+        return "unknown"
+
+
+def _needs_newer(family: Family, what: str, path: str | None = None) -> ComfyVersionError:
+    return ComfyVersionError(f"This ComfyUI ({comfy_version()}) {what}; {family.title} needs ComfyUI "
+                             f"{family.min_comfy} or newer.", path=path,
+                             expected=f"ComfyUI >= {family.min_comfy}", found=f"ComfyUI {comfy_version()}",
+                             fix=f"Update ComfyUI to {family.min_comfy} or newer.")
+
+
+def model_class_for(family: Family, unet_config: dict):
+    """The family's class in comfy.supported_models; with several candidates, the first whose own ``unet_config``
+    matches (ComfyUI's rule, e.g. FLUX.1 dev vs schnell by the guidance embedder)."""
+    found = [c for c in (getattr(comfy.supported_models, n, None) for n in family.comfy_models) if c is not None]
+    if not found:
+        raise _needs_newer(family, f"has no model class for {family.title} ('{', '.join(family.comfy_models)}')")
+    if len(found) == 1:
+        return found[0]
+    for cls in found:
+        if all(unet_config.get(k) == v for k, v in cls.unet_config.items()):
+            return cls
+    return found[0]
+
+
 def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16):
-    cls = getattr(comfy.supported_models, family.comfy_model, None)
-    if cls is None:
-        raise ComfyVersionError(f"This ComfyUI has no model class for {family.title} "
-                                f"('{family.comfy_model}').", expected=f"ComfyUI {family.min_comfy} or newer",
-                                fix="Update ComfyUI.")
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     unet_config = family.comfy_unet_config(shapes, metadata)
+    cls = model_class_for(family, unet_config)
     return cls(dict(unet_config)), unet_config
 
 
-def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dict, path: str | None = None) -> dict:
-    if layout == "comfyui":
-        return dict(tensors)
-    fn = getattr(comfy.utils, family.comfy_key_map or "", None)
+def key_map_for(family: Family, unet_config: dict, path: str | None = None) -> dict | None:
+    """The family's diffusers -> ComfyUI map with ComfyUI's row functions named (data); None: same names."""
+    km = family.comfy_key_map
+    if km is None:
+        return None
+    if callable(km):
+        return km(unet_config)
+    fn = getattr(comfy.utils, km, None)
     if fn is None:
-        raise ComfyVersionError(f"This ComfyUI cannot convert diffusers-layout {family.title} files "
-                                f"(no comfy.utils.{family.comfy_key_map}).", path=path, fix="Update ComfyUI.")
-    return keymap.to_comfy(tensors, fn(unet_config), path=path)
+        raise _needs_newer(family, f"cannot convert diffusers-layout {family.title} files (no comfy.utils.{km})",
+                           path)
+    out = {}
+    for k, t in fn(unet_config).items():
+        if not isinstance(t, str) and len(t) > 2 and callable(t[2]):
+            t = (t[0], t[1], getattr(t[2], "__name__", repr(t[2])))  # e.g. comfy.utils.swap_scale_shift
+        out[k] = t
+    return out
+
+
+def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dict, path: str | None = None,
+                    model_config=None) -> dict:
+    if layout == "comfyui":
+        tensors = dict(tensors)
+        if model_config is not None:  # ComfyUI's own renames for original-release names (key moves only)
+            tensors = model_config.process_unet_state_dict(tensors)
+        return tensors
+    key_map = key_map_for(family, unet_config, path)
+    if key_map is None:
+        return dict(tensors)
+    tensors, key_map = keymaps.apply_row_permutations(tensors, key_map, path=path)
+    return keymap.to_comfy(tensors, key_map, path=path)
 
 
 def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *, path: str | None = None,
                   dtype=torch.bfloat16):
     """Checkpoint tensors (either layout, quantized or a mix) -> a ModelPatcher around ComfyUI's model class."""
     model_config, unet_config = model_config_for(family, tensors, metadata, dtype)
-    tensors = to_comfy_layout(family, layout, tensors, unet_config, path)
+    tensors = to_comfy_layout(family, layout, tensors, unet_config, path, model_config)
     load_device = mm.get_torch_device()
     offload_device = mm.unet_offload_device()
     manual_cast = mm.unet_manual_cast(dtype, load_device, model_config.supported_inference_dtypes)

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from prequant_core import families, schemes
+from prequant_core import families, hub, schemes, sources
 from prequant_core.errors import PrequantError
 from prequant_core.loader import open_checkpoint
 from prequant_core.metadata import Request
@@ -34,6 +34,20 @@ def summary_text(s: dict) -> str:
             f"(dense {gib(s['dense_bytes'])})")
 
 
+def _progress_bar():
+    """Download progress on the node (ComfyUI's own bar), created on the first report."""
+    state = {}
+
+    def report(done: int, total: int) -> None:
+        import comfy.utils
+        total = max(int(total), 1)
+        if "bar" not in state:
+            state["bar"] = comfy.utils.ProgressBar(total)
+        state["bar"].update_absolute(min(int(done), total), total)
+
+    return report
+
+
 class PrequantLoadTransformer:
     CATEGORY = "loaders/prequant"
     RETURN_TYPES = ("MODEL",)
@@ -56,28 +70,47 @@ class PrequantLoadTransformer:
                                              "base (e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough)."}),
                 "scheme": ([AUTO] + list(schemes.SCHEMES), {"default": AUTO}),
                 "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO}),
+                # Hub inputs come last so workflows saved before they existed keep their widget order.
+                "hub_repo": ("STRING", {"default": "", "tooltip": "Download from this Hugging Face repo when no local "
+                             "file is chosen, e.g. unsloth/Z-Image-Turbo-FP8 (uses 'scheme'; auto takes the "
+                             "repo's -FP8/-INT8 suffix). Files go to the standard Hugging Face cache."}),
+                "preset": (sources.preset_labels(), {"default": sources.PRESET_NONE, "tooltip": "A hosted "
+                           "pre-quantized model: fills hub_repo, scheme and family when those are left empty/auto."}),
+                "revision": ("STRING", {"default": "", "tooltip": "Branch, tag or commit to download (empty: the "
+                             "default branch). A commit hash already downloaded needs no network."}),
+                "hf_token": ("STRING", {"default": "", "tooltip": "Only for gated/private repos. Prefer the HF_TOKEN "
+                             "environment variable or `hf auth login`: a token typed here is saved in the workflow."}),
             },
         }
 
     @classmethod
     def IS_CHANGED(cls, checkpoint, path="", **kw):
         target = path.strip() or paths.resolve(checkpoint)
+        if not target:  # Hub source: same inputs, same file (the token is deliberately not part of the key)
+            return "hub:" + "|".join(str(kw.get(k, "")) for k in ("hub_repo", "preset", "revision", "scheme",
+                                                                  "family", "base_model_id"))
         try:
             st = os.stat(target)
             return f"{target}:{st.st_mtime_ns}:{st.st_size}"
         except (OSError, TypeError):
             return f"{target}"
 
-    def load(self, checkpoint, path="", base_model_id="", scheme=AUTO, family=AUTO):
-        target = path.strip() or paths.resolve(checkpoint)
-        if not target:
-            raise PrequantError("No checkpoint chosen.", fix="Pick a file in 'checkpoint', or fill 'path'.")
-        req = Request(scheme=None if scheme == AUTO else scheme, base_model_id=base_model_id.strip() or None,
-                      family=None if family == AUTO else family)
+    def load(self, checkpoint, path="", base_model_id="", scheme=AUTO, family=AUTO, hub_repo="",
+             preset=sources.PRESET_NONE, revision="", hf_token=""):
+        # Order: typed path, listed file, hub_repo / preset, the family's hosted repo (prequant_core.sources).
+        plan = sources.plan(path.strip() or paths.resolve(checkpoint), hub_repo, family, scheme,
+                            base_model_id=base_model_id, revision=revision, preset=preset)
+        located = hub.locate(plan, model_dirs=paths.model_dirs(), token=hf_token, progress=_progress_bar())
+        req = Request(scheme=located.candidate.scheme or plan.scheme, base_model_id=base_model_id.strip() or None,
+                      family=plan.family)
         # Tensors made under ComfyUI's inference mode could not later be moved or swapped outside it.
         with torch.inference_mode(False), torch.no_grad():
-            opened = open_checkpoint(target, req, model_dirs=paths.model_dirs())
+            # The Hugging Face cache is an allowed folder only for the file the Hub step resolved (located.model_dirs).
+            opened = open_checkpoint(located.path, req, model_dirs=located.model_dirs)
             patcher = load_checkpoint_as_model(opened.checkpoint, opened.family, opened.layout)
         s = _summary(opened, patcher.model_size())
+        if located.fetched:
+            f = located.fetched
+            s.update(file=f.filename, source=f"hub:{f.repo}@{f.revision}", downloaded=f.downloaded)
         log.info("[prequant] %s", summary_text(s))
         return {"ui": {"prequant": [s], "text": [summary_text(s)]}, "result": (patcher,)}

@@ -9,6 +9,7 @@ import dataclasses
 import re
 from typing import Callable, Mapping
 
+from . import keymaps
 from .errors import UnknownFamilyError
 
 Shapes = Mapping[str, tuple]
@@ -18,9 +19,6 @@ def count_blocks(shapes: Shapes, prefix: str) -> int:
     pat = re.compile(re.escape(prefix) + r"(\d+)\.")
     idx = {int(m.group(1)) for k in shapes for m in [pat.match(k)] if m}
     return max(idx) + 1 if idx else 0
-
-
-Marker = "str | tuple[str, ...]"  # a key, or keys that must all be present
 
 
 def _has(keys: set, marker) -> bool:
@@ -85,19 +83,227 @@ def _z_image_config(shapes: Shapes, meta: dict) -> dict:
     return cfg
 
 
+def blocks(shapes: Shapes, *prefixes: str) -> int:
+    """Block count under the first prefix that has any (one prefix per key layout)."""
+    for p in prefixes:
+        n = count_blocks(shapes, p)
+        if n:
+            return n
+    return 0
+
+
+def has_any(shapes: Shapes, *keys: str) -> bool:
+    return any(k in shapes for k in keys)
+
+
+def _flux_config(shapes: Shapes, meta: dict) -> dict:
+    hidden, in_ch = first(shapes, "x_embedder.weight", "img_in.weight")
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale")[0]
+    # ComfyUI's detection assumes hidden 3072 / 24 heads; FLUX.1's head is 128 wide (rope axes 16/56/56) at any size.
+    return {
+        "image_model": "flux", "in_channels": in_ch // 4, "patch_size": 2,
+        "out_channels": first(shapes, "proj_out.weight", "final_layer.linear.weight")[0] // 4,
+        "vec_in_dim": first(shapes, "time_text_embed.text_embedder.linear_1.weight", "vector_in.in_layer.weight")[1],
+        "context_in_dim": first(shapes, "context_embedder.weight", "txt_in.weight")[1],
+        "hidden_size": hidden, "num_heads": hidden // head,
+        "mlp_ratio": first(shapes, "transformer_blocks.0.ff.net.0.proj.weight", "double_blocks.0.img_mlp.0.weight")[0]
+        / hidden,
+        "depth": blocks(shapes, "transformer_blocks.", "double_blocks."),
+        "depth_single_blocks": blocks(shapes, "single_transformer_blocks.", "single_blocks."),
+        "axes_dim": [16, 56, 56], "theta": 10000,
+        "qkv_bias": has_any(shapes, "transformer_blocks.0.attn.to_q.bias", "double_blocks.0.img_attn.qkv.bias"),
+        "guidance_embed": has_any(shapes, "time_text_embed.guidance_embedder.linear_1.weight",
+                                  "guidance_in.in_layer.weight"),
+    }
+
+
+def _flux2_config(shapes: Shapes, meta: dict) -> dict:
+    hidden, in_ch = first(shapes, "x_embedder.weight", "img_in.weight")
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale")[0]
+    # ComfyUI's detection hard-codes FLUX.2-dev's 48 heads; klein (24) and tiny models need heads = hidden / 128.
+    return {
+        "image_model": "flux2", "in_channels": in_ch, "patch_size": 1,
+        "out_channels": first(shapes, "proj_out.weight", "final_layer.linear.weight")[0],
+        "vec_in_dim": None, "context_in_dim": first(shapes, "context_embedder.weight", "txt_in.weight")[1],
+        "hidden_size": hidden, "num_heads": hidden // head,
+        "mlp_ratio": first(shapes, "transformer_blocks.0.ff.linear_in.weight", "double_blocks.0.img_mlp.0.weight")[0]
+        / 2 / hidden,
+        "depth": blocks(shapes, "transformer_blocks.", "double_blocks."),
+        "depth_single_blocks": blocks(shapes, "single_transformer_blocks.", "single_blocks."),
+        "axes_dim": [32, 32, 32, 32], "theta": 2000, "qkv_bias": False, "ops_bias": False, "mlp_silu_act": True,
+        "global_modulation": True, "default_ref_method": "index", "ref_index_scale": 10.0,
+        "guidance_embed": has_any(shapes, "time_guidance_embed.guidance_embedder.linear_1.weight",
+                                  "guidance_in.in_layer.weight"),
+    }
+
+
+def _qwen_image_config(shapes: Shapes, meta: dict) -> dict:
+    inner, in_ch = shapes["img_in.weight"]
+    head = shapes["transformer_blocks.0.attn.norm_q.weight"][0]
+    return {
+        "image_model": "qwen_image", "patch_size": 2, "in_channels": in_ch,
+        "out_channels": shapes["proj_out.weight"][0] // 4, "num_layers": count_blocks(shapes, "transformer_blocks."),
+        "attention_head_dim": head, "num_attention_heads": inner // head,
+        "joint_attention_dim": shapes["txt_in.weight"][1], "axes_dims_rope": [16, 56, 56],
+    }
+
+
+def _lumina2_config(shapes: Shapes, meta: dict) -> dict:
+    dim, cap_feat_dim = first(shapes, "time_caption_embed.caption_embedder.1.weight", "cap_embedder.1.weight")
+    head = first(shapes, "layers.0.attn.norm_q.weight", "layers.0.attention.q_norm.weight")[0]
+    if "layers.0.attn.to_k.weight" in shapes:
+        kv_heads = shapes["layers.0.attn.to_k.weight"][0] // head
+    else:
+        kv_heads = (shapes["layers.0.attention.qkv.weight"][0] // head - dim // head) // 2
+    ffn = first(shapes, "layers.0.feed_forward.linear_1.weight", "layers.0.feed_forward.w1.weight")[0]
+    # ComfyUI's detection knows only dim 2304 (and reads diffusers files as OmniGen2). Lumina 2's head is 96 wide
+    # (rope axes 32/32/32); ComfyUI's FFN width is ffn_dim_multiplier * dim (diffusers': 4 * dim * its multiplier).
+    return {
+        "image_model": "lumina2", "patch_size": 2, "in_channels": first(shapes, "x_embedder.weight")[1] // 4,
+        "dim": dim, "cap_feat_dim": cap_feat_dim, "n_layers": count_blocks(shapes, "layers."),
+        "n_refiner_layers": count_blocks(shapes, "noise_refiner."), "qk_norm": True,
+        "n_heads": dim // head, "n_kv_heads": kv_heads, "axes_dims": [32, 32, 32], "axes_lens": [300, 512, 512],
+        "rope_theta": 10000.0, "ffn_dim_multiplier": ffn / dim,
+    }
+
+
+# HiDream-I1's text-layer schedule (ComfyUI's detection): which Llama-3.1 hidden layer feeds each block.
+HIDREAM_LLAMA_LAYERS = list(range(32)) + [31] * 16
+
+
+def _hidream_config(shapes: Shapes, meta: dict) -> dict:
+    inner, patch_in = shapes["x_embedder.proj.weight"]
+    n_double = count_blocks(shapes, "double_stream_blocks.")
+    n_single = count_blocks(shapes, "single_stream_blocks.")
+    n_caption = count_blocks(shapes, "caption_projection.")
+    n_blocks = n_double + n_single
+    layers = HIDREAM_LLAMA_LAYERS if n_blocks == len(HIDREAM_LLAMA_LAYERS) else list(range(n_blocks))
+    return {
+        "image_model": "hidream", "patch_size": 2, "in_channels": patch_in // 4,
+        "out_channels": shapes["final_layer.linear.weight"][0] // 4,
+        "num_layers": n_double, "num_single_layers": n_single,
+        "attention_head_dim": 128, "num_attention_heads": inner // 128,
+        "caption_channels": [shapes[f"caption_projection.{n_caption - 1}.linear.weight"][1],
+                             shapes["caption_projection.0.linear.weight"][1]],
+        "text_emb_dim": shapes["p_embedder.pooled_embedder.linear_1.weight"][1],
+        "num_routed_experts": count_blocks(shapes, "double_stream_blocks.0.block.ff_i.experts.")
+        or count_blocks(shapes, "single_stream_blocks.0.block.ff_i.experts."),
+        "num_activated_experts": 2, "axes_dims_rope": [64, 32, 32], "max_resolution": [128, 128],
+        "llama_layers": layers,
+    }
+
+
+def _hunyuan_image_config(shapes: Shapes, meta: dict) -> dict:
+    w = first(shapes, "x_embedder.proj.weight", "img_in.proj.weight")
+    hidden, in_ch, patch = w[0], w[1], list(w[2:])
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale")[0]
+    out_rows = first(shapes, "proj_out.weight", "final_layer.linear.weight")[0]
+    n_patch = 1
+    for p in patch:
+        n_patch *= p
+    return {
+        "image_model": "hunyuan_video", "in_channels": in_ch, "patch_size": patch, "out_channels": out_rows // n_patch,
+        "vec_in_dim": None, "axes_dim": [64, 64] if len(patch) == 2 else [16, 56, 56],
+        "meanflow": has_any(shapes, "time_guidance_embed.timestep_embedder_r.linear_1.weight",
+                            "time_r_in.in_layer.weight"),
+        "context_in_dim": first(shapes, "context_embedder.proj_in.weight", "txt_in.input_embedder.weight")[1],
+        "hidden_size": hidden, "num_heads": hidden // head,
+        "mlp_ratio": first(shapes, "transformer_blocks.0.ff.net.0.proj.weight", "double_blocks.0.img_mlp.0.weight")[0]
+        / hidden,
+        "depth": blocks(shapes, "transformer_blocks.", "double_blocks."),
+        "depth_single_blocks": blocks(shapes, "single_transformer_blocks.", "single_blocks."),
+        "refiner_depth": blocks(shapes, "context_embedder.token_refiner.refiner_blocks.",
+                                "txt_in.individual_token_refiner.blocks."),
+        "theta": 256, "qkv_bias": True,
+        "byt5": has_any(shapes, "context_embedder_2.linear_1.weight", "byt5_in.fc1.weight"),
+        "guidance_embed": has_any(shapes, "time_guidance_embed.guidance_embedder.linear_1.weight",
+                                  "guidance_in.in_layer.weight"),
+        "use_cond_type_embedding": False, "vision_in_dim": None,
+    }
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family(
         name="z-image", title="Z-Image", diffusers_class="ZImageTransformer2DModel",
         base_repos=("Tongyi-MAI/Z-Image-Turbo",), hosted_repos=("unsloth/Z-Image-Turbo-FP8",),
         int8_exclude_extra=(),
         diffusers_markers=("all_x_embedder.2-1.weight", "layers.0.attention.to_q.weight"),
-        comfy_markers=("x_embedder.weight", "layers.0.attention.qkv.weight"),
+        # Lumina 2 shares ComfyUI's NextDiT names; Z-Image's modulation Linear is adaLN_modulation.0 (Lumina 2: .1)
+        comfy_markers=(("x_embedder.weight", "layers.0.adaLN_modulation.0.weight"),
+                       ("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.0.weight")),
         comfy_model="ZImage", comfy_key_map="z_image_to_diffusers", comfy_unet_config=_z_image_config,
         fill_missing={"norm_final.weight": "ones"},
     ),
+    Family(
+        name="flux.1", title="FLUX.1", diffusers_class="FluxTransformer2DModel",
+        base_repos=("black-forest-labs/FLUX.1-schnell", "black-forest-labs/FLUX.1-dev",
+                    "black-forest-labs/FLUX.1-Krea-dev"),
+        hosted_repos=("unsloth/FLUX.1-schnell-FP8", "unsloth/FLUX.1-dev-FP8", "unsloth/FLUX.1-Krea-dev-FP8"),
+        int8_exclude_extra=(),
+        diffusers_markers=(("single_transformer_blocks.0.proj_mlp.weight", "time_text_embed.timestep_embedder.linear_1.weight"),),
+        comfy_markers=(("double_blocks.0.img_mod.lin.weight", "img_in.weight", "vector_in.in_layer.weight"),),
+        comfy_model=("Flux", "FluxSchnell"), comfy_key_map="flux_to_diffusers", comfy_unet_config=_flux_config,
+    ),
+    Family(
+        name="flux.2-klein", title="FLUX.2 [klein]", diffusers_class="Flux2Transformer2DModel",
+        base_repos=("black-forest-labs/FLUX.2-klein-4B",), hosted_repos=("unsloth/FLUX.2-klein-4B-FP8",),
+        int8_exclude_extra=(),
+        diffusers_markers=("double_stream_modulation_img.linear.weight",),
+        comfy_markers=("double_stream_modulation_img.lin.weight",),
+        comfy_model="Flux2", comfy_key_map=keymaps.flux2_to_diffusers, comfy_unet_config=_flux2_config,
+    ),
+    Family(
+        name="flux.2-dev", title="FLUX.2 [dev]", diffusers_class="Flux2Transformer2DModel",
+        base_repos=("black-forest-labs/FLUX.2-dev",), hosted_repos=("unsloth/FLUX.2-dev-FP8",),
+        int8_exclude_extra=(),
+        diffusers_markers=("double_stream_modulation_img.linear.weight",),
+        comfy_markers=("double_stream_modulation_img.lin.weight",),
+        comfy_model="Flux2", comfy_key_map=keymaps.flux2_to_diffusers, comfy_unet_config=_flux2_config,
+    ),
+    Family(
+        name="qwen-image", title="Qwen-Image", diffusers_class="QwenImageTransformer2DModel",
+        base_repos=("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"),
+        hosted_repos=("unsloth/Qwen-Image-FP8", "unsloth/Qwen-Image-2512-FP8"),
+        int8_exclude_extra=("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
+        # ComfyUI's Qwen-Image uses the diffusers names: one layout
+        diffusers_markers=(("txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"),), comfy_markers=(),
+        comfy_model="QwenImage", comfy_key_map=None, comfy_unet_config=_qwen_image_config,
+    ),
+    Family(
+        name="lumina-2", title="Lumina Image 2.0", diffusers_class="Lumina2Transformer2DModel",
+        base_repos=("Alpha-VLLM/Lumina-Image-2.0",), hosted_repos=("unsloth/Lumina-Image-2.0-FP8",),
+        int8_exclude_extra=(),
+        diffusers_markers=(("time_caption_embed.caption_embedder.1.weight", "layers.0.attn.to_q.weight"),),
+        comfy_markers=(("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.1.weight", "cap_embedder.1.weight"),),
+        comfy_model="Lumina2", comfy_key_map=keymaps.lumina2_to_diffusers, comfy_unet_config=_lumina2_config,
+        fill_missing={"norm_final.weight": "ones"},
+    ),
+    Family(
+        name="hidream-i1", title="HiDream-I1", diffusers_class="HiDreamImageTransformer2DModel",
+        base_repos=("HiDream-ai/HiDream-I1-Full",), hosted_repos=("unsloth/HiDream-I1-Full-FP8",),
+        int8_exclude_extra=(),
+        diffusers_markers=(("caption_projection.0.linear.weight", "double_stream_blocks.0.block.attn1.to_q.weight"),),
+        comfy_markers=(),  # ComfyUI's HiDream uses the diffusers names
+        comfy_model="HiDream", comfy_key_map=None, comfy_unet_config=_hidream_config,
+    ),
+    Family(
+        name="hunyuanimage-2.1", title="HunyuanImage 2.1", diffusers_class="HunyuanImageTransformer2DModel",
+        base_repos=("hunyuanvideo-community/HunyuanImage-2.1-Diffusers",),
+        hosted_repos=("unsloth/HunyuanImage-2.1-FP8",),
+        int8_exclude_extra=(),
+        diffusers_markers=(("time_guidance_embed.timestep_embedder.linear_1.weight",
+                            "context_embedder.token_refiner.refiner_blocks.0.attn.to_q.weight"),),
+        comfy_markers=(("txt_in.individual_token_refiner.blocks.0.self_attn.qkv.weight", "byt5_in.fc1.weight"),
+                       # the original release's names, which ComfyUI's own loader renames (process_unet_state_dict)
+                       ("txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight", "byt5_in.fc1.weight")),
+        comfy_model="HunyuanImage21", comfy_key_map=keymaps.hunyuan_image_to_diffusers,
+        comfy_unet_config=_hunyuan_image_config,
+    ),
 ]}
 
-CLASS_TO_FAMILY = {f.diffusers_class: f.name for f in FAMILIES.values()}
+CLASS_TO_FAMILY: dict[str, str] = {}
+for _f in FAMILIES.values():  # a class shared by several families (FLUX.2 klein / dev) names the first listed
+    CLASS_TO_FAMILY.setdefault(_f.diffusers_class, _f.name)
 
 
 def get(name: str) -> Family:

@@ -61,6 +61,8 @@ class Candidate:
 class Plan:
     candidates: tuple[Candidate, ...]
     notes: tuple[str, ...] = ()  # steps that were skipped and why
+    family: str | None = None  # the family asked for (input or preset), for validation
+    scheme: str | None = None  # the scheme asked for (input or preset); None: not chosen
 
     def __bool__(self) -> bool:
         return bool(self.candidates)
@@ -240,7 +242,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
             elif not any(c.kind == "hub" and c.repo == repo and c.scheme == scheme for c in out):
                 out.append(Candidate("hub", "family", scheme=scheme, repo=repo, filenames=filenames(repo, scheme),
                                      revision=revision))
-    return Plan(tuple(out), tuple(notes))
+    return Plan(tuple(out), tuple(notes), family, scheme)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,9 @@ try {
   // The app exists and this pack's extension was imported from /extensions/ComfyUI-Prequant/prequant.js.
   await page.waitForFunction(() => {
     const app = window.comfyAPI?.app?.app;
-    return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info"));
+    // ...and the start-up workflow is open, so loading ours cannot race the front end's own restore.
+    return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
+      app.extensionManager?.workflow?.activeWorkflow);
   });
   result.extensionLoaded = true;
 
@@ -45,12 +47,16 @@ try {
     const app = window.comfyAPI.app.app;
     await app.loadGraphData(wf);
   }, cfg.workflow);
+  await page.waitForFunction((n) => {
+    const nodes = window.comfyAPI.app.app.graph.nodes;
+    return nodes.length === n && nodes.every((x) => x.comfyClass);
+  }, cfg.workflow.nodes.length);
   // Close anything the front end may have opened over the canvas (first-run dialogs, missing-model prompts).
   await page.keyboard.press("Escape");
 
   const expected = await page.evaluate(() => {
     const app = window.comfyAPI.app.app;
-    const nodes = app.graph._nodes;
+    const nodes = app.graph.nodes;
     return {
       info: nodes.filter((n) => n.comfyClass === "PrequantInfo").map((n) => n.id),
       loader: nodes.filter((n) => n.comfyClass === "PrequantLoadTransformer").map((n) => n.id),
@@ -70,12 +76,11 @@ try {
       document.querySelectorAll(".prequant-loaded [class='prequant-scheme']").length >= exp.loader.length;
   }, expected);
 
-  // Frame every node so the screenshot shows them all, then let the DOM widgets follow the canvas.
+  // Frame the nodes for the screenshot, then let the DOM widgets follow the canvas.
   await page.evaluate(() => {
     const app = window.comfyAPI.app.app;
-    app.canvas.selectItems?.();
-    app.canvas.fitViewToSelectionAnimated?.({ duration: 0 }) ?? app.canvas.ds?.reset?.();
-    app.canvas.deselectAll?.();
+    app.canvas.ds.scale = 0.8;
+    app.canvas.ds.offset = [90, 110];
     app.graph.setDirtyCanvas(true, true);
   });
   await page.waitForTimeout(800);
@@ -83,7 +88,7 @@ try {
   result.nodes = await page.evaluate(() => {
     const app = window.comfyAPI.app.app;
     const out = [];
-    for (const n of app.graph._nodes) {
+    for (const n of app.graph.nodes) {
       const w = n.widgets?.find((x) => x.name === "prequant_report" || x.name === "prequant_loaded");
       const elm = w?.element;
       const verdict = elm?.querySelector(".prequant-verdict");
