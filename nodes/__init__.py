@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import paths
+from .build import PrequantBuildCheckpoint
 from .info import PrequantInfo
 from .load import PrequantLoadTransformer
 
@@ -9,9 +10,11 @@ paths.register()
 
 NODE_CLASS_MAPPINGS = {
     "PrequantLoadTransformer": PrequantLoadTransformer,
+    "PrequantBuildCheckpoint": PrequantBuildCheckpoint,
     "PrequantInfo": PrequantInfo,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "PrequantLoadTransformer": "Load Prequant Transformer",
+    "PrequantBuildCheckpoint": "Build Prequant Checkpoint",
     "PrequantInfo": "Prequant Info",
 }

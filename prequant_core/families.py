@@ -212,8 +212,6 @@ def _hunyuan_image_config(shapes: Shapes, meta: dict) -> dict:
         / hidden,
         "depth": blocks(shapes, "transformer_blocks.", "double_blocks."),
         "depth_single_blocks": blocks(shapes, "single_transformer_blocks.", "single_blocks."),
-        "refiner_depth": blocks(shapes, "context_embedder.token_refiner.refiner_blocks.",
-                                "txt_in.individual_token_refiner.blocks."),
         "theta": 256, "qkv_bias": True,
         "byt5": has_any(shapes, "context_embedder_2.linear_1.weight", "byt5_in.fc1.weight"),
         "guidance_embed": has_any(shapes, "time_guidance_embed.guidance_embedder.linear_1.weight",

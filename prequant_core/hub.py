@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import threading
 import time
 from typing import Callable, Iterable, Mapping
@@ -39,6 +40,7 @@ log = logging.getLogger("prequant")
 
 ProgressFn = Callable[[int, int], None]
 POLL_S = 0.2
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")  # what the client treats as a commit hash
 
 
 class HubNotFoundError(HubError):
@@ -324,6 +326,14 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                               fix="Run once with network access (unset HF_HUB_OFFLINE) so the file is downloaded, "
                                   "or put the file into ComfyUI/models/prequant/.")
 
+    hit = _pinned_commit_hit(repo, filenames, rev, cache)
+    if hit:
+        fn, p, skipped = hit
+        log.info("[prequant] using cached %s/%s at pinned commit %s", repo, fn, rev)
+        if progress:
+            progress(_size(p) or 0, _size(p) or 0)
+        return Fetched(p, repo, rev, fn, rev, _size(p) or 0, False, folder, skipped)
+
     for fn in filenames:
         url = hf_hub_url(repo, fn, revision=rev, endpoint=ep)
         try:
@@ -407,6 +417,23 @@ def _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_at
     return Fetched(p, repo, rev, fn, meta.commit_hash, total, downloaded, folder, list(tried))
 
 
+def _pinned_commit_hit(repo, filenames, rev, cache):
+    """A commit's files never change: when ``rev`` is a full commit hash, walk the names in the cache without any
+    request, as far as the cache can answer (a name cached -> use it; recorded absent -> next; unknown -> go online)."""
+    from huggingface_hub import _CACHED_NO_EXIST, try_to_load_from_cache
+    if not _COMMIT_RE.match(rev):
+        return None
+    skipped = []
+    for fn in filenames:
+        p = try_to_load_from_cache(repo, fn, cache_dir=cache, revision=rev)
+        if isinstance(p, str):
+            return fn, p, skipped
+        if p is not _CACHED_NO_EXIST:
+            return None
+        skipped.append((fn, "not in the repo (recorded in the cache)"))
+    return None
+
+
 def _discard(path: str) -> None:
     try:
         os.remove(path)
@@ -419,8 +446,13 @@ def _discard(path: str) -> None:
 def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
            token: str | None = None, progress: ProgressFn | None = None,
            env: Mapping[str, str] | None = None) -> Located:
-    """The file to open for a plan: the first usable candidate (downloaded if it is a Hub one), else the first
-    candidate so that its own error explains what is wrong. Only a Hub file gets its cache folder as an allowed dir."""
+    """The file to open for a plan.
+
+    A local candidate (typed path or listed file) comes first in a plan and is always used as given: a refused or
+    missing file is reported by ``open_checkpoint``, never replaced by a silent download. Among Hub candidates the
+    first usable one is taken (``sources.usable``: cached, or we are online), else the first, so that its own error
+    explains what is wrong. Only a Hub file gets its repo's cache folder as an extra allowed folder.
+    """
     cands = list(plan)
     model_dirs = list(model_dirs)
     if not cands:
@@ -428,12 +460,13 @@ def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iter
         raise CheckpointNotFoundError("No checkpoint chosen.", reasons=notes,
                                       fix="Pick a file in 'checkpoint', fill 'path', type a 'hub_repo' (e.g. "
                                           "unsloth/Z-Image-Turbo-FP8) with a scheme, or pick a preset.")
-    u = sources.usable(cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=is_cached, env=env)
-    chosen = u.usable[0] if u.usable else cands[0]
+    if cands[0].kind == "local":
+        return Located(cands[0].path, cands[0], model_dirs)
+    hub_cands = [c for c in cands if c.kind == "hub"]
+    u = sources.usable(hub_cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=is_cached, env=env)
+    chosen = u.usable[0] if u.usable else hub_cands[0]
     for c, why in u.rejected:
-        if cands.index(c) < cands.index(chosen):
+        if hub_cands.index(c) < hub_cands.index(chosen):
             log.warning("[prequant] skipping %s: %s; using %s", c.describe(), why, chosen.describe())
-    if chosen.kind == "local":
-        return Located(chosen.path, chosen, model_dirs)
     f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress)
     return Located(f.path, chosen, model_dirs + [f.storage_folder], f)

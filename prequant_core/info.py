@@ -425,6 +425,7 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
 
     verdict = metadata.validate(ck, request or metadata.Request(), exclude_extra)
     reasons = list(verdict.reasons)
+    notes += list(getattr(verdict, "notes", None) or [])  # accepted but worth saying (e.g. per-tensor twins)
 
     q_count = q_bytes = d_count = d_bytes = equiv = 0
     for t in ck.tensors.values():

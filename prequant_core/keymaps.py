@@ -209,7 +209,7 @@ def hunyuan_image_to_diffusers(cfg: Mapping) -> dict:
         _moves(m, s + ".", d + ".", {"attn.norm_q.weight": "norm.query_norm.scale",
                                      "attn.norm_k.weight": "norm.key_norm.scale"})
     ce = "context_embedder"
-    for i in range(int(cfg.get("refiner_depth", 2))):
+    for i in range(2):  # ComfyUI's TokenRefiner always has two blocks (as the released model)
         s, d = f"{ce}.token_refiner.refiner_blocks.{i}", f"txt_in.individual_token_refiner.blocks.{i}"
         _qkv(m, f"{s}.attn", f"{d}.self_attn.qkv", (h, h, h), ends=wb)
         _moves(m, s + ".", d + ".", {

@@ -29,6 +29,17 @@ class Request:
 class Verdict:
     ok: bool
     reasons: list[str]
+    notes: list[str] = dataclasses.field(default_factory=list)  # accepted, but worth showing (Prequant Info)
+
+
+def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
+    """ComfyUI-native twins are per-tensor by design: accepted, and said to be a coarser rounding."""
+    coarse = [s for s, field in (("fp8", "fp8_granularity"), ("int8", "int8_granularity"))
+              if ckpt.metadata.get(field) in ("per_tensor", "mixed")]
+    if not coarse:
+        return []
+    return [f"ComfyUI-native file: its {' and '.join(coarse)} weights use one scale per tensor, a coarser rounding "
+            "than a per-row file of the same model (expect small output differences from it)"]
 
 
 def base_matches(found: str, wanted: str) -> bool:
@@ -88,7 +99,8 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
         reasons.append("the file holds no quantized weights (a dense checkpoint?)")
     per_tensor = [k for k, v in ckpt.tensors.items() if qtensor.is_quantized(v) and v.scale.numel() == 1
                   and v.shape[0] > 1 and qtensor.scheme_of(v).startswith("fp8")]
-    if per_tensor:
+    native = ckpt.container == "comfyui-native"
+    if per_tensor and not native:
         reasons.append(f"{len(per_tensor)} fp8 weights use one scale per tensor (e.g. '{per_tensor[0]}'): "
                        "per-tensor fp8 files are stale; use a per-row file")
 
@@ -112,11 +124,11 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
         if "fast_accum" in m and m["fast_accum"] is not None and m["fast_accum"] != rule.fast_accum:
             reasons.append(f"fast_accum is {m['fast_accum']}, scheme {scheme} needs {rule.fast_accum}")
         gran = m.get("fp8_granularity")
-        if scheme.startswith("fp8") and gran is not None and gran != "per_row":
+        if scheme.startswith("fp8") and gran is not None and gran != "per_row" and not native:
             reasons.append(f"fp8_granularity is '{gran}': per-tensor fp8 files are stale; rebuild per_row")
         expected_ex = req.exclude_tokens if req.exclude_tokens is not None else \
             schemes.exclude_tokens(scheme, family_exclude_extra)
         found_ex = m.get("exclude_name_tokens")
         if found_ex is not None and sorted(set(map(str, found_ex))) != sorted(set(expected_ex)):
             reasons.append(f"exclude_name_tokens {sorted(found_ex)} differ from the expected {sorted(expected_ex)}")
-    return Verdict(not reasons, reasons)
+    return Verdict(not reasons, reasons, _comfy_native_notes(ckpt) if native else [])

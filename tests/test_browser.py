@@ -47,6 +47,13 @@ def _node() -> str:
     return node
 
 
+def _widgets(fname: str) -> dict:
+    """The same inputs by name, applied after loading (robust to inputs added to the nodes since)."""
+    return {1: {"checkpoint": fname, "base_model_id": BASE_ID, "scheme": "int8"},
+            2: {"checkpoint": fname, "base_model_id": WRONG_BASE, "scheme": "fp8"},
+            3: {"checkpoint": fname, "path": "", "base_model_id": "", "scheme": "auto", "family": "auto"}}
+
+
 def _workflow(fname: str) -> dict:
     """A UI-format workflow, as the front end saves it."""
     def info_node(nid, x, y, base, scheme):
@@ -63,7 +70,7 @@ def _workflow(fname: str) -> dict:
              "order": 2, "mode": 0, "inputs": [], "outputs": [{"name": "model", "type": "MODEL", "links": [1]}],
              "properties": {"Node name for S&R": "PrequantLoadTransformer"},
              "widgets_values": [fname, "", "", "auto", "auto"]},
-            {"id": 4, "type": "PreviewAny", "pos": [980, 300], "size": [420, 160], "flags": {}, "order": 3,
+            {"id": 4, "type": "PreviewAny", "pos": [980, 560], "size": [420, 160], "flags": {}, "order": 3,
              "mode": 0, "inputs": [{"name": "source", "type": "*", "link": 1}], "outputs": [],
              "properties": {"Node name for S&R": "PreviewAny"}, "widgets_values": []},
         ],
@@ -75,20 +82,22 @@ def _workflow(fname: str) -> dict:
 def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     chromium, node = _chromium(), _node()
     src = prequant_files("int8", "safetensors")
-    expected = info(src, {"base_model_id": BASE_ID, "scheme": "int8"})
     base = tmp_path / "comfy"
     (base / "models" / "prequant").mkdir(parents=True)
     shutil.copy(src, base / "models" / "prequant" / FILE)
+    expected = info(base / "models" / "prequant" / FILE, {"base_model_id": BASE_ID, "scheme": "int8"})
     shot = tmp_path / "prequant_info.png"
     out = tmp_path / "browser.json"
 
     with ComfyServer(str(base)) as server:
+        # A returning user: the front end opens the default workflow instead of the first-run template browser.
+        server.post("/settings/Comfy.TutorialCompleted", True)
         listed = server.get("/object_info/PrequantInfo")["PrequantInfo"]
         assert FILE in listed["input"]["required"]["checkpoint"][0]
         assert listed["output_node"] is True and listed["category"] == "loaders/prequant"
         with urllib.request.urlopen(server.url + "/extensions/ComfyUI-Prequant/prequant.js", timeout=10) as r:
             assert b"registerExtension" in r.read(), "the pack's web extension is not served"
-        cfg = {"url": server.url, "workflow": _workflow(FILE), "screenshot": str(shot), "out": str(out),
+        cfg = {"url": server.url, "workflow": _workflow(FILE), "widgets": _widgets(FILE), "screenshot": str(shot), "out": str(out),
                "chromium": chromium, "userDataDir": str(tmp_path / "chromium-profile"), "timeoutMs": 120000}
         proc = subprocess.run([node, os.path.join(BROWSER_DIR, "drive.mjs"), json.dumps(cfg)], cwd=BROWSER_DIR,
                               capture_output=True, text=True, timeout=240)
@@ -97,15 +106,16 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     assert proc.returncode == 0 and res.get("ok"), (
         f"browser run failed (rc {proc.returncode}): {res.get('error') or proc.stderr[-3000:]}\n"
         f"console: {res.get('console', [])[-30:]}\nserver log:\n{server_log}")
-    ours = [m for m in res["console"] if "prequant" in m.lower() and ("error" in m.lower())]
+    ours = [m for m in res["console"] if m.startswith(("error", "pageerror")) and "/extensions/ComfyUI-Prequant/" in m]
     assert not ours, f"the extension logged errors: {ours}"
+    assert res["missingWidgets"] == []
     assert res["expected"]["placeholders"] == ["Run the workflow (Queue) to inspect the file."] * 2
 
     nodes = {n["id"]: n for n in res["nodes"]}
     good, bad, loader = nodes[1], nodes[2], nodes[3]
 
     # the valid request: green verdict, the table rows the Python report chose, the report as the widget value
-    assert good["visible"] and good["verdictAttr"] == "valid" and "prequant-valid" in good["verdictClass"]
+    assert good["visible"] and good["onTop"] and good["verdictAttr"] == "valid" and "prequant-valid" in good["verdictClass"]
     assert good["verdictColor"] == "rgb(30, 107, 52)"
     assert good["domText"].startswith("VALID for base_model_id 'Tongyi-MAI/Z-Image-Turbo', scheme 'int8'")
     assert good["rows"] == expected.to_dict()["rows"]
@@ -118,7 +128,7 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     assert good["reasons"] == []
 
     # the wrong request: red verdict listing every mismatch
-    assert bad["visible"] and bad["verdictAttr"] == "invalid" and "prequant-invalid" in bad["verdictClass"]
+    assert bad["visible"] and bad["onTop"] and bad["verdictAttr"] == "invalid" and "prequant-invalid" in bad["verdictClass"]
     assert bad["verdictColor"] == "rgb(138, 31, 31)"
     assert any("requested 'fp8'" in r for r in bad["reasons"]), bad["reasons"]
     assert any(f"requested '{WRONG_BASE}'" in r for r in bad["reasons"]), bad["reasons"]
@@ -126,6 +136,7 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     assert bad["domText"].startswith(f"INVALID for base_model_id '{WRONG_BASE}', scheme 'fp8'")
 
     # the loader, after really loading the file in the server: scheme and size on the node
+    assert loader["visible"] and loader["onTop"]
     assert loader["summary"]["scheme"] == "int8" and loader["loadedScheme"] == "int8"
     assert loader["summary"]["file"] == FILE and loader["summary"]["size_bytes"] > 0
     assert loader["domText"].startswith("int8 · ") and "MiB in memory" in loader["domText"]

@@ -33,12 +33,18 @@ def boot(base_dir: str | None = None, extra_args: tuple = ()):
         ok = asyncio.run(ok)
     if not ok:
         raise RuntimeError("ComfyUI failed to load the pack (see the log above)")
+    import logging
+    root_logger = logging.getLogger()
+    level = root_logger.level
+    root_logger.setLevel(logging.ERROR)  # extras that need torchaudio & co. log tracebacks we do not use
     try:
         init = nodes.init_extra_nodes(init_custom_nodes=False)
         if asyncio.iscoroutine(init):
             asyncio.run(init)
     except TypeError:
         pass
+    finally:
+        root_logger.setLevel(level)
     pack = sys.modules[pack_dir.replace(".", "_x_")]  # the module name ComfyUI gives a custom-node folder
     _state.update(nodes=nodes, pack=pack)
     return nodes, pack

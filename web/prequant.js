@@ -91,18 +91,20 @@ function addPanel(node, name, className, placeholder, minHeight) {
   return { div, widget };
 }
 
-function fitHeight(node, extra) {
-  const [w, h] = node.size;
-  const want = node.computeSize()[1] + extra;
-  if (h < want) node.setSize([Math.max(w, 420), want]);
-  node.setDirtyCanvas?.(true, true);
-  app.graph?.setDirtyCanvas(true, true);
+// Grow the node (never shrink it) until the panel shows all its content without scrolling.
+function fitToContent(node, div) {
+  const grow = () => {
+    const missing = div.scrollHeight - div.clientHeight;
+    if (missing > 1) node.setSize([node.size[0], node.size[1] + missing + 4]);
+    node.setDirtyCanvas?.(true, true);
+  };
+  requestAnimationFrame(() => { grow(); requestAnimationFrame(grow); });
 }
 
 function setupInfo(node) {
   const { div } = addPanel(node, "prequant_report", "prequant-info",
     "Run the workflow (Queue) to inspect the file.", 60);
-  if (node.size[0] < 420) node.setSize([420, node.size[1]]);
+  if (node.size[0] < 460) node.setSize([460, node.size[1]]);
   const onExecuted = node.onExecuted;
   node.onExecuted = function (output) {
     onExecuted?.apply(this, arguments);
@@ -110,7 +112,7 @@ function setupInfo(node) {
     if (!report) return;
     node.prequantReport = report;
     renderReport(div, report);
-    fitHeight(node, 20 * ((report.rows?.length || 0) + (report.verdict?.reasons?.length || 0) + 2));
+    fitToContent(node, div);
   };
 }
 
@@ -134,7 +136,7 @@ function setupLoader(node) {
     d.appendChild(el("div", "prequant-note",
       `${s.family} · ${s.quantized_layers} quantized layers · ${s.file} (${s.container}, ${s.layout} keys)`));
     d.dataset.scheme = s.scheme;
-    fitHeight(node, 50);
+    fitToContent(node, d);
   };
 }
 

@@ -51,6 +51,19 @@ try {
     const nodes = window.comfyAPI.app.app.graph.nodes;
     return nodes.length === n && nodes.every((x) => x.comfyClass);
   }, cfg.workflow.nodes.length);
+  // Inputs set by name as well (a node that gained inputs since the workflow was saved keeps the right values).
+  result.missingWidgets = await page.evaluate((widgets) => {
+    const app = window.comfyAPI.app.app;
+    const missing = [];
+    for (const [id, values] of Object.entries(widgets || {})) {
+      const node = app.graph.getNodeById(Number(id));
+      for (const [name, value] of Object.entries(values)) {
+        const w = node?.widgets?.find((x) => x.name === name);
+        if (w) w.value = value; else missing.push(`${id}.${name}`);
+      }
+    }
+    return missing;
+  }, cfg.widgets);
   // Close anything the front end may have opened over the canvas (first-run dialogs, missing-model prompts).
   await page.keyboard.press("Escape");
 
@@ -80,9 +93,13 @@ try {
   await page.evaluate(() => {
     const app = window.comfyAPI.app.app;
     app.canvas.ds.scale = 0.8;
-    app.canvas.ds.offset = [90, 110];
+    app.canvas.ds.offset = [100, 150];
     app.graph.setDirtyCanvas(true, true);
   });
+  for (let i = 0; i < 3 && await page.locator(".p-dialog-mask").count(); i++) {
+    await page.keyboard.press("Escape");
+    await page.waitForTimeout(300);
+  }
   await page.waitForTimeout(800);
 
   result.nodes = await page.evaluate(() => {
@@ -102,6 +119,14 @@ try {
         reasons: elm ? [...elm.querySelectorAll(".prequant-reasons li")].map((li) => li.textContent) : [],
         rows: elm ? [...elm.querySelectorAll("tr")].map((tr) => [...tr.children].map((c) => c.textContent)) : [],
         visible: elm ? elm.getBoundingClientRect().width > 0 && getComputedStyle(elm).display !== "none" : false,
+        // what a user would click at the top of the panel really is the panel (no dialog or node over it)
+        onTop: (() => {
+          const target = verdict || elm;
+          if (!target) return false;
+          const r = target.getBoundingClientRect();
+          const hit = document.elementFromPoint(r.left + r.width / 2, r.top + Math.min(8, r.height / 2));
+          return !!hit && elm.contains(hit);
+        })(),
         loadedScheme: elm?.dataset?.scheme ?? null,
         summary: n.prequantSummary ?? null,
       });

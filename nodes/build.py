@@ -1,0 +1,201 @@
+"""Build Prequant Checkpoint: a dense MODEL (from any stock loader) or a dense file -> a pre-quantized file in
+models/prequant, written with the same code as ``python -m prequant_core build``."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+import comfy.model_management as mm
+import comfy.utils
+import folder_paths
+
+from prequant_core import build as core
+from prequant_core import families, schemes
+from prequant_core.errors import BuildError, UnknownFamilyError
+from prequant_core.families import Family
+
+from . import paths
+from .ops import is_prequant_linear
+
+log = logging.getLogger("prequant")
+AUTO = "auto"
+NO_FILE = "(none: use the model input)"
+DENSE_EXTENSIONS = (".safetensors",)
+
+
+def dense_file_choices() -> list[str]:
+    try:
+        names = folder_paths.get_filename_list("diffusion_models")
+    except KeyError:
+        names = []
+    return [NO_FILE] + sorted(n for n in names if n.lower().endswith(DENSE_EXTENSIONS))
+
+
+def check_filename(filename: str, container: str, base_model_id: str, scheme: str) -> str:
+    """A bare file name for models/prequant: no folders, no '..', extension matching the container."""
+    name = (filename or "").strip()
+    if not name:
+        return core.default_filename(base_model_id, scheme, container)
+    bad = ("/" in name or "\\" in name or (os.sep in name) or (os.altsep and os.altsep in name) or ".." in name
+           or name.startswith(".") or ":" in name or "\x00" in name or os.path.isabs(name))
+    if bad:
+        raise BuildError("The filename must be a plain file name inside models/prequant.", found=repr(name),
+                         expected="e.g. Z-Image-Turbo-INT8.safetensors (no folders, no '..', not hidden)",
+                         fix="Remove the folder part; the file is always written into models/prequant.")
+    ext = os.path.splitext(name)[1].lower()
+    if ext in core.EXTENSIONS.values():
+        if ext != core.EXTENSIONS[container]:
+            raise BuildError("The filename's extension does not match the container.", found=name,
+                             expected=core.EXTENSIONS[container],
+                             fix=f"Name it *{core.EXTENSIONS[container]} or switch the container.")
+        return name
+    return name + core.EXTENSIONS[container]
+
+
+def output_folder() -> str:
+    folder = folder_paths.get_folder_paths(paths.FOLDER)[0]
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def model_family(patcher, family: str) -> Family:
+    """The family of a ComfyUI MODEL: named, else from ComfyUI's model config class, else from its tensor names."""
+    if family and family != AUTO:
+        return families.get(family)
+    cfg_name = type(getattr(patcher.model, "model_config", None)).__name__
+    for fam in families.FAMILIES.values():
+        if fam.comfy_model == cfg_name:
+            return fam
+    keys = list(patcher.model.diffusion_model.state_dict().keys())
+    try:
+        return families.detect(keys)[0]
+    except UnknownFamilyError as e:
+        raise UnknownFamilyError("Could not tell which model family this MODEL is.",
+                                 expected=e.expected, found=f"ComfyUI model config '{cfg_name}'",
+                                 fix="Pick the family on the node.") from None
+
+
+def model_state_dict(patcher) -> dict:
+    """The MODEL's dense diffusion-model weights in ComfyUI layout, refusing what would build the wrong thing."""
+    model = patcher.model
+    dm = getattr(model, "diffusion_model", None)
+    if dm is None:
+        raise BuildError("This MODEL has no diffusion model to build from.", found=type(model).__name__)
+    if any(is_prequant_linear(m) for m in dm.modules()):
+        raise BuildError("This MODEL is already pre-quantized (it came from Load Prequant Transformer); building "
+                         "from it would quantize quantized weights.", expected="a dense MODEL, e.g. from Load "
+                         "Diffusion Model", found="quantized Linear layers",
+                         fix="Connect the dense model, or use the checkpoint you loaded it from.")
+    if getattr(patcher, "patches", None):
+        raise BuildError(f"This MODEL carries {len(patcher.patches)} weight patches (e.g. a LoRA); the build reads "
+                         "the base weights and would silently drop them.",
+                         fix="Connect the MODEL straight from its loader (before LoRA nodes).")
+    if getattr(model, "current_weight_patches_uuid", None) is not None:
+        # Another clone of this model is loaded with its patches applied in place: restore the pristine weights.
+        mm.unload_all_models()
+    return dm.state_dict()
+
+
+class PrequantBuildCheckpoint:
+    CATEGORY = "loaders/prequant"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("path",)
+    FUNCTION = "build"
+    OUTPUT_NODE = True
+    DESCRIPTION = ("Quantizes a dense diffusion transformer (torchao int8 / fp8, per row) and writes a pre-quantized "
+                   "checkpoint into models/prequant. Connect a MODEL from any stock loader, or pick a dense file from "
+                   "diffusion_models. Returns the written path (feed it to Prequant Info).")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "dense_file": (dense_file_choices(), {"tooltip": "A dense .safetensors in models/diffusion_models "
+                               "(diffusers or ComfyUI keys; a shard of a diffusers folder builds the whole folder). "
+                               "Leave on '(none)' to build from the model input."}),
+                "scheme": (list(schemes.SCHEMES), {"default": "int8", "tooltip": "int8 / fp8 quantize weights and "
+                           "activations; the weight-only variants keep activations in bf16."}),
+                "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 1, "max": 65536,
+                                         "tooltip": "Only Linear layers with in and out features >= this are "
+                                                    "quantized."}),
+                "base_model_id": ("STRING", {"default": "", "tooltip": "Recorded in the file so loaders can check it "
+                                  "(e.g. Tongyi-MAI/Z-Image-Turbo). Empty: the family's base model."}),
+                "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO}),
+                "filename": ("STRING", {"default": "", "tooltip": "File name inside models/prequant. Empty: "
+                             "<Model>-<SCHEME>.<ext> from base_model_id."}),
+                "container": (list(core.CONTAINERS), {"default": "safetensors", "tooltip": "safetensors: no pickle, "
+                              "safe to share. pt: torch.save container."}),
+                "overwrite": ("BOOLEAN", {"default": False}),
+            },
+            "optional": {
+                "model": ("MODEL", {"tooltip": "A dense MODEL from any loader (not one loaded pre-quantized)."}),
+            },
+        }
+
+    @classmethod
+    def IS_CHANGED(cls, dense_file=NO_FILE, **kw):
+        if dense_file and dense_file != NO_FILE:
+            full = folder_paths.get_full_path("diffusion_models", dense_file)
+            try:
+                st = os.stat(full)
+                return f"{full}:{st.st_mtime_ns}:{st.st_size}"
+            except (OSError, TypeError):
+                return str(full)
+        return ""
+
+    def build(self, dense_file, scheme, min_features, base_model_id, family, filename, container, overwrite,
+              model=None):
+        use_file = bool(dense_file) and dense_file != NO_FILE
+        if use_file and model is not None:
+            raise BuildError("Both a model input and a dense_file are set; the node builds from one.",
+                             fix="Disconnect the model, or set dense_file to '(none)'.")
+        if not use_file and model is None:
+            raise BuildError("Nothing to build from.", fix="Connect a MODEL, or pick a dense_file.")
+        fam_arg = None if family == AUTO else family
+        base = base_model_id.strip()
+        if not base:
+            fam_for_name = families.get(fam_arg) if fam_arg else None
+            if fam_for_name is None and model is not None:
+                fam_for_name = model_family(model, family)
+            if fam_for_name is None:
+                fam_for_name = core.open_input(folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
+                                               key_map=self._key_map).family
+            base = fam_for_name.base_repos[0]
+        name = check_filename(filename, container, base, scheme)
+        dest = os.path.join(output_folder(), name)
+
+        pbar = comfy.utils.ProgressBar(1000)
+
+        def progress(stage, done, total, key):
+            frac = done / max(total, 1)
+            pbar.update_absolute(int(1000 * (frac * 0.9 if stage == "quantize" else 0.9 + 0.1 * frac)), 1000)
+
+        with torch.no_grad():
+            if use_file:
+                src_path = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
+                res = core.build(src_path, dest, scheme=scheme, family=fam_arg, base_model_id=base,
+                                 min_features=min_features, container=container, overwrite=overwrite,
+                                 key_map=self._key_map, progress=progress)
+            else:
+                fam = model_family(model, family)
+                sd = model_state_dict(model)
+                key_map = self._key_map(fam, None, unet_config=model.model.model_config.unet_config)
+                res = core.build(sd, dest, scheme=scheme, family=fam, base_model_id=base, min_features=min_features,
+                                 container=container, overwrite=overwrite, key_map=key_map, layout="comfyui",
+                                 progress=progress)
+        log.info("[prequant] %s", res.summary())
+        info = {"file": os.path.basename(res.path), "path": res.path, "family": res.family, "scheme": res.scheme,
+                "container": res.container, "quantized_layers": res.quantized, "size_bytes": res.file_bytes,
+                "dense_bytes": res.dense_bytes, "input_layout": res.input_layout}
+        return {"ui": {"text": [res.summary()], "prequant_build": [info]}, "result": (res.path,)}
+
+    @staticmethod
+    def _key_map(fam: Family, shapes, unet_config: dict | None = None):
+        """ComfyUI's own diffusers -> ComfyUI key map for ``fam`` (config from the MODEL, or derived from shapes)."""
+        fn = getattr(comfy.utils, fam.comfy_key_map or "", None)
+        if fn is None:
+            raise BuildError(f"This ComfyUI cannot map {fam.title} keys to diffusers names "
+                             f"(no comfy.utils.{fam.comfy_key_map}).", fix="Update ComfyUI.")
+        return fn(dict(unet_config) if unet_config is not None else fam.comfy_unet_config(shapes, {}))

@@ -1,0 +1,569 @@
+"""Build Prequant Checkpoint: core builder, the ComfyUI node (on the real ComfyUI, headless) and the command line.
+
+Round trips are checked against load-time quantization of the same dense weights (no file) through the same ComfyUI
+model path: the sampler output must be identical (max abs diff 0).
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import BASE_ID, ROOT, sample
+from prequant_core import build, families, fingerprint, formats, keymap, loader, metadata, qtensor, schemes
+from prequant_core.errors import BuildError, UnknownFamilyError
+from tools import tiny_models
+
+PY = sys.executable
+NONE = "(none: use path or hub_repo)"
+NO_FILE = "(none: use the model input)"
+DENSE_NAME = "tiny-zimage-dense-diffusers.safetensors"
+DENSE_COMFY_NAME = "tiny-zimage-dense-comfyui.safetensors"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers and fixtures
+# ---------------------------------------------------------------------------------------------------------------
+
+def build_node(comfy):
+    nodes, _ = comfy
+    return nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]()
+
+
+def run_build_node(comfy, **kw):
+    args = dict(dense_file=NO_FILE, scheme="int8", min_features=512, base_model_id=BASE_ID, family="auto",
+                filename="", container="safetensors", overwrite=False)
+    args.update(kw)
+    with torch.inference_mode():  # as ComfyUI runs every node
+        return build_node(comfy).build(**args)
+
+
+def load_file(comfy, path, **kw):
+    nodes, _ = comfy
+    with torch.inference_mode():
+        return nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(NONE, path=str(path), **kw)["result"][0]
+
+
+def cli(*args, timeout=240, **kw):
+    return subprocess.run([PY, "-m", "prequant_core", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def prequant_dir():
+    import folder_paths
+    d = folder_paths.get_folder_paths("prequant")[0]
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def temps_in(folder):
+    return sorted(f for f in os.listdir(folder) if f.startswith(build.TEMP_PREFIX) and f.endswith(build.TEMP_SUFFIX))
+
+
+def assert_same_tensors(a: dict, b: dict):
+    assert list(sorted(a)) == list(sorted(b))
+    for k in a:
+        x, y = a[k], b[k]
+        assert qtensor.is_quantized(x) == qtensor.is_quantized(y), k
+        if qtensor.is_quantized(x):
+            qx, sx, spx = qtensor.split(x)
+            qy, sy, spy = qtensor.split(y)
+            assert qx.dtype == qy.dtype and torch.equal(qx.view(torch.uint8), qy.view(torch.uint8)), k
+            assert sx.dtype == sy.dtype and torch.equal(sx, sy), k
+            assert spx == spy, k
+        else:
+            assert x.dtype == y.dtype and torch.equal(x, y), k
+
+
+@pytest.fixture(scope="module")
+def dense_files(comfy, models_dir, zimage_dense):
+    """The tiny dense Z-Image in models/diffusion_models, in diffusers and in ComfyUI key layout."""
+    d = os.path.join(models_dir, "diffusion_models")
+    os.makedirs(d, exist_ok=True)
+    diff = tiny_models.save_dense_safetensors(zimage_dense, os.path.join(d, DENSE_NAME))
+    comfy_sd = tiny_models.zimage_comfy_layout(zimage_dense)
+    com = tiny_models.save_dense_safetensors(comfy_sd, os.path.join(d, DENSE_COMFY_NAME))
+    return {"diffusers": diff, "comfyui": com}
+
+
+@pytest.fixture(scope="module")
+def small_dense(tmp_path_factory):
+    """A few real-width Linear weights under Z-Image's diffusers names: for tests about files, not about models."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(1)
+    sd = {f"layers.0.attention.{p}.weight": torch.randn(512, 512, generator=g).bfloat16() for p in ("to_q", "to_k", "to_v")}
+    sd["layers.0.attention_norm1.weight"] = torch.ones(512, dtype=torch.bfloat16)
+    sd["x_pad_token"] = torch.zeros(1, 512, dtype=torch.bfloat16)
+    path = str(tmp_path_factory.mktemp("small_dense") / "small.safetensors")
+    save_file(sd, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(comfy, zimage_dense):
+    """Sampler output of load-time quantization: same dense weights quantized in memory, no file."""
+    _, pack = comfy
+    fam = families.get("z-image")
+    cache = {}
+
+    def ref(scheme):
+        if scheme not in cache:
+            q, skipped = build.quantize_tensors(zimage_dense, scheme, exclude=schemes.exclude_tokens(scheme))
+            meta = build.make_metadata(family=fam, scheme=scheme, base_model_id=BASE_ID, min_features=512,
+                                       exclude=schemes.exclude_tokens(scheme), tensors=q, skipped=skipped)
+            cache[scheme] = (sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, meta)), meta)
+        return cache[scheme]
+    return ref
+
+
+@pytest.fixture(scope="module")
+def node_built(comfy, dense_files):
+    """Factory: (scheme, container) -> file written by the node from the diffusers dense file, cached."""
+    cache = {}
+
+    def make(scheme, container):
+        if (scheme, container) not in cache:
+            out = run_build_node(comfy, dense_file=DENSE_NAME, scheme=scheme, container=container,
+                                 filename=f"rt-{scheme}-{container}", overwrite=True)
+            cache[(scheme, container)] = out
+        return cache[(scheme, container)]["result"][0]
+    return make
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# round trip: node build -> Load Prequant Transformer -> sampler == load-time quantization
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+@pytest.mark.parametrize("container", ["safetensors", "pt"])
+def test_round_trip_equals_load_time_quantization(comfy, node_built, reference, scheme, container):
+    path = node_built(scheme, container)
+    assert os.path.dirname(path) == prequant_dir() and path.endswith(build.EXTENSIONS[container])
+    assert os.path.basename(path) in comfy[0].NODE_CLASS_MAPPINGS["PrequantLoadTransformer"].INPUT_TYPES()[
+        "required"]["checkpoint"][0], "the built file must show up in the loader's list"
+    out = sample(load_file(comfy, path, base_model_id=BASE_ID, scheme=scheme))
+    ref, _ = reference(scheme)
+    assert torch.isfinite(out).all()
+    assert (out - ref).abs().max().item() == 0.0, "built file must equal load-time quantization bit for bit"
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+@pytest.mark.parametrize("container", ["safetensors", "pt"])
+def test_built_file_passes_validation_and_carries_every_field(node_built, zimage_dense, scheme, container):
+    path = node_built(scheme, container)
+    req = metadata.Request(scheme=scheme, base_model_id=BASE_ID, min_features=512, family="z-image")
+    opened = loader.open_checkpoint(path, req, model_dirs=[os.path.dirname(path)])
+    assert opened.verdict.ok and opened.layout == "diffusers" and opened.family.name == "z-image"
+    ck = opened.checkpoint
+    m = ck.metadata
+    assert ck.format_tag == "unsloth_prequant_transformer_state_dict_v1"
+    assert set(metadata.FIELDS) <= set(m), set(metadata.FIELDS) - set(m)
+    assert all(m[f] is not None for f in metadata.FIELDS if f not in ("fast_accum", "fp8_granularity"))
+    rule = schemes.rules(scheme)
+    assert (m["base_model_id"], m["family"], m["scheme"], m["component"]) == (BASE_ID, "z-image", scheme, "transformer")
+    assert m["min_features"] == 512 and m["exclude_name_tokens"] == schemes.exclude_tokens(scheme)
+    assert (m["require_bf16"], m["require_divisible"], m["fast_accum"], m["fp8_granularity"]) == \
+        (rule.require_bf16, rule.require_divisible, rule.fast_accum, rule.fp8_granularity)
+    assert m["torch_dtype"] == "bfloat16" and m["quant_backend"] == "torchao"
+    assert m["transformer_class"] == "ZImageTransformer2DModel"
+    import torchao
+    from importlib.metadata import version
+    assert (m["torch_version"], m["torchao_version"], m["diffusers_version"]) == \
+        (str(torch.__version__), torchao.__version__, version("diffusers"))
+    for f in ("torch_version", "torchao_version", "diffusers_version"):
+        assert type(m[f]) is str, f  # never TorchVersion: strict weights_only readers refuse that class
+    fp = m["fingerprint"]
+    assert fp["algo"] == "md5-packed-v1" and fp["count"] == len(ck.quantized_keys) > 0
+    assert fingerprint.verify(ck.tensors, fp) == []
+    # every Linear weight is either quantized or listed as skipped; keys are diffusers names
+    linear = set(build.linear_weight_keys(zimage_dense))
+    assert set(ck.quantized_keys) | set(fp["skipped"]) == linear
+    assert set(ck.tensors) == set(zimage_dense)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_pt_and_safetensors_load_bit_identical(node_built, scheme):
+    st = formats.read(node_built(scheme, "safetensors"))
+    pt = formats.read(node_built(scheme, "pt"))
+    assert_same_tensors(st.tensors, pt.tensors)
+    assert json.dumps(st.metadata, sort_keys=True) == json.dumps(pt.metadata, sort_keys=True)
+    assert len(st.quantized_keys) > 10
+
+
+def test_streamed_safetensors_is_what_torchao_and_safetensors_read(node_built, tmp_path):
+    """The streaming writer's header equals the container's reference ``flatten``; safetensors and torchao read it."""
+    from safetensors import safe_open
+    from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
+    from prequant_core.formats.safetensors_container import flatten, read_header
+    path = node_built("int8", "safetensors")
+    ck = formats.read(path)
+    tensors = {k: ck.tensors[k] for k in json.loads(read_header(path)[1]["tensor_names"])}
+    tensors.update({k: v for k, v in ck.tensors.items() if k not in tensors})
+    flat_ref, header_ref = flatten(tensors, format_tag=ck.format_tag, metadata=ck.metadata)
+    out = build.write_checkpoint(str(tmp_path / "again.safetensors"), tensors, ck.metadata)
+    index, header, _ = read_header(out)
+    assert header == header_ref
+    with safe_open(out, framework="pt") as f:
+        raw = {k: f.get_tensor(k) for k in f.keys()}
+    assert set(raw) == set(flat_ref) == set(index)
+    for k, v in flat_ref.items():
+        assert raw[k].dtype == v.dtype and torch.equal(raw[k].view(torch.uint8), v.view(torch.uint8)), k
+    for name, e in index.items():  # every tensor starts aligned to its element size
+        assert e["data_offsets"][0] % raw[name].element_size() == 0, name
+    dotted = {k: v for k, v in raw.items() if not k.startswith("unsloth_root::")}
+    rebuilt, left = unflatten_tensor_state_dict(dotted, header)
+    assert not left
+    assert_same_tensors(rebuilt, {k: v for k, v in ck.tensors.items() if "." in k})
+
+
+def test_two_builds_are_deterministic(dense_files, node_built, reference, tmp_path):
+    events = []
+    a = build.build(dense_files["diffusers"], tmp_path / "a.safetensors", scheme="int8",
+                    progress=lambda *e: events.append(e))
+    b = formats.read(node_built("int8", "safetensors"))  # the node's build of the same file, earlier
+    assert a.fingerprint == b.metadata["fingerprint"] and a.fingerprint["count"] == a.quantized > 0
+    with open(a.path, "rb") as fa, open(node_built("int8", "safetensors"), "rb") as fb:
+        assert fa.read() == fb.read(), "same input, same bytes"
+    # and the same as quantizing the in-memory state dict (load-time quantization)
+    assert reference("int8")[1]["fingerprint"] == a.fingerprint
+    assert a.estimated_bytes >= a.file_bytes > 0.95 * a.estimated_bytes - build.HEADER_SLACK
+    # a progress event per tensor while quantizing, then the writes, ending complete
+    q = [e for e in events if e[0] == "quantize"]
+    w = [e for e in events if e[0] == "write"]
+    assert [e[1] for e in q] == list(range(1, a.tensors + 1)) and all(e[2] == a.tensors for e in q)
+    assert w and w[-1][1] == w[-1][2] and events.index(w[0]) > events.index(q[-1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input layouts: ComfyUI-layout file, stock ComfyUI MODEL, diffusers folder (command line)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_comfyui_layout_file_is_converted_with_comfyuis_key_map(comfy, dense_files, tmp_path):
+    comfy_utils = importlib.import_module("comfy.utils")
+    fam = families.get("z-image")
+    ref = build.build(dense_files["diffusers"], tmp_path / "from-diffusers.safetensors", scheme="fp8")
+    # the node: file from diffusion_models in ComfyUI layout
+    out = run_build_node(comfy, dense_file=DENSE_COMFY_NAME, scheme="fp8", filename="from-comfy-layout",
+                         overwrite=True)["result"][0]
+    got = formats.read(out)
+    assert got.metadata["fingerprint"] == ref.fingerprint
+    assert_same_tensors(got.tensors, formats.read(ref.path).tensors)
+    assert not any(".qkv." in k for k in got.tensors), "output keys are diffusers names"
+    # streamed remapping == keymap.to_diffusers on the in-memory dict
+    src = build.SafetensorsSource([dense_files["comfyui"]])
+    shapes = {k: i.shape for k, i in src.infos().items()}
+    kmap = comfy_utils.z_image_to_diffusers(fam.comfy_unet_config(shapes, {}))
+    streamed = dict(build.RemappedSource(src, kmap).items())
+    in_memory = keymap.to_diffusers(dict(src.items()), kmap)
+    assert list(streamed) and sorted(streamed) == sorted(in_memory)
+    assert all(torch.equal(streamed[k], in_memory[k]) for k in streamed)
+    # without ComfyUI's key map the core refuses and says how to get one
+    with pytest.raises(BuildError, match="key map") as e:
+        build.build(dense_files["comfyui"], tmp_path / "nomap.safetensors", scheme="fp8")
+    assert "--comfyui" in str(e.value) and not os.path.exists(tmp_path / "nomap.safetensors")
+
+
+def stock_comfy_model(path):
+    """A MODEL made by ComfyUI's own loading code, exactly as ``comfy.sd.load_diffusion_model`` (what UNETLoader
+    calls) builds it, except for the detection step: ComfyUI 0.3.75 only recognises Z-Image at dim 3840 and would
+    call this tiny 1536-wide model Lumina 2, so the model config is ComfyUI's own ``supported_models.ZImage`` with
+    the unet config read from the shapes. File reading, dtype choice, model construction, weight loading and the
+    ModelPatcher are ComfyUI's real code."""
+    import comfy.model_management as mm
+    import comfy.model_patcher
+    import comfy.supported_models
+    import comfy.utils
+    sd = comfy.utils.load_torch_file(path)
+    unet_config = families.get("z-image").comfy_unet_config({k: tuple(v.shape) for k, v in sd.items()}, {})
+    model_config = comfy.supported_models.ZImage(unet_config)
+    load_device, offload_device = mm.get_torch_device(), mm.unet_offload_device()
+    unet_dtype = mm.unet_dtype(model_params=comfy.utils.calculate_parameters(sd),
+                               supported_dtypes=list(model_config.supported_inference_dtypes),
+                               weight_dtype=comfy.utils.weight_dtype(sd))
+    model_config.set_inference_dtype(unet_dtype, mm.unet_manual_cast(unet_dtype, load_device,
+                                                                      model_config.supported_inference_dtypes))
+    model = model_config.get_model(sd, "").to(offload_device)
+    model.load_model_weights(sd, "")
+    return comfy.model_patcher.ModelPatcher(model, load_device=load_device, offload_device=offload_device)
+
+
+def test_node_builds_from_a_stock_comfyui_model(comfy, dense_files, reference):
+    """MODEL loaded by ComfyUI's own code from a ComfyUI-layout dense file -> node -> loader -> same sampler output
+    as load-time quantization of the original diffusers weights."""
+    comfy_utils = importlib.import_module("comfy.utils")
+    model = stock_comfy_model(dense_files["comfyui"])
+    assert type(model).__name__ == "ModelPatcher"
+    hook_calls = []
+    old = comfy_utils.PROGRESS_BAR_HOOK
+    comfy_utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: hook_calls.append((value, total)))
+    try:
+        res = run_build_node(comfy, model=model, scheme="int8", filename="from-stock-model.safetensors",
+                             overwrite=True)
+    finally:
+        comfy_utils.set_progress_bar_global_hook(old)
+    path = res["result"][0]
+    assert res["ui"]["prequant_build"][0]["input_layout"] == "comfyui"
+    assert len(hook_calls) > 20 and hook_calls[-1][0] == hook_calls[-1][1], "progress per layer, ending complete"
+    assert [v for v, _ in hook_calls] == sorted(v for v, _ in hook_calls)
+    ck = formats.read(path)
+    assert "layers.0.attention.to_q.weight" in ck.tensors and not any(".qkv." in k for k in ck.tensors)
+    out = sample(load_file(comfy, path, scheme="int8"))
+    ref, ref_meta = reference("int8")
+    assert ck.metadata["fingerprint"] == ref_meta["fingerprint"]
+    assert (out - ref).abs().max().item() == 0.0
+
+
+def test_node_refuses_a_model_loaded_prequantized(comfy, node_built):
+    model = load_file(comfy, node_built("int8", "safetensors"))
+    with pytest.raises(BuildError, match="already pre-quantized"):
+        run_build_node(comfy, model=model, filename="never.safetensors")
+    assert not os.path.exists(os.path.join(prequant_dir(), "never.safetensors"))
+
+
+def test_node_input_and_filename_rules(comfy, dense_files):
+    before = sorted(os.listdir(prequant_dir()))
+    for bad in ("../escape", "sub/dir.safetensors", "sub\\dir", "..", ".hidden", "/abs/x.safetensors", "a..b"):
+        with pytest.raises(BuildError, match="plain file name"):
+            run_build_node(comfy, dense_file=DENSE_NAME, filename=bad)
+    with pytest.raises(BuildError, match="extension"):
+        run_build_node(comfy, dense_file=DENSE_NAME, filename="x.pt", container="safetensors")
+    with pytest.raises(BuildError, match="Nothing to build"):
+        run_build_node(comfy)
+    with pytest.raises(BuildError, match="Both"):
+        run_build_node(comfy, dense_file=DENSE_NAME, model=object())
+    assert sorted(os.listdir(prequant_dir())) == before
+    types = build_node(comfy).INPUT_TYPES()
+    assert DENSE_NAME in types["required"]["dense_file"][0]
+    assert types["required"]["min_features"][1]["default"] == 512 and not types["required"]["overwrite"][1]["default"]
+    assert set(schemes.SCHEMES) == set(types["required"]["scheme"][0])
+    nodes, _ = comfy
+    cls = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]
+    assert cls.OUTPUT_NODE and cls.CATEGORY == "loaders/prequant" and cls.RETURN_TYPES == ("STRING",)
+    assert nodes.NODE_DISPLAY_NAME_MAPPINGS["PrequantBuildCheckpoint"] == "Build Prequant Checkpoint"
+
+
+def test_default_filename_follows_the_hub_naming(comfy, dense_files):
+    out = run_build_node(comfy, dense_file=DENSE_NAME, scheme="fp8", base_model_id="", overwrite=True)
+    path = out["result"][0]
+    assert os.path.basename(path) == "Z-Image-Turbo-FP8.safetensors"
+    assert formats.read(path).metadata["base_model_id"] == "Tongyi-MAI/Z-Image-Turbo"
+
+
+def make_diffusers_folder(root, dense: dict, shards: int = 2) -> str:
+    """A diffusers model root: transformer/config.json + sharded weights + index json."""
+    from safetensors.torch import save_file
+    t = os.path.join(root, "transformer")
+    os.makedirs(t)
+    cfg = {"_class_name": "ZImageTransformer2DModel", "_diffusers_version": "0.38.0", **tiny_models.ZIMAGE_TINY}
+    with open(os.path.join(t, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    keys = list(dense)
+    wmap = {}
+    for i in range(shards):
+        name = f"diffusion_pytorch_model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: dense[k].contiguous() for k in keys[i::shards]}
+        save_file(part, os.path.join(t, name))
+        wmap.update({k: name for k in part})
+    with open(os.path.join(t, build.INDEX_NAME), "w") as f:
+        json.dump({"metadata": {}, "weight_map": wmap}, f)
+    return root
+
+
+def test_cli_builds_a_sharded_diffusers_folder(tmp_path, zimage_dense):
+    root = make_diffusers_folder(str(tmp_path / "Z-Image-Turbo"), zimage_dense)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = cli("build", "--input", root, "--output", out, "--scheme", "fp8", "--base-model-id", BASE_ID)
+    assert r.returncode == 0, r.stderr[-3000:]
+    path = r.stdout.strip().splitlines()[-1]
+    assert path == str(out / "Z-Image-Turbo-FP8.safetensors")
+    assert "[quantize 1/" in r.stderr and "[write " in r.stderr, "progress is shown"
+    ck = loader.open_checkpoint(path, metadata.Request(scheme="fp8", base_model_id=BASE_ID), model_dirs=[str(out)])
+    q, skipped = build.quantize_tensors(zimage_dense, "fp8")
+    assert ck.checkpoint.metadata["fingerprint"] == fingerprint.compute(q, skipped)
+    assert_same_tensors(ck.checkpoint.tensors, q)
+    # existing output: refused with the documented exit code, file untouched
+    before = os.stat(path)
+    r2 = cli("build", "--input", root, "--output", path, "--scheme", "fp8", "--quiet")
+    assert r2.returncode == 2 and "already exists" in r2.stderr
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns
+    # a single shard picked directly builds the whole folder (the node lists shards, not folders)
+    shard = os.path.join(root, "transformer", "diffusion_pytorch_model-00001-of-00002.safetensors")
+    res = build.build(shard, tmp_path / "from-shard.pt", scheme="fp8")
+    assert res.fingerprint == ck.checkpoint.metadata["fingerprint"] and res.container == "pt"
+
+
+def test_cli_help_documents_every_option():
+    r = cli("build", "--help", timeout=120)
+    assert r.returncode == 0, r.stderr
+    for opt in ("--input", "--output", "--scheme", "--min-features", "--base-model-id", "--family", "--container",
+                "--overwrite", "--comfyui", "--quiet"):
+        assert opt in r.stdout, opt
+    for word in list(schemes.SCHEMES) + sorted(families.FAMILIES) + ["safetensors", "pt", "default: 512"]:
+        assert word in r.stdout, word
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# refusals and failures
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_existing_output_refused_and_overwrite_replaces(small_dense, tmp_path):
+    dest = tmp_path / "exists.safetensors"
+    dest.write_bytes(b"precious")
+    t0 = time.time()
+    with pytest.raises(BuildError, match="already exists") as e:
+        build.build(small_dense, dest, scheme="int8")
+    assert time.time() - t0 < 5, "refused before reading or quantizing anything"
+    assert e.value.path == str(dest) and e.value.fix
+    assert dest.read_bytes() == b"precious" and not temps_in(tmp_path)
+    res = build.build(small_dense, dest, scheme="int8", overwrite=True)
+    assert formats.read(res.path).metadata["scheme"] == "int8" and not temps_in(tmp_path)
+
+
+def test_node_refuses_existing_output(comfy, node_built):
+    path = node_built("int8", "pt")
+    before = os.stat(path)
+    with pytest.raises(BuildError, match="already exists"):
+        run_build_node(comfy, dense_file=DENSE_NAME, filename=os.path.basename(path), container="pt")
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns
+
+
+def test_disk_space_is_checked_before_writing(small_dense, tmp_path):
+    folder = tmp_path / "small"
+    folder.mkdir()
+    dest = folder / "x.safetensors"
+    # injected free-space probe: the boundary is the estimated output size
+    seen = {}
+
+    def probe(estimate_offset):
+        def free(path):
+            seen["folder"] = path
+            return seen["estimate"] + estimate_offset
+        return free
+    est, n_q = build.estimate_output_bytes(build.open_input(small_dense).source.infos(),
+                                           schemes.LayerFilter("int8", 512, tuple(schemes.exclude_tokens("int8"))))
+    seen["estimate"] = est
+    with pytest.raises(BuildError, match="Not enough free disk space") as e:
+        build.build(small_dense, dest, scheme="int8", free_space=probe(-1))
+    assert seen["folder"] == str(folder) and e.value.expected and e.value.found and e.value.fix
+    assert os.listdir(folder) == []
+    res = build.build(small_dense, dest, scheme="int8", free_space=probe(0))
+    assert res.file_bytes <= est and n_q == res.quantized
+
+
+def test_disk_space_on_a_real_small_filesystem(small_dense, tmp_path):
+    """A 256 KiB tmpfs: shutil.disk_usage refuses up front; with the check bypassed, the real ENOSPC during the write
+    is reported the same way and leaves no partial file."""
+    mnt = tmp_path / "tiny_fs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); the injected probe test covers the check")
+    try:
+        with pytest.raises(BuildError, match="Not enough free disk space"):
+            build.build(small_dense, mnt / "x.safetensors", scheme="int8")
+        assert os.listdir(mnt) == []
+        with pytest.raises(BuildError, match="disk filled up"):
+            build.build(small_dense, mnt / "x.safetensors", scheme="int8", free_space=lambda p: 1 << 40)
+        assert os.listdir(mnt) == [], "partial file removed"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_unknown_family_is_refused_with_the_list(tmp_path):
+    from safetensors.torch import save_file
+    p = str(tmp_path / "mystery.safetensors")
+    save_file({"blocks.0.proj.weight": torch.zeros(512, 512, dtype=torch.bfloat16)}, p)
+    with pytest.raises(UnknownFamilyError) as e:
+        build.build(p, tmp_path / "o.safetensors", scheme="int8")
+    assert "z-image" in str(e.value) and e.value.expected
+    with pytest.raises(UnknownFamilyError, match="z-image"):
+        build.build(p, tmp_path / "o.safetensors", scheme="int8", family="not-a-family")
+    with pytest.raises(BuildError, match="do not look like Z-Image"):
+        build.build(p, tmp_path / "o.safetensors", scheme="int8", family="z-image")
+    assert sorted(os.listdir(tmp_path)) == ["mystery.safetensors"]
+
+
+def test_prequantized_input_is_refused(node_built, tmp_path):
+    with pytest.raises(BuildError, match="already"):
+        build.build(node_built("int8", "safetensors"), tmp_path / "again.safetensors", scheme="int8")
+    with pytest.raises(BuildError, match="already"):
+        build.build(formats.read(node_built("fp8", "pt")).tensors, tmp_path / "again.safetensors", scheme="fp8")
+
+
+def _dense_many_tensors(path, n_layers=60):
+    """A dense file with Z-Image key names and many Linear weights: enough writes to block on a small pipe."""
+    from safetensors.torch import save_file
+    sd = {}
+    for i in range(n_layers):
+        for p in ("to_q", "to_k", "to_v"):
+            sd[f"layers.{i}.attention.{p}.weight"] = torch.ones(512, 512, dtype=torch.bfloat16)
+    save_file(sd, path)
+
+
+def test_killed_build_leaves_no_file_and_temps_do_not_accumulate(small_dense, tmp_path):
+    """SIGKILL mid-write: no destination file. Its temp file is left (nothing runs on SIGKILL) and the next build in
+    that folder removes it, while temps of live builds are kept."""
+    src = str(tmp_path / "many.safetensors")
+    _dense_many_tensors(src)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    dest = out_dir / "killed.safetensors"
+    # Deterministic kill point: progress lines go to a 4 KiB pipe we stop reading once writing has begun, so the
+    # child blocks inside the write loop (540 tensor parts) and is killed there.
+    r_fd, w_fd = os.pipe()
+    fcntl.fcntl(w_fd, fcntl.F_SETPIPE_SZ, 4096)
+    proc = subprocess.Popen([PY, "-m", "prequant_core", "build", "--input", src, "--output", str(dest),
+                             "--family", "z-image"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=w_fd)
+    os.close(w_fd)
+    buf = b""
+    try:
+        with os.fdopen(r_fd, "rb", buffering=0) as r:
+            deadline = time.time() + 180
+            while b"[write " not in buf:
+                assert time.time() < deadline and proc.poll() is None, buf[-2000:]
+                chunk = r.read(256)
+                if not chunk:
+                    break
+                buf += chunk
+            assert b"[write " in buf, buf[-2000:]
+            for _ in range(200):  # wait until the child is blocked on the full pipe (temp file stops growing)
+                time.sleep(0.05)
+                tmps = temps_in(out_dir)
+                if tmps:
+                    s1 = os.path.getsize(out_dir / tmps[0])
+                    time.sleep(0.2)
+                    if s1 > 0 and os.path.getsize(out_dir / tmps[0]) == s1:
+                        break
+            assert proc.poll() is None, "child must still be inside the write"
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not dest.exists(), "a killed build must not leave a destination file"
+    left = temps_in(out_dir)
+    assert len(left) == 1 and os.path.getsize(out_dir / left[0]) > 0, "killed mid-write"
+    # a live build's temp (pid of a running process) must survive the cleanup
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        live = out_dir / f".prequant-{build._host_tag()}-{sleeper.pid}-abc123.partial"
+        live.write_bytes(b"in progress")
+        res = build.build(small_dense, out_dir / "next.safetensors", scheme="int8")
+        assert os.path.exists(res.path) and not dest.exists()
+        assert temps_in(out_dir) == [live.name], "the dead build's temp is removed, the live one kept"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert build.clean_stale_temps(str(out_dir)) == [str(live)]
+    assert temps_in(out_dir) == []

@@ -1,0 +1,444 @@
+"""Hub sources: the pure planner, and real downloads by the real huggingface_hub client from a loopback Hub
+(tests/hub_server.py) serving real tiny pre-quantized files; then the loader node and a real ComfyUI server."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from hub_server import HubServer, free_port
+
+REPO = "unsloth/Z-Image-Turbo-FP8"
+PRIMARY, PT, LEGACY = "Z-Image-Turbo-INT8.safetensors", "Z-Image-Turbo-INT8.pt", "transformer_int8.pt"
+NONE_CHOICE = "(none: use path or hub_repo)"
+MiB = 2**20
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(MiB), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- the pure planner ---------------------------------------------------------------------------------------------
+
+def test_filename_chain_and_model_name():
+    from prequant_core import sources
+    assert sources.filenames(REPO, "int8") == (PRIMARY, PT, LEGACY)
+    assert sources.filenames(REPO, "FP8") == ("Z-Image-Turbo-FP8.safetensors", "Z-Image-Turbo-FP8.pt",
+                                              "transformer_fp8.pt")
+    for repo, model in [("unsloth/FLUX.1-dev-FP8", "FLUX.1-dev"), ("a/Qwen-Image-2512-int8", "Qwen-Image-2512"),
+                        ("a/Foo-NVFP4", "Foo"), ("a/Foo-MXFP8", "Foo"), ("a/Foo-quantized", "Foo"),
+                        ("a/Plain", "Plain"), ("a/FP8", "FP8")]:
+        assert sources.model_name(repo) == model, repo
+    # weight-only: upper-cased normalized scheme, no legacy name (documented in sources.py)
+    assert sources.filenames(REPO, "int8_wo") == ("Z-Image-Turbo-INT8-WEIGHT-ONLY.safetensors",
+                                                  "Z-Image-Turbo-INT8-WEIGHT-ONLY.pt")
+
+
+def test_plan_order_and_inputs():
+    from prequant_core import sources
+    from prequant_core.errors import HubError
+    p = sources.plan("/m/x.safetensors", "https://huggingface.co/" + REPO + "/", "z-image", "int8", revision=" v1 ")
+    assert [(c.kind, c.origin) for c in p] == [("local", "path"), ("hub", "hub_repo")]
+    assert p.candidates[1].repo == REPO and p.candidates[1].revision == "v1"  # the family repo is the same: not twice
+    assert [c.origin for c in sources.plan(None, "me/Other-FP8", "z-image", "fp8")] == ["hub_repo", "family"]
+    assert list(sources.plan(None, None, "auto", "auto")) == []
+    fam_only = sources.plan(None, None, "z-image", None)
+    assert list(fam_only) == [] and "no scheme chosen" in fam_only.notes[0]
+    assert list(sources.plan(None, None, "z-image", "int8-weight-only")) == []
+    assert sources.plan(None, REPO, None, None).candidates[0].scheme == "fp8"  # from the -FP8 suffix
+    with pytest.raises(HubError, match="scheme"):
+        sources.plan(None, "me/NoSuffix", None, "auto")
+    with pytest.raises(HubError, match="not a Hugging Face repo id"):
+        sources.plan(None, "../etc/passwd", None, "int8")
+    # presets come from the family registry; a preset fills repo, scheme and family, and refuses a contradiction
+    labels = sources.preset_labels()
+    assert labels[0] == "none" and "Z-Image-Turbo / int8" in labels and "Z-Image-Turbo / fp8" in labels
+    pp = sources.plan(None, None, None, None, preset="Z-Image-Turbo / fp8")
+    assert (pp.candidates[0].repo, pp.candidates[0].origin, pp.scheme, pp.family) == (REPO, "preset", "fp8", "z-image")
+    with pytest.raises(HubError, match="preset"):
+        sources.plan(None, None, None, "int8", preset="Z-Image-Turbo / fp8")
+
+
+def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
+    from prequant_core import families, sources
+    from prequant_core.errors import HubError
+    fam = dataclasses.replace(families.get("z-image"), name="multi",
+                              base_repos=("org/Thing-schnell", "org/Thing-dev"),
+                              hosted_repos=("u/Thing-schnell-FP8", "u/Thing-dev-FP8", "u/Thing-Krea-dev-FP8"))
+    monkeypatch.setitem(families.FAMILIES, "multi", fam)
+    pick = lambda **kw: sources.plan(None, None, "multi", "fp8", **kw).candidates[0].repo  # noqa: E731
+    assert pick() == "u/Thing-schnell-FP8"  # the family's first base repo
+    assert pick(base_model_id="org/Thing-dev") == "u/Thing-dev-FP8"
+    assert pick(base_model_id="someone/thing-krea-dev") == "u/Thing-Krea-dev-FP8"  # tail, case-insensitive
+    assert pick(variant="Krea-dev") == "u/Thing-Krea-dev-FP8"
+    with pytest.raises(HubError, match="variant"):
+        pick(variant="pro")
+    assert sources.plan(None, None, "multi", "int8").candidates[0].filenames[0] == "Thing-schnell-INT8.safetensors"
+    assert "Thing-dev / int8" in sources.preset_labels()
+
+
+def test_usable_sources(tmp_path, monkeypatch):
+    from prequant_core import sources
+    monkeypatch.delenv("PREQUANT_ALLOW_LOCAL_PATH", raising=False)
+    monkeypatch.delenv("UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH", raising=False)
+    inside = tmp_path / "models" / "a.safetensors"
+    inside.parent.mkdir()
+    inside.write_bytes(b"x")
+    outside = tmp_path / "b.safetensors"
+    outside.write_bytes(b"x")
+    c_in = sources.Candidate("local", "path", path=str(inside))
+    c_missing = sources.Candidate("local", "path", path=str(inside.parent / "missing.pt"))
+    c_out = sources.Candidate("local", "path", path=str(outside))
+    c_hub = sources.plan(None, REPO, None, "int8").candidates[0]
+    dirs = [str(inside.parent)]
+    u = sources.usable([c_out, c_missing, c_in, c_hub], model_dirs=dirs)
+    assert u.usable == (c_in, c_hub)
+    assert [why for _, why in u.rejected] == ["outside the model folders and the allowlist", "no such file"]
+    off = sources.usable([c_hub], model_dirs=dirs, offline=True, is_cached=lambda c: False)
+    assert off.usable == () and "offline" in off.rejected[0][1]
+    assert sources.usable([c_hub], offline=True, is_cached=lambda c: True).usable == (c_hub,)
+    monkeypatch.setenv("PREQUANT_ALLOW_LOCAL_PATH", str(tmp_path))
+    assert c_out in sources.usable([c_out]).usable
+
+
+# --- downloads from the loopback Hub ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def files(prequant_files):
+    return {"int8.safetensors": prequant_files("int8", "safetensors"), "int8.pt": prequant_files("int8", "pt")}
+
+
+@pytest.fixture
+def hf_env(tmp_path, monkeypatch):
+    """A private HF_HOME and no token/offline settings from the developer's machine.
+
+    HF_ENDPOINT / HF_HOME are read by the client at import: hub.py reads them at call time and passes endpoint and
+    cache_dir explicitly, and where the client's own module constants matter we set those too (configuration)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import reset_sessions
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
+                "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_ETAG_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    reset_sessions()
+    yield home
+    shutil.rmtree(home, ignore_errors=True)  # ~95 MB per test otherwise
+
+
+@pytest.fixture
+def hub(hf_env, monkeypatch):
+    with HubServer() as s:
+        monkeypatch.setenv("HF_ENDPOINT", s.url)
+        yield s
+
+
+def cache_files(home) -> list[str]:
+    out = []
+    for root, _, names in os.walk(home):
+        out.extend(os.path.relpath(os.path.join(root, n), home) for n in names)
+    return sorted(out)
+
+
+def partials(home) -> list[str]:
+    return [f for f in cache_files(home) if f.endswith(".incomplete")]
+
+
+def blobs(home) -> list[str]:
+    return [f for f in cache_files(home) if "/blobs/" in f and not f.endswith(".incomplete")]
+
+
+def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_env, files):
+    from prequant_core import hub as h
+    from prequant_core.errors import PathNotAllowedError
+    from prequant_core.loader import open_checkpoint
+    from prequant_core.metadata import Request
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"], LEGACY: files["int8.pt"]})
+    f = h.download(REPO, (PRIMARY, PT, LEGACY))
+    assert (f.filename, f.revision, f.downloaded, f.tried) == (PRIMARY, "main", True, [])
+    assert f.path.startswith(str(hf_env / "hub" / "models--unsloth--Z-Image-Turbo-FP8" / "snapshots"))
+    assert sha256(f.path) == sha256(files["int8.safetensors"])
+    assert len(blobs(hf_env)) == 1 and partials(hf_env) == []  # the client's own layout, one copy
+    assert {r["filename"] for r in hub.log} == {PRIMARY}  # later names never asked for
+    assert len(hub.body_gets()) == 1
+    opened = open_checkpoint(f.path, Request(scheme="int8", family="z-image"), model_dirs=[f.storage_folder])
+    assert opened.checkpoint.container == "safetensors" and opened.checkpoint.quantized_keys
+    with pytest.raises(PathNotAllowedError):  # the cache is not a model folder unless the Hub step resolved it
+        open_checkpoint(f.path, Request(), model_dirs=[])
+
+
+@pytest.mark.parametrize("present,expected_tried", [
+    ({PT: "int8.pt"}, [PRIMARY]),
+    ({LEGACY: "int8.pt"}, [PRIMARY, PT]),
+])
+def test_fallback_names_on_entry_not_found(hub, hf_env, files, present, expected_tried):
+    from prequant_core import hub as h
+    hub.commit(REPO, {name: files[key] for name, key in present.items()})
+    (name,) = present
+    f = h.download(REPO, (PRIMARY, PT, LEGACY))
+    assert f.filename == name and [t[0] for t in f.tried] == expected_tried
+    assert all("EntryNotFound" in t[1] for t in f.tried)
+    assert sha256(f.path) == sha256(files[present[name]])
+    order = [r["filename"] for r in hub.requests(route="resolve")]
+    assert order[: len(expected_tried)] == expected_tried and set(order[len(expected_tried):]) == {name}
+    assert [r["status"] for r in hub.requests(route="resolve")][: len(expected_tried)] == [404] * len(expected_tried)
+
+
+def test_no_name_present_lists_every_name(hub, hf_env, files):
+    from prequant_core import hub as h
+    hub.commit(REPO, {"README.md": files["int8.pt"]})
+    with pytest.raises(h.HubNotFoundError) as ei:
+        h.download(REPO, (PRIMARY, PT, LEGACY))
+    msg = str(ei.value)
+    for needle in (REPO, "revision main", PRIMARY, PT, LEGACY, "Fix:", f"{REPO}/tree/main"):
+        assert needle in msg, needle
+    assert hub.requests("GET") == [] and blobs(hf_env) == []
+
+
+def test_server_error_stops_without_trying_other_names(hub, hf_env, files):
+    """HTTP 500 on the first name: the client retries that request with back-off (~23 s), then a clear error; the
+    .pt that does exist is never asked for, and nothing lands in the cache."""
+    from prequant_core import hub as h
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.fault(REPO, PRIMARY, status=500, where="resolve")
+    with pytest.raises(h.HubUnavailableError) as ei:
+        h.download(REPO, (PRIMARY, PT, LEGACY))
+    msg = str(ei.value)
+    assert "HTTP 500" in msg and REPO in msg and PRIMARY in msg and "no other file name was tried" in msg
+    assert {r["filename"] for r in hub.log} == {PRIMARY}
+    assert len(hub.requests("HEAD", PRIMARY)) == 6  # 1 + the client's 5 retries
+    assert blobs(hf_env) == [] and partials(hf_env) == []
+
+
+def test_connection_refused(hf_env, monkeypatch):
+    from prequant_core import hub as h
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(h.HubUnavailableError) as ei:
+        h.download(REPO, (PRIMARY, PT, LEGACY))
+    msg = str(ei.value)
+    assert "Could not reach" in msg and PRIMARY in msg and PT not in msg and "HF_HUB_OFFLINE=1" in msg
+    assert blobs(hf_env) == [] and partials(hf_env) == []
+
+
+def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, files):
+    from prequant_core import hub as h
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.fault(REPO, PRIMARY, short_by=1000, where="cdn")  # HEAD says N bytes, GET delivers N - 1000
+    with pytest.raises(h.HubDownloadError) as ei:
+        h.download(REPO, (PRIMARY, PT, LEGACY))
+    assert "size mismatch" in str(ei.value) and PRIMARY in str(ei.value)
+    assert hub.body_gets(PRIMARY) and not hub.requests(filename=PT)
+    assert blobs(hf_env) == [] and partials(hf_env) == []
+    assert not [p for p in cache_files(hf_env) if "/snapshots/" in p]
+
+
+def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, monkeypatch):
+    from prequant_core import hub as h
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.require_token(REPO, "hf_good_token")
+    for token in (None, "hf_wrong_token"):
+        with pytest.raises(h.HubAuthError) as ei:
+            h.download(REPO, (PRIMARY, PT, LEGACY), token=token)
+        msg = str(ei.value)
+        assert "HTTP 401" in msg and "HF_TOKEN" in msg and "hf_token" in msg and REPO in msg
+        assert "hf_wrong_token" not in msg
+    assert not hub.requests(filename=PT) and blobs(hf_env) == []
+    f = h.download(REPO, (PRIMARY, PT, LEGACY), token="hf_good_token")  # the node's hf_token input
+    assert f.filename == PRIMARY and hub.requests("HEAD")[-1]["auth"]
+    monkeypatch.setenv("HF_TOKEN", "hf_good_token")  # the client's default when no token is passed
+    assert h.download(REPO, (PRIMARY, PT, LEGACY)).downloaded is False
+
+
+def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, monkeypatch):
+    from prequant_core import hub as h, sources
+    hub.commit(REPO, {LEGACY: files["int8.pt"]})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(h.HubOfflineError) as ei:
+        h.download(REPO, (PRIMARY, PT, LEGACY))
+    for needle in (PRIMARY, PT, LEGACY, "HF_HUB_OFFLINE", str(hf_env / "hub")):
+        assert needle in str(ei.value), needle
+    assert hub.log == []
+    cand = sources.plan(None, REPO, None, "int8").candidates[0]
+    assert h.is_cached(cand) is False
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    online = h.download(REPO, (PRIMARY, PT, LEGACY))
+    n = len(hub.log)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert h.is_cached(cand) and sources.usable([cand], offline=True, is_cached=h.is_cached).usable == (cand,)
+    off = h.download(REPO, (PRIMARY, PT, LEGACY))
+    assert (off.filename, off.path, off.downloaded) == (LEGACY, online.path, False)
+    assert len(hub.log) == n  # not a single request
+
+
+def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_request(hub, hf_env, files):
+    from prequant_core import hub as h
+    commit = hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    first = h.download(REPO, (PRIMARY, PT, LEGACY))
+    second = h.download(REPO, (PRIMARY, PT, LEGACY))
+    assert first.downloaded and not second.downloaded and first.path == second.path
+    assert len(hub.body_gets()) == 1  # the second load only asked for metadata
+    n = len(hub.log)
+    third = h.download(REPO, (PRIMARY, PT, LEGACY), revision=commit)
+    assert third.path == first.path and len(hub.log) == n  # served by the client's commit-hash shortcut
+
+
+def test_revision_pinning(hub, hf_env, files):
+    from prequant_core import hub as h
+    old = hub.commit(REPO, {PT: files["int8.pt"]}, ref="v1")
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    assert h.download(REPO, (PRIMARY, PT, LEGACY)).filename == PRIMARY
+    for rev in ("v1", old):
+        f = h.download(REPO, (PRIMARY, PT, LEGACY), revision=rev)
+        assert f.filename == PT and f"/snapshots/{old}/" in f.path and sha256(f.path) == sha256(files["int8.pt"])
+    assert any(r["revision"] == "v1" for r in hub.log)
+    n = len(hub.log)
+    with pytest.raises(h.HubNotFoundError) as ei:
+        h.download(REPO, (PRIMARY, PT, LEGACY), revision="no-such-branch")
+    assert "revision 'no-such-branch' does not exist" in str(ei.value)
+    assert len(hub.log) == n + 1  # one answer, no other names tried
+
+
+def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, files):
+    """The server drops the connection mid-body once; the next request asks only for the missing bytes."""
+    from prequant_core import hub as h
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    size = os.path.getsize(files["int8.safetensors"])
+    hub.fault(REPO, PRIMARY, drop_after=45 * MiB, times=1, method="GET", where="cdn")
+    f = h.download(REPO, (PRIMARY, PT, LEGACY))
+    gets = hub.body_gets(PRIMARY)
+    assert [g["range_start"] for g in gets][0] is None and len(gets) == 2
+    resumed_at = gets[1]["range_start"]
+    assert 0 < resumed_at <= 45 * MiB and gets[1]["sent"] == size - resumed_at
+    assert gets[0]["sent"] + gets[1]["sent"] < 2 * size
+    assert sha256(f.path) == sha256(files["int8.safetensors"]) and partials(hf_env) == []
+    print(f"\n[measured] {size} B file, dropped after {gets[0]['sent']} B, resumed at byte {resumed_at}, "
+          f"second request sent {gets[1]['sent']} B")
+
+
+def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, files):
+    """A process killed while downloading (ComfyUI closed) leaves the client's .incomplete file; the next run
+    continues from it instead of starting over."""
+    from prequant_core import hub as h
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    size = os.path.getsize(files["int8.safetensors"])
+    hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
+    code = ("import sys; from huggingface_hub import hf_hub_download; "
+            "hf_hub_download(sys.argv[1], sys.argv[2], endpoint=sys.argv[3])")
+    proc = subprocess.Popen([sys.executable, "-c", code, REPO, PRIMARY, hub.url], env=dict(os.environ),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            part = partials(hf_env)
+            if part and os.path.getsize(hf_env / part[0]) >= 20 * MiB:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the first download never got going")
+    finally:
+        proc.kill()
+        proc.wait(10)
+    kept = os.path.getsize(hf_env / partials(hf_env)[0])
+    assert 0 < kept < size
+    hub.slow.clear()
+    f = h.download(REPO, (PRIMARY, PT, LEGACY))
+    last = hub.body_gets(PRIMARY)[-1]
+    assert last["range_start"] == kept and last["sent"] == size - kept
+    assert sha256(f.path) == sha256(files["int8.safetensors"]) and partials(hf_env) == []
+    print(f"\n[measured] killed with {kept} B on disk; the next run fetched {last['sent']} B of {size}")
+
+
+def test_progress_reports_bytes(hub, hf_env, files):
+    from prequant_core import hub as h
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    size = os.path.getsize(files["int8.safetensors"])
+    hub.slow[(REPO, PRIMARY)] = 0.005
+    seen = []
+    h.download(REPO, (PRIMARY,), progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (size, size) and {t for _, t in seen} == {size}
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and len({d for d in done if 0 < d < size}) >= 2, seen
+
+
+# --- the loader node (ComfyUI in-process) and a real ComfyUI server ---------------------------------------------
+
+def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, files, allow_dir, monkeypatch):
+    _, pack = comfy
+    import comfy.utils as comfy_utils
+    import torch
+    from conftest import sample
+    from prequant_core.errors import PathNotAllowedError
+    Loader = pack.nodes.load.PrequantLoadTransformer
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.slow[(REPO, PRIMARY)] = 0.003
+    seen = []
+    monkeypatch.setattr(comfy_utils, "PROGRESS_BAR_HOOK", lambda v, t, preview, node_id=None: seen.append((v, t)))
+    out = Loader().load(NONE_CHOICE, hub_repo=REPO, scheme="int8")
+    size = os.path.getsize(files["int8.safetensors"])
+    assert seen and seen[-1] == (size, size) and len(seen) >= 3, seen
+    s = out["ui"]["prequant"][0]
+    assert (s["file"], s["source"], s["downloaded"], s["scheme"]) == (PRIMARY, f"hub:{REPO}@main", True, "int8")
+    from_hub = sample(out["result"][0])
+    # the same file from a local folder gives the same model: bit-identical sampling
+    allow_dir(os.path.dirname(files["int8.safetensors"]))
+    local = Loader().load(NONE_CHOICE, path=files["int8.safetensors"])
+    assert torch.equal(from_hub, sample(local["result"][0])) and torch.isfinite(from_hub).all()
+    # a preset alone resolves the same repo; a second load reuses the cache
+    again = Loader().load(NONE_CHOICE, preset="Z-Image-Turbo / int8")
+    assert again["ui"]["prequant"][0]["downloaded"] is False and len(hub.body_gets()) == 1
+    # the HF cache is allowed only for what the Hub step resolved, never for a typed path
+    monkeypatch.delenv("PREQUANT_ALLOW_LOCAL_PATH")
+    cached = next(str(hf_env / p) for p in cache_files(hf_env) if "/snapshots/" in p)
+    with pytest.raises(PathNotAllowedError):
+        Loader().load(NONE_CHOICE, path=cached)
+    assert "hf_secret_value" not in Loader.IS_CHANGED(NONE_CHOICE, hub_repo=REPO, hf_token="hf_secret_value")
+
+
+def test_workflow_with_only_hub_repo_and_scheme_runs_on_a_real_comfyui_server(hub, tmp_path, files, comfy):
+    from tools import tiny_assets
+    from tools.comfy_server import ComfyServer, execution_error
+    from tools.workflow import to_api
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    base = tmp_path / "server"
+    tiny_assets.install(str(base / "models"))
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf_server"), "HF_HUB_OFFLINE": "0", "HF_TOKEN": "",
+           "PREQUANT_ALLOW_LOCAL_PATH": ""}
+    with ComfyServer(str(base), env=env) as server:
+        info = server.get("/object_info")["PrequantLoadTransformer"]["input"]
+        assert {"hub_repo", "preset", "revision", "hf_token"} <= set(info["optional"])
+        assert "Z-Image-Turbo / int8" in info["optional"]["preset"][0]
+        none_choice = info["required"]["checkpoint"][0][0]
+        with open(os.path.join(ROOT, "example_workflows", "z_image_turbo_prequant.json")) as fh:
+            wf = json.load(fh)
+        prompt = to_api(wf, server.get("/object_info"), {
+            "Load Prequant Transformer": {"checkpoint": none_choice, "hub_repo": REPO, "scheme": "int8",
+                                          "base_model_id": "", "family": "auto"},
+            "CLIPLoader": {"clip_name": tiny_assets.CLIP_NAME, "type": "stable_diffusion"},
+            "VAELoader": {"vae_name": tiny_assets.VAE_NAME},
+            "EmptySD3LatentImage": {"width": 128, "height": 128},
+            "KSampler": {"steps": 2},
+        })
+        entry = server.run(prompt, timeout=300)
+        assert execution_error(entry) is None, execution_error(entry) or server.log_tail()
+        loader_ui = [o["prequant"][0] for o in entry["outputs"].values() if "prequant" in o]
+        assert loader_ui[0]["source"] == f"hub:{REPO}@main" and loader_ui[0]["file"] == PRIMARY
+        images = [i for o in entry["outputs"].values() for i in o.get("images", [])]
+        assert len(images) == 1
+        assert os.path.getsize(os.path.join(base, "output", images[0].get("subfolder", ""), images[0]["filename"]))
+    assert len(hub.body_gets(PRIMARY)) == 1 and not hub.requests(filename=PT)
+    assert any("/snapshots/" in p for p in cache_files(tmp_path / "hf_server"))

@@ -1,0 +1,191 @@
+"""Tiny models of every supported family's real architecture, in diffusers layout (the layout of Unsloth's files),
+with seeded random weights; plus what ComfyUI's sampler needs to run each (latent shape, conditioning) and, to prove
+our key maps, the same forward pass through diffusers' own class for comparison.
+
+Dims are the smallest at which ComfyUI's and diffusers' versions agree and Linears still get quantized
+(``min_features`` 512): hidden 512 with the family's real head width (128; Lumina 2: 96, so 576 = 6 heads), one
+block of each kind. Where ComfyUI hard-codes a size the tiny model keeps it: HunyuanImage's ByT5 mapper (1472 in,
+2048 wide) and its two text-refiner blocks; Lumina 2's FFN width must be a multiple of 256 (4 * 576 = 2304).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+
+from .tiny_models import ZIMAGE_TINY, randomize_
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiny:
+    family: str
+    base_model_id: str
+    diffusers_class: str
+    kwargs: dict
+    latent: tuple  # ComfyUI latent shape for sampling
+    cond: Callable[[torch.Generator], tuple]  # -> (cross_attn, extra conditioning dict), as ComfyUI's encoders give
+    # diffusers forward with ComfyUI's inputs -> ComfyUI-shaped model output; None where not written
+    reference: Callable | None = None
+    file_stem: str = ""  # the hosted file name stem, e.g. "FLUX.1-dev"
+
+
+def _randn(g, *shape):
+    return torch.randn(*shape, generator=g)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Conditioning as ComfyUI's text encoders produce it (shapes scaled down where the tiny model allows)
+
+def _flux1_cond(g):
+    return _randn(g, 1, 8, 512), {"pooled_output": _randn(g, 1, 768), "guidance": 4.0}
+
+
+def _flux2_cond(g):
+    # ComfyUI pads FLUX.2 text to 512 tokens (model_base.Flux2.extra_conds); 4.0 is exact in bf16
+    return _randn(g, 1, 8, 512), {"pooled_output": None, "guidance": 4.0}  # its encoders give no pooled vector
+
+
+def _qwen_cond(g):
+    return _randn(g, 1, 8, 512), {}
+
+
+def _lumina2_cond(g):
+    return _randn(g, 1, 8, 512), {}
+
+
+def _hidream_cond(g):
+    # context = T5 tokens, conditioning_llama3 = [B, llama layers, tokens, dim], pooled_output = CLIP-L + CLIP-G
+    return _randn(g, 1, 8, 512), {"conditioning_llama3": _randn(g, 1, 2, 8, 512), "pooled_output": _randn(g, 1, 256)}
+
+
+def _hunyuan_image_cond(g):
+    return _randn(g, 1, 8, 512), {"conditioning_byt5small": _randn(g, 1, 4, 1472)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# diffusers reference forwards: (diffusers model, ComfyUI latent x, sigma, cross_attn, extras) -> ComfyUI output
+# (the velocity ComfyUI's diffusion model returns for that latent, in ComfyUI's latent layout)
+
+def _pack2(x):  # [B, C, H, W] -> [B, HW/4, C*4] (FLUX.1 / Qwen-Image latent packing)
+    b, c, h, w = x.shape
+    return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def _unpack2(x, c, h, w):
+    b = x.shape[0]
+    return x.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
+def _ids(h, w, n_axes=3):
+    """Image position ids as ComfyUI's FLUX builds them: (index 0, row, column[, 0])."""
+    ids = torch.zeros(h, w, n_axes)
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    return ids.reshape(h * w, n_axes)
+
+
+def _flux1_ref(m, x, sigma, ctx, extra):
+    b, c, h, w = x.shape
+    out = m(hidden_states=_pack2(x), encoder_hidden_states=ctx, pooled_projections=extra["pooled_output"],
+            timestep=sigma, img_ids=_ids(h // 2, w // 2), txt_ids=torch.zeros(ctx.shape[1], 3),
+            guidance=torch.tensor([extra["guidance"]]) if m.config.guidance_embeds else None, return_dict=False)[0]
+    return _unpack2(out, c, h, w)
+
+
+def _flux2_ref(m, x, sigma, ctx, extra):
+    b, c, h, w = x.shape
+    ctx = torch.nn.functional.pad(ctx, (0, 0, 512 - ctx.shape[1], 0))  # as ComfyUI pads (left)
+    img_ids = _ids(h, w, 4)
+    txt_ids = torch.zeros(ctx.shape[1], 4)
+    txt_ids[:, 3] = torch.arange(ctx.shape[1])
+    out = m(hidden_states=x.flatten(2).transpose(1, 2), encoder_hidden_states=ctx, timestep=sigma,
+            img_ids=img_ids[None], txt_ids=txt_ids[None],
+            guidance=torch.tensor([extra["guidance"]]) if m.config.guidance_embeds else None, return_dict=False)[0]
+    return out.transpose(1, 2).reshape(b, c, h, w)
+
+
+def _qwen_ref(m, x, sigma, ctx, extra):
+    b, c, t, h, w = x.shape  # ComfyUI's Qwen-Image latent is 5-D (Wan 2.1 format, one frame)
+    out = m(hidden_states=_pack2(x[:, :, 0]), encoder_hidden_states=ctx, timestep=sigma,
+            img_shapes=[[(1, h // 2, w // 2)]], return_dict=False)[0]
+    return _unpack2(out, c, h, w)[:, :, None]
+
+
+def _lumina2_ref(m, x, sigma, ctx, extra):
+    # Lumina runs time from noise (0) to image (1) and predicts image - noise: ComfyUI feeds 1 - t and negates
+    out = m(hidden_states=x, timestep=1.0 - sigma, encoder_hidden_states=ctx,
+            encoder_attention_mask=torch.ones(ctx.shape[:2], dtype=torch.bool), return_dict=False)[0]
+    return -out
+
+
+def _hidream_ref(m, x, sigma, ctx, extra):
+    # ComfyUI: t = 1000 * sigma, conditioning_llama3 [B, layers, tokens, dim], output negated (as diffusers' pipeline)
+    out = m(hidden_states=x, timesteps=sigma * 1000, encoder_hidden_states_t5=ctx,
+            encoder_hidden_states_llama3=extra["conditioning_llama3"].movedim(1, 0),
+            pooled_embeds=extra["pooled_output"], return_dict=False)[0]
+    return -out
+
+
+def _hunyuan_image_ref(m, x, sigma, ctx, extra):
+    # ComfyUI: t = 1000 * sigma; byt5 tokens go after the MLLM tokens there and before them in diffusers, which
+    # attention (no text positions) does not see
+    byt5 = extra["conditioning_byt5small"]
+    out = m(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=ctx,
+            encoder_attention_mask=torch.ones(ctx.shape[:2]), encoder_hidden_states_2=byt5,
+            encoder_attention_mask_2=torch.ones(byt5.shape[:2]), return_dict=False)[0]
+    return out
+
+
+TINY: dict[str, Tiny] = {t.family: t for t in [
+    Tiny("flux.1", "black-forest-labs/FLUX.1-dev", "FluxTransformer2DModel",
+         dict(in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=4,
+              joint_attention_dim=512, pooled_projection_dim=768, guidance_embeds=True),
+         (1, 16, 16, 16), _flux1_cond, _flux1_ref, "FLUX.1-dev"),
+    Tiny("flux.2-klein", "black-forest-labs/FLUX.2-klein-4B", "Flux2Transformer2DModel",
+         dict(in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=4,
+              joint_attention_dim=512, guidance_embeds=False),
+         (1, 128, 8, 8), _flux2_cond, _flux2_ref, "FLUX.2-klein-4B"),
+    Tiny("flux.2-dev", "black-forest-labs/FLUX.2-dev", "Flux2Transformer2DModel",
+         dict(in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=4,
+              joint_attention_dim=512, guidance_embeds=True),
+         (1, 128, 8, 8), _flux2_cond, _flux2_ref, "FLUX.2-dev"),
+    Tiny("qwen-image", "Qwen/Qwen-Image", "QwenImageTransformer2DModel",
+         dict(in_channels=64, out_channels=16, num_layers=1, attention_head_dim=128, num_attention_heads=4,
+              joint_attention_dim=512),
+         (1, 16, 1, 16, 16), _qwen_cond, _qwen_ref, "Qwen-Image"),
+    Tiny("lumina-2", "Alpha-VLLM/Lumina-Image-2.0", "Lumina2Transformer2DModel",
+         dict(hidden_size=576, num_layers=1, num_refiner_layers=1, num_attention_heads=6, num_kv_heads=2,
+              axes_dim_rope=(32, 32, 32), cap_feat_dim=512, multiple_of=256),
+         (1, 16, 16, 16), _lumina2_cond, _lumina2_ref, "Lumina-Image-2.0"),
+    Tiny("hidream-i1", "HiDream-ai/HiDream-I1-Full", "HiDreamImageTransformer2DModel",
+         dict(patch_size=2, in_channels=16, out_channels=16, num_layers=1, num_single_layers=1,
+              attention_head_dim=128, num_attention_heads=4, caption_channels=[512, 512], text_emb_dim=256,
+              num_routed_experts=4, num_activated_experts=2, axes_dims_rope=(64, 32, 32),
+              max_resolution=(128, 128), llama_layers=[0, 1]),
+         (1, 16, 16, 16), _hidream_cond, _hidream_ref, "HiDream-I1-Full"),
+    Tiny("hunyuanimage-2.1", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "HunyuanImageTransformer2DModel",
+         dict(in_channels=64, out_channels=64, num_attention_heads=4, attention_head_dim=128, num_layers=1,
+              num_single_layers=1, num_refiner_layers=2, text_embed_dim=512, text_embed_2_dim=1472,
+              guidance_embeds=False, rope_axes_dim=(64, 64)),
+         (1, 64, 8, 8), _hunyuan_image_cond, _hunyuan_image_ref, "HunyuanImage-2.1"),
+]}
+
+
+def diffusers_model(family: str, seed: int = 0, dtype=torch.float32, **overrides):
+    import diffusers
+    t = TINY[family]
+    m = getattr(diffusers, t.diffusers_class)(**{**t.kwargs, **overrides})
+    return randomize_(m, seed).to(dtype).eval()
+
+
+def dense(family: str, seed: int = 0, dtype=torch.bfloat16, **overrides) -> dict:
+    """Dense state dict in diffusers layout, cast to ``dtype`` (bf16: what the builder quantizes)."""
+    m = diffusers_model(family, seed, torch.float32, **overrides)
+    return {k: v.to(dtype).contiguous() for k, v in m.state_dict().items()}
+
+
+def conditioning(family: str, seed: int = 0):
+    """(cross_attn, extras): ComfyUI conditioning ``[[cross_attn, extras]]`` for the family's tiny model."""
+    return TINY[family].cond(torch.Generator().manual_seed(seed))
