@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -29,8 +28,32 @@ sys.path.insert(0, ROOT)
 DIM = 3840
 
 
-def rss_peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+class RssPeak:
+    """Peak resident memory growth (MB) over the level when started, sampled every 5 ms in a thread."""
+
+    def __init__(self):
+        import threading
+        import psutil
+        self.proc = psutil.Process()
+        self.base = self.proc.memory_info().rss
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            self._stop.wait(0.005)
+
+    def mb(self) -> float:
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+        return (self.peak - self.base) / 2**20
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._t.join()
+        return self.mb()
 
 
 def read_time(path: str) -> float:
@@ -76,7 +99,9 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
     import comfy.sample
     import folder_paths
     from prequant_core import build, families, schemes
-    base_rss = rss_peak_mb()
+    import gc
+    gc.collect()
+    meter = RssPeak()
     dense_path = os.path.join(folder_paths.models_dir, "diffusion_models", "zimage_dense_bf16.safetensors")
     t = time.perf_counter()
     with torch.inference_mode():
@@ -100,7 +125,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
                                             exclude=schemes.exclude_tokens(scheme))
                 model = pack.nodes.comfy_model.build_patcher(fam, "comfyui", q, {})
     load_s = time.perf_counter() - t
-    load_rss = rss_peak_mb()
+    load_rss = meter.mb()
     g = torch.Generator().manual_seed(1)
     cond = [[torch.randn(1, 32, 2560, generator=g), {}]]
     lat = torch.zeros(1, 16, latent, latent)
@@ -111,7 +136,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
         out = comfy.sample.sample(model, noise, 1, 1.0, "euler", "simple", cond, cond, lat, seed=0, disable_pbar=True)
         step_s = time.perf_counter() - t
     torch.save(out, os.path.join(base, f"out_{method}_{scheme}.pt"))
-    return {"load_s": load_s, "load_peak_mb": load_rss - base_rss, "peak_mb": rss_peak_mb() - base_rss,
+    return {"load_s": load_s, "load_peak_mb": load_rss, "peak_mb": meter.stop(),
             "step_s": step_s, "size_mb": model.model_size() / 2**20}
 
 
@@ -119,7 +144,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--schemes", default="int8,fp8")
-    ap.add_argument("--latent", type=int, default=32, help="latent side (tokens = (latent/2)^2)")
+    ap.add_argument("--latent", type=int, default=16, help="latent side (tokens = (latent/2)^2)")
     ap.add_argument("--out", default=None, help="also write the table (markdown) to this file")
     ap.add_argument("--child", nargs=3, metavar=("METHOD", "SCHEME", "BASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -189,7 +214,7 @@ def main():
                 fh.write(f"# CPU benchmark ({time.strftime('%Y-%m-%d')})\n\nMachine: {platform.processor() or platform.machine()}, "
                          f"{os.cpu_count()} cores; torch {torch.__version__}, torchao {torchao.__version__}; "
                          f"real-width Z-Image, {args.layers} layer(s) + 2+2 refiners; latent {args.latent}x{args.latent}.\n"
-                         f"Peak RSS is the growth over the process after importing torch and ComfyUI.\n\n"
+                         f"Peak RSS is the growth of resident memory over its level just before the load (sampled every 5 ms).\n\n"
                          f"{table}\n")
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -17,6 +17,7 @@ from prequant_core.errors import BuildError, UnknownFamilyError
 from prequant_core.families import Family
 
 from . import paths
+from .comfy_model import key_map_for
 from .ops import is_prequant_linear
 
 log = logging.getLogger("prequant")
@@ -65,13 +66,16 @@ def model_family(patcher, family: str) -> Family:
     if family and family != AUTO:
         return families.get(family)
     cfg_name = type(getattr(patcher.model, "model_config", None)).__name__
-    for fam in families.FAMILIES.values():
-        if fam.comfy_model == cfg_name:
-            return fam
+    candidates = [f for f in families.FAMILIES.values() if cfg_name in f.comfy_models]
+    if len(candidates) == 1:
+        return candidates[0]
     keys = list(patcher.model.diffusion_model.state_dict().keys())
     try:
-        return families.detect(keys)[0]
+        fam = families.detect(keys)[0]
+        return fam if not candidates or fam in candidates else candidates[0]
     except UnknownFamilyError as e:
+        if candidates:
+            return candidates[0]
         raise UnknownFamilyError("Could not tell which model family this MODEL is.",
                                  expected=e.expected, found=f"ComfyUI model config '{cfg_name}'",
                                  fix="Pick the family on the node.") from None
@@ -92,8 +96,10 @@ def model_state_dict(patcher) -> dict:
         raise BuildError(f"This MODEL carries {len(patcher.patches)} weight patches (e.g. a LoRA); the build reads "
                          "the base weights and would silently drop them.",
                          fix="Connect the MODEL straight from its loader (before LoRA nodes).")
-    if getattr(model, "current_weight_patches_uuid", None) is not None:
-        # Another clone of this model is loaded with its patches applied in place: restore the pristine weights.
+    applied = getattr(model, "current_weight_patches_uuid", None)
+    if applied is not None and applied != getattr(patcher, "patches_uuid", None):
+        # Another clone of this model (e.g. with a LoRA) is loaded with its patches applied in place: unloading
+        # restores the pristine weights before they are read.
         mm.unload_all_models()
     return dm.state_dict()
 
@@ -161,7 +167,7 @@ class PrequantBuildCheckpoint:
                 fam_for_name = model_family(model, family)
             if fam_for_name is None:
                 fam_for_name = core.open_input(folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
-                                               key_map=self._key_map).family
+                                               key_map=file_key_map).family
             base = fam_for_name.base_repos[0]
         name = check_filename(filename, container, base, scheme)
         dest = os.path.join(output_folder(), name)
@@ -177,25 +183,22 @@ class PrequantBuildCheckpoint:
                 src_path = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
                 res = core.build(src_path, dest, scheme=scheme, family=fam_arg, base_model_id=base,
                                  min_features=min_features, container=container, overwrite=overwrite,
-                                 key_map=self._key_map, progress=progress)
+                                 key_map=file_key_map, progress=progress)
             else:
                 fam = model_family(model, family)
                 sd = model_state_dict(model)
-                key_map = self._key_map(fam, None, unet_config=model.model.model_config.unet_config)
+                # ComfyUI's own map for the config ComfyUI built this model from; None: the names are diffusers'
+                key_map = key_map_for(fam, dict(model.model.model_config.unet_config))
                 res = core.build(sd, dest, scheme=scheme, family=fam, base_model_id=base, min_features=min_features,
-                                 container=container, overwrite=overwrite, key_map=key_map, layout="comfyui",
-                                 progress=progress)
+                                 container=container, overwrite=overwrite, key_map=key_map,
+                                 layout="comfyui" if key_map is not None else "diffusers", progress=progress)
         log.info("[prequant] %s", res.summary())
         info = {"file": os.path.basename(res.path), "path": res.path, "family": res.family, "scheme": res.scheme,
                 "container": res.container, "quantized_layers": res.quantized, "size_bytes": res.file_bytes,
                 "dense_bytes": res.dense_bytes, "input_layout": res.input_layout}
         return {"ui": {"text": [res.summary()], "prequant_build": [info]}, "result": (res.path,)}
 
-    @staticmethod
-    def _key_map(fam: Family, shapes, unet_config: dict | None = None):
-        """ComfyUI's own diffusers -> ComfyUI key map for ``fam`` (config from the MODEL, or derived from shapes)."""
-        fn = getattr(comfy.utils, fam.comfy_key_map or "", None)
-        if fn is None:
-            raise BuildError(f"This ComfyUI cannot map {fam.title} keys to diffusers names "
-                             f"(no comfy.utils.{fam.comfy_key_map}).", fix="Update ComfyUI.")
-        return fn(dict(unet_config) if unet_config is not None else fam.comfy_unet_config(shapes, {}))
+
+def file_key_map(fam: Family, shapes: dict):
+    """ComfyUI's own diffusers -> ComfyUI key map for a ComfyUI-layout file (config derived from its shapes)."""
+    return key_map_for(fam, fam.comfy_unet_config(shapes, {}))

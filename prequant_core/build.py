@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from . import families, fingerprint, keymap, qtensor, schemes
+from . import families, fingerprint, qtensor, schemes
 from .checkpoint import FORMAT_V1
 from .errors import BuildError, CorruptCheckpointError, PrequantError
 from .families import Family
@@ -271,28 +271,36 @@ class SafetensorsSource(Source):
 
 
 class RemappedSource(Source):
-    """A ComfyUI-layout source seen in diffusers layout through a ComfyUI key map (diffusers key -> comfy key or
-    ``(comfy key, (0, row offset, rows))``). Each ComfyUI tensor is read once; fused ones (``qkv``) are split by rows.
-    The same mapping as ``keymap.to_diffusers``, streamed."""
+    """A ComfyUI-layout source seen in diffusers layout through a diffusers -> ComfyUI key map, in the form ComfyUI's
+    own maps use: ``comfy_key``, ``(comfy_key, (0, row offset, rows))`` (a row slice of a fused weight such as
+    ``qkv``) or ``(comfy_key, slice_or_None, row_permutation)`` (a function, e.g. ``comfy.utils.swap_scale_shift``,
+    or a name in ``keymaps.ROW_PERMUTATIONS``; it must be its own inverse, which is checked).
+
+    Each ComfyUI tensor is read once and split; ``keymap.to_diffusers`` does the same on a dict, all at once."""
 
     def __init__(self, base: Source, key_map: Mapping, *, ignore: Iterable[str] = ()):
         self.base, self.path, self.hints = base, base.path, base.hints
         base_infos = base.infos()
-        self.plan: dict[str, list[tuple[str, tuple | None]]] = {}
+        self.plan: dict[str, list[tuple[str, tuple | None, Callable | None]]] = {}
         for dk, target in key_map.items():
             if isinstance(target, str):
-                name, sl = target, None
+                name, sl, perm = target, None, None
             else:
-                name, (dim, offset, length) = target
-                if dim != 0:
-                    raise BuildError(f"The key map fuses '{dk}' along dim {dim}; only row fusion is supported.")
-                sl = (offset, length)
+                name, sl = target[0], target[1]
+                perm = target[2] if len(target) > 2 else None
+                if sl is not None:
+                    dim, offset, length = sl
+                    if dim != 0:
+                        raise BuildError(f"The key map fuses '{dk}' along dim {dim}; only row fusion is supported.")
+                    sl = (offset, length)
             if name in base_infos:
-                self.plan.setdefault(name, []).append((dk, sl))
+                self.plan.setdefault(name, []).append((dk, sl, _row_permutation(dk, perm, base_infos[name], sl)))
+        for parts in self.plan.values():
+            parts.sort(key=lambda p: p[1][0] if p[1] else 0)
         check_unmapped(base_infos, set(self.plan), ignore, base.path)
         self._infos: dict[str, TensorInfo] = {}
         for name, info in base_infos.items():
-            for dk, sl in sorted(self.plan.get(name, ()), key=lambda p: p[1][0] if p[1] else 0):
+            for dk, sl, _ in self.plan.get(name, ()):
                 if sl is not None:
                     off, length = sl
                     if off + length > info.shape[0]:
@@ -308,13 +316,34 @@ class RemappedSource(Source):
 
     def items(self):
         for name, t in self.base.items():
-            parts = self.plan.get(name)
-            if not parts:
-                continue
-            for dk, sl in sorted(parts, key=lambda p: p[1][0] if p[1] else 0):
+            for dk, sl, perm in self.plan.get(name, ()):
                 # a row slice is cloned so that a plain slice kept in the output does not pin the fused tensor
-                yield dk, (t if sl is None else t.narrow(0, sl[0], sl[1]).clone())
+                v = t if sl is None else t.narrow(0, sl[0], sl[1]).clone()
+                yield dk, (v if perm is None else perm(v))
             del t
+
+
+def _row_permutation(dk: str, perm, info: TensorInfo, sl) -> Callable | None:
+    """The map's row permutation as a function on dense tensors, checked to be its own inverse (the map says how
+    diffusers rows become ComfyUI rows; a build goes the other way)."""
+    if perm is None:
+        return None
+    fn = perm if callable(perm) else None
+    if fn is None:
+        from .keymaps import ROW_PERMUTATIONS
+        fn = ROW_PERMUTATIONS.get(perm) if isinstance(perm, str) else None
+    if fn is None:
+        raise BuildError(f"The key map transforms '{dk}' with '{perm}', which is not a known row permutation.")
+    rows = sl[1] if sl else info.shape[0]
+    idx = torch.arange(rows)
+    try:
+        ok = torch.equal(fn(fn(idx)), idx)
+    except Exception:  # noqa: BLE001 - whatever the function does with an index vector
+        ok = False
+    if not ok:
+        raise BuildError(f"The key map's row transform for '{dk}' is not its own inverse; it cannot be undone "
+                         "exactly.", fix="Build from the diffusers weights instead.")
+    return fn
 
 
 def check_unmapped(infos: Mapping, mapped: set, ignore: Iterable[str], path: str | None) -> None:
@@ -423,6 +452,10 @@ def _refuse_quantized(infos: Mapping, path: str | None) -> None:
                          fix="Pick the dense model it was made from.")
 
 
+def _marker_text(m) -> str:
+    return f"'{m}'" if isinstance(m, str) else " + ".join(f"'{k}'" for k in m)
+
+
 @dataclasses.dataclass
 class Prepared:
     source: Source  # diffusers layout
@@ -463,30 +496,27 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
         found_layout = layout
     if found_layout is None:
         raise BuildError(f"The input's tensor names do not look like {fam.title} in either key layout.", path=src.path,
-                         expected=f"e.g. '{fam.diffusers_markers[0]}' (diffusers) or '{fam.comfy_markers[0]}' (ComfyUI)",
+                         expected="tensors such as " + " or ".join(_marker_text(m) for m in
+                                                                   fam.diffusers_markers + fam.comfy_markers),
                          found=f"{len(keys)} tensors, e.g. {sorted(keys)[:3]}",
                          fix="Pick the right family, or 'auto'.")
     if found_layout == "comfyui":
-        if callable(key_map):
-            key_map = key_map(fam, {k: i.shape for k, i in infos.items()})
+        shapes = {k: i.shape for k, i in infos.items()}
+        if key_map is None and callable(fam.comfy_key_map):  # our own map (prequant_core.keymaps): no ComfyUI needed
+            key_map = fam.comfy_key_map(fam.comfy_unet_config(shapes, {}))
+        elif key_map is None and fam.comfy_key_map is None:  # ComfyUI uses the diffusers names for this family
+            key_map = {k: k for k in infos}
+        elif callable(key_map):
+            key_map = key_map(fam, shapes)
+            if key_map is None:
+                key_map = {k: k for k in infos}
         if key_map is None:
             raise BuildError("This input uses ComfyUI's key names; converting them to diffusers names needs "
                              "ComfyUI's own key map.", path=src.path,
                              expected=f"ComfyUI's comfy.utils.{fam.comfy_key_map}",
                              fix="Build it with the 'Build Prequant Checkpoint' node, or pass --comfyui "
                                  "/path/to/ComfyUI on the command line.")
-        ignore = set(fam.fill_missing)
-        if isinstance(src, MemorySource):
-            mapped = {t if isinstance(t, str) else t[0] for t in key_map.values()}
-            check_unmapped(infos, mapped, ignore, src.path)
-            try:
-                converted = keymap.to_diffusers(src.tensors, key_map)
-            except (ValueError, RuntimeError, IndexError) as e:
-                raise BuildError("ComfyUI's key map does not fit these weights.", path=src.path,
-                                 found=f"{type(e).__name__}: {e}", fix="Check the family.") from None
-            src = MemorySource(converted, hints=src.hints, path=src.path)
-        else:
-            src = RemappedSource(src, key_map, ignore=ignore)
+        src = RemappedSource(src, key_map, ignore=set(fam.fill_missing))
     return Prepared(src, fam, found_layout)
 
 
@@ -878,8 +908,10 @@ def comfy_key_map_from(comfy_dir: str) -> Callable[[Family, dict], Mapping]:
     def provider(fam: Family, shapes: dict) -> Mapping:
         if comfy_dir not in sys.path:
             sys.path.insert(0, comfy_dir)
+        if fam.comfy_key_map is None or callable(fam.comfy_key_map):
+            return None if fam.comfy_key_map is None else fam.comfy_key_map(fam.comfy_unet_config(shapes, {}))
         import comfy.utils
-        fn = getattr(comfy.utils, fam.comfy_key_map or "", None)
+        fn = getattr(comfy.utils, fam.comfy_key_map, None)
         if fn is None:
             raise BuildError(f"This ComfyUI has no key map for {fam.title} (comfy.utils.{fam.comfy_key_map}).",
                              path=comfy_dir, fix="Update ComfyUI.")

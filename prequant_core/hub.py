@@ -169,7 +169,7 @@ def _classify(exc: BaseException) -> tuple[str, str]:
         return "repo", f"repo not found or private, HTTP {_status(exc)}"
     if isinstance(exc, OfflineModeIsEnabled):
         return "offline", "offline mode is enabled"
-    if isinstance(exc, HfHubHTTPError):
+    if isinstance(exc, (HfHubHTTPError, requests.HTTPError)):  # the back-off gives up with a plain HTTPError
         status = _status(exc)
         if status in (401, 403):
             return "auth", f"HTTP {status} {_server_message(exc)}".strip()

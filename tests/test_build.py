@@ -246,16 +246,16 @@ def test_two_builds_are_deterministic(dense_files, node_built, reference, tmp_pa
 # input layouts: ComfyUI-layout file, stock ComfyUI MODEL, diffusers folder (command line)
 # ---------------------------------------------------------------------------------------------------------------
 
-def test_comfyui_layout_file_is_converted_with_comfyuis_key_map(comfy, dense_files, tmp_path):
+def test_comfyui_layout_file_is_converted_with_comfyuis_key_map(comfy, dense_files, node_built, tmp_path):
     comfy_utils = importlib.import_module("comfy.utils")
     fam = families.get("z-image")
-    ref = build.build(dense_files["diffusers"], tmp_path / "from-diffusers.safetensors", scheme="fp8")
+    ref = formats.read(node_built("fp8", "safetensors"))  # built from the diffusers-layout file
     # the node: file from diffusion_models in ComfyUI layout
     out = run_build_node(comfy, dense_file=DENSE_COMFY_NAME, scheme="fp8", filename="from-comfy-layout",
                          overwrite=True)["result"][0]
     got = formats.read(out)
-    assert got.metadata["fingerprint"] == ref.fingerprint
-    assert_same_tensors(got.tensors, formats.read(ref.path).tensors)
+    assert got.metadata["fingerprint"] == ref.metadata["fingerprint"]
+    assert_same_tensors(got.tensors, ref.tensors)
     assert not any(".qkv." in k for k in got.tensors), "output keys are diffusers names"
     # streamed remapping == keymap.to_diffusers on the in-memory dict
     src = build.SafetensorsSource([dense_files["comfyui"]])
@@ -377,7 +377,7 @@ def make_diffusers_folder(root, dense: dict, shards: int = 2) -> str:
     return root
 
 
-def test_cli_builds_a_sharded_diffusers_folder(tmp_path, zimage_dense):
+def test_cli_builds_a_sharded_diffusers_folder(tmp_path, zimage_dense, reference):
     root = make_diffusers_folder(str(tmp_path / "Z-Image-Turbo"), zimage_dense)
     out = tmp_path / "out"
     out.mkdir()
@@ -386,19 +386,23 @@ def test_cli_builds_a_sharded_diffusers_folder(tmp_path, zimage_dense):
     path = r.stdout.strip().splitlines()[-1]
     assert path == str(out / "Z-Image-Turbo-FP8.safetensors")
     assert "[quantize 1/" in r.stderr and "[write " in r.stderr, "progress is shown"
-    ck = loader.open_checkpoint(path, metadata.Request(scheme="fp8", base_model_id=BASE_ID), model_dirs=[str(out)])
-    q, skipped = build.quantize_tensors(zimage_dense, "fp8")
-    assert ck.checkpoint.metadata["fingerprint"] == fingerprint.compute(q, skipped)
-    assert_same_tensors(ck.checkpoint.tensors, q)
+    ck = loader.open_checkpoint(path, metadata.Request(scheme="fp8", base_model_id=BASE_ID),
+                                model_dirs=[str(out)]).checkpoint
+    assert ck.metadata["transformer_class"] == "ZImageTransformer2DModel" and set(ck.tensors) == set(zimage_dense)
+    assert ck.metadata["fingerprint"] == reference("fp8")[1]["fingerprint"], "same codes as load-time quantization"
+    for k, v in ck.tensors.items():
+        if not qtensor.is_quantized(v):
+            assert v.dtype == torch.bfloat16 and torch.equal(v, zimage_dense[k]), k
     # existing output: refused with the documented exit code, file untouched
     before = os.stat(path)
     r2 = cli("build", "--input", root, "--output", path, "--scheme", "fp8", "--quiet")
     assert r2.returncode == 2 and "already exists" in r2.stderr
     assert os.stat(path).st_mtime_ns == before.st_mtime_ns
-    # a single shard picked directly builds the whole folder (the node lists shards, not folders)
+    # a single shard picked directly means the whole folder (the node lists shards, not folders)
     shard = os.path.join(root, "transformer", "diffusion_pytorch_model-00001-of-00002.safetensors")
-    res = build.build(shard, tmp_path / "from-shard.pt", scheme="fp8")
-    assert res.fingerprint == ck.checkpoint.metadata["fingerprint"] and res.container == "pt"
+    src = build.open_input(shard).source
+    assert len(src.files) == 2 and set(src.infos()) == set(zimage_dense)
+    assert src.hints["transformer_class"] == "ZImageTransformer2DModel"
 
 
 def test_cli_help_documents_every_option():

@@ -137,6 +137,7 @@ def test_legacy_sampler_output(comfy, legacy, zimage_dense, prequant_files, allo
                                exclude=schemes.exclude_tokens("int8"), tensors=same, skipped=[])
     same_path = build.write_checkpoint(str(folder / "same-codes-INT8.safetensors"), same, meta, overwrite=True)
     same_out = sample(load_path(comfy, same_path, base_model_id=BASE_ID, scheme="int8"))
+    os.unlink(same_path)
     assert (out - same_out).abs().max().item() == 0.0, "legacy file must run exactly like the same codes in a v1 file"
 
     # current torchao quantizing the same dense weights (what build_from_tensors writes)
@@ -154,8 +155,9 @@ def test_legacy_sampler_output(comfy, legacy, zimage_dense, prequant_files, allo
           f"max step {max_step}, scales equal: {scales_equal}; sample rel err {rel:.2e}, max abs diff {mx:.3e}; "
           f"vs dense bf16: legacy {rel_legacy_dense:.2e}, current {rel_cur_dense:.2e}")
     assert scales_equal and max_step <= 1, "0.14.1 and current torchao may differ by one rounding step at most"
-    assert 0 < rel < rel_cur_dense, "the v1 rounding must differ from current int8 by less than int8 differs from dense"
-    assert rel_legacy_dense < 1.5 * rel_cur_dense, "legacy codes must be about as close to dense as current ones"
+    # two roundings of the same weights, each about as far from dense as the other: their gap is of that order
+    assert rel_legacy_dense < 1.25 * rel_cur_dense, "legacy codes must be about as close to dense as current ones"
+    assert 0 < rel < 2 * rel_cur_dense, "legacy and current int8 differ by more than two int8 roundings would"
 
 
 # crafted pickles: a tiny assembler for protocol-2 opcodes, so every byte of the payload is visible here

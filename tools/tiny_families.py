@@ -3,9 +3,11 @@ with seeded random weights; plus what ComfyUI's sampler needs to run each (laten
 our key maps, the same forward pass through diffusers' own class for comparison.
 
 Dims are the smallest at which ComfyUI's and diffusers' versions agree and Linears still get quantized
-(``min_features`` 512): hidden 512 with the family's real head width (128; Lumina 2: 96, so 576 = 6 heads), one
-block of each kind. Where ComfyUI hard-codes a size the tiny model keeps it: HunyuanImage's ByT5 mapper (1472 in,
-2048 wide) and its two text-refiner blocks; Lumina 2's FFN width must be a multiple of 256 (4 * 576 = 2304).
+(``min_features`` 512): hidden 512 with the family's real head width (128), one block of each kind. Where ComfyUI
+hard-codes a size the tiny model keeps it: HunyuanImage's ByT5 mapper (1472 in, 2048 wide) and its two text-refiner
+blocks. Lumina 2 (96-wide heads, grouped-query attention) needs 1152 = 12 heads with 6 k/v heads: ComfyUI fuses
+q/k/v into one Linear, which cannot be half quantized, so k/v (6 * 96 = 576 rows) must reach min_features as q
+does, as in the real model (8 * 96 = 768); its FFN width 4 * 1152 is a multiple of 256 as both codes require.
 """
 from __future__ import annotations
 
@@ -156,7 +158,7 @@ TINY: dict[str, Tiny] = {t.family: t for t in [
               joint_attention_dim=512),
          (1, 16, 1, 16, 16), _qwen_cond, _qwen_ref, "Qwen-Image"),
     Tiny("lumina-2", "Alpha-VLLM/Lumina-Image-2.0", "Lumina2Transformer2DModel",
-         dict(hidden_size=576, num_layers=1, num_refiner_layers=1, num_attention_heads=6, num_kv_heads=2,
+         dict(hidden_size=1152, num_layers=1, num_refiner_layers=1, num_attention_heads=12, num_kv_heads=6,
               axes_dim_rope=(32, 32, 32), cap_feat_dim=512, multiple_of=256),
          (1, 16, 16, 16), _lumina2_cond, _lumina2_ref, "Lumina-Image-2.0"),
     Tiny("hidream-i1", "HiDream-ai/HiDream-I1-Full", "HiDreamImageTransformer2DModel",

@@ -93,7 +93,7 @@ try {
   await page.evaluate(() => {
     const app = window.comfyAPI.app.app;
     app.canvas.ds.scale = 0.8;
-    app.canvas.ds.offset = [100, 150];
+    app.canvas.ds.offset = [110, 190];
     app.graph.setDirtyCanvas(true, true);
   });
   for (let i = 0; i < 3 && await page.locator(".p-dialog-mask").count(); i++) {

@@ -1,0 +1,238 @@
+"""Every family beyond Z-Image on the real ComfyUI (headless): ComfyUI's own model class, our key map proven against
+diffusers' forward, pre-quantized int8/fp8 files through the Load Prequant Transformer node bit-identical to
+quantizing the same dense weights at load time, and close to the dense model.
+
+Tiny real-architecture models (tools/tiny_families.py), 2 sampling steps on tiny latents.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from prequant_core import build, families, keymaps, qtensor, schemes
+from prequant_core.errors import ComfyVersionError, UnknownFamilyError
+from tools import tiny_families as tf
+
+FAMILIES = list(tf.TINY)
+SCHEMES = ("int8", "fp8")
+NONE = "(none: use path or hub_repo)"
+
+
+def test_every_registered_family_has_a_tiny_model():
+    """Adding a family means adding its tiny model and thereby these tests."""
+    assert set(FAMILIES) == set(families.FAMILIES) - {"z-image"}  # z-image: tests/test_loader.py
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared per-family state (built once per session)
+
+_dense: dict = {}
+
+
+def dense(family):
+    if family not in _dense:
+        _dense[family] = tf.dense(family, seed=0)
+    return _dense[family]
+
+
+def sample(model, family, steps=2, seed=0):
+    """A deterministic KSampler run (euler / simple, cfg 1) through ComfyUI's own sampling code."""
+    import comfy.sample
+    ctx, extra = tf.conditioning(family, seed)
+    cond = [[ctx, dict(extra)]]
+    latent = torch.zeros(tf.TINY[family].latent)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed + 1))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", cond, cond, latent, seed=seed,
+                                   disable_pbar=True)
+
+
+@pytest.fixture(scope="module")
+def prequant_dir(comfy):
+    import folder_paths
+    d = os.path.join(folder_paths.get_folder_paths("prequant")[0], "families")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+_files: dict = {}
+
+
+def prequant_file(prequant_dir, family, scheme):
+    """The tiny model built into a pre-quantized file named like the hosted one, under models/prequant."""
+    key = (family, scheme)
+    if key not in _files:
+        t = tf.TINY[family]
+        name = f"{t.file_stem}-{scheme.upper()}.safetensors"
+        path = os.path.join(prequant_dir, name)
+        build.build_from_tensors(path, dense(family), family=families.get(family), scheme=scheme,
+                                 base_model_id=t.base_model_id, overwrite=True)
+        _files[key] = "families/" + name
+    return _files[key]
+
+
+def comfy_model(comfy):
+    return comfy[1].nodes.comfy_model
+
+
+_dense_out: dict = {}
+
+
+def dense_out(comfy, family):
+    if family not in _dense_out:
+        m = comfy_model(comfy).build_patcher(families.get(family), "diffusers", dict(dense(family)), {})
+        _dense_out[family] = sample(m, family)
+    return _dense_out[family]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The key map and config are right: ComfyUI's model with our converted weights computes what diffusers computes
+
+
+def comfy_velocity(patcher, x, sigma, ctx, extra):
+    """What ComfyUI's diffusion model predicts for latent ``x`` at ``sigma`` (via BaseModel.apply_model)."""
+    m = patcher.model
+    conds = m.extra_conds(cross_attn=ctx, noise=x, device=x.device, **extra)
+    den = m.apply_model(x, torch.tensor([sigma]), **{k: v.cond for k, v in conds.items()})
+    return (x - den) / sigma
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_comfy_model_equals_diffusers_forward(comfy, family):
+    t = tf.TINY[family]
+    ref_model = tf.diffusers_model(family, seed=0, dtype=torch.float32)
+    sd = {k: v.clone() for k, v in ref_model.state_dict().items()}
+    fam = families.get(family)
+    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", sd, {}, dtype=torch.float32)
+    assert type(patcher.model.model_config).__name__ in fam.comfy_models
+    x = torch.randn(*t.latent, generator=torch.Generator().manual_seed(1))
+    ctx, extra = tf.conditioning(family)
+    with torch.inference_mode():
+        got = comfy_velocity(patcher, x, 0.7, ctx, extra)
+        want = t.reference(ref_model, x, torch.tensor([0.7]), ctx, extra)
+    rel = ((got - want).norm() / want.norm()).item()
+    print(f"\n[{family}] ComfyUI vs diffusers forward (fp32): relative difference {rel:.2e}")
+    assert rel < 1e-4, f"{family}: ComfyUI's model with our mapped weights differs from diffusers by {rel}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pre-quantized files through the loader node == quantizing at load time; close to dense
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prequant_equals_load_time_quantization(comfy, prequant_dir, family, scheme):
+    nodes, pack = comfy
+    fam = families.get(family)
+    t = tf.TINY[family]
+    name = prequant_file(prequant_dir, family, scheme)
+    with torch.inference_mode():  # as ComfyUI runs every node
+        res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(name, base_model_id=t.base_model_id,
+                                                                           scheme=scheme)
+    model = res["result"][0]
+    summary = res["ui"]["prequant"][0]
+    assert summary["family"] == family and summary["layout"] == "diffusers"
+    assert type(model.model.model_config).__name__ in fam.comfy_models  # ComfyUI's own class for the family
+    qlinears = [n for n, m in model.model.diffusion_model.named_modules() if getattr(m, "prequant_spec", None)]
+    assert len(qlinears) >= 4, f"expected quantized Linears in the tiny {family}, got {qlinears}"
+    want_dtype = torch.int8 if scheme == "int8" else torch.float8_e4m3fn
+    assert all(model.model.diffusion_model.get_submodule(n).weight.dtype == want_dtype for n in qlinears)
+
+    out = sample(model, family)
+    q, _ = build.quantize_tensors(dense(family), scheme,
+                                  exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra))
+    ref = sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {}), family)
+    assert torch.isfinite(out).all()
+    diff = (out - ref).abs().max().item()
+    d = dense_out(comfy, family)
+    rel = ((out - d).norm() / d.norm()).item()
+    print(f"\n[{family}/{scheme}] {len(qlinears)} quantized Linears; max |prequant - load-time| = {diff}; "
+          f"relative error vs dense bf16 = {rel:.4f}")
+    assert diff == 0.0, "pre-quantized output must equal load-time quantization bit for bit"
+    assert 0 < rel < 0.1, f"output drifted from the dense model: {rel}"
+
+
+def test_int8_exclusions_follow_the_family(comfy, prequant_dir):
+    """qwen-image keeps its text-stream Linears dense in int8 files (FORMAT.md), and the loaded model agrees."""
+    from prequant_core import formats
+    name = prequant_file(prequant_dir, "qwen-image", "int8")
+    import folder_paths
+    ck = formats.read(folder_paths.get_full_path_or_raise("prequant", name))
+    assert set(families.get("qwen-image").int8_exclude_extra) <= set(ck.metadata["exclude_name_tokens"])
+    assert not qtensor.is_quantized(ck.tensors["transformer_blocks.0.attn.add_q_proj.weight"])
+    assert not qtensor.is_quantized(ck.tensors["transformer_blocks.0.txt_mlp.net.0.proj.weight"])
+    assert qtensor.is_quantized(ck.tensors["transformer_blocks.0.attn.to_q.weight"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Detection, class choice, errors
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_detection_from_metadata_and_from_keys(family):
+    keys = list(dense(family))
+    fam, layout = families.detect(keys, {"family": family})
+    assert (fam.name, layout) == (family, "diffusers")
+    by_class, _ = families.detect(keys, {"transformer_class": fam.diffusers_class})
+    by_keys, layout = families.detect(keys, {})
+    assert layout == "diffusers"
+    # FLUX.2 klein and dev share class and names: without a family field either loads (config from shapes)
+    assert by_keys.diffusers_class == by_class.diffusers_class == fam.diffusers_class
+    if family != "flux.2-dev":
+        assert by_keys.name == by_class.name == family
+
+
+def test_unknown_checkpoint_lists_the_families():
+    with pytest.raises(UnknownFamilyError) as e:
+        families.detect(["encoder.block.0.weight", "decoder.block.0.weight"], {})
+    for name in families.FAMILIES:
+        assert name in str(e.value)
+
+
+def _meta_shapes(family, **overrides):
+    import diffusers
+    t = tf.TINY[family]
+    with torch.device("meta"):
+        m = getattr(diffusers, t.diffusers_class)(**{**t.kwargs, **overrides})
+    return {k: v for k, v in m.state_dict().items()}
+
+
+def test_flux1_schnell_and_dev_pick_comfys_own_classes(comfy):
+    cm = comfy_model(comfy)
+    fam = families.get("flux.1")
+    dev, _ = cm.model_config_for(fam, _meta_shapes("flux.1", guidance_embeds=True), {})
+    schnell, _ = cm.model_config_for(fam, _meta_shapes("flux.1", guidance_embeds=False), {})
+    assert type(dev).__name__ == "Flux" and type(schnell).__name__ == "FluxSchnell"
+    assert schnell.sampling_settings.get("shift") == 1.0  # schnell's own sampling settings come with its class
+
+
+def test_missing_comfy_class_names_the_version_needed(comfy):
+    fam = dataclasses.replace(families.get("flux.1"), comfy_model="FluxFromTheFuture", min_comfy="9.1.0")
+    with pytest.raises(ComfyVersionError) as e:
+        comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")), {})
+    msg = str(e.value)
+    assert "9.1.0" in msg and "FLUX.1" in msg and comfy_model(comfy).comfy_version() in msg
+
+
+def test_missing_comfy_key_map_names_the_version_needed(comfy):
+    fam = dataclasses.replace(families.get("flux.1"), comfy_key_map="flux_to_diffusers_v9", min_comfy="9.1.0")
+    with pytest.raises(ComfyVersionError) as e:
+        comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")), {})
+    assert "9.1.0" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The one non-slice transform in the maps (FLUX's final adaLN scale/shift swap) is exact on quantized rows
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_swap_scale_shift_is_exact_on_quantized_rows(scheme):
+    w = torch.randn(1024, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    swapped_dense = torch.cat([w[512:], w[:512]])
+    a = qtensor.split(keymaps.swap_halves(schemes.quantize_weight(w, scheme)))
+    b = qtensor.split(schemes.quantize_weight(swapped_dense, scheme))
+    assert torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0].view(torch.uint8), qtensor.split(schemes.quantize_weight(w, scheme))[0].view(torch.uint8))
