@@ -31,7 +31,15 @@ def dense_file_choices() -> list[str]:
         names = folder_paths.get_filename_list("diffusion_models")
     except KeyError:
         names = []
-    return [NO_FILE] + sorted(n for n in names if n.lower().endswith(DENSE_EXTENSIONS))
+    out = []
+    for n in names:
+        if not n.lower().endswith(DENSE_EXTENSIONS):
+            continue
+        full = folder_paths.get_full_path("diffusion_models", n)
+        if full and paths._looks_prequant(full):  # pre-quantized files are the loader's, not dense inputs
+            continue
+        out.append(n)
+    return [NO_FILE] + sorted(out)
 
 
 def check_filename(filename: str, container: str, base_model_id: str, scheme: str) -> str:

@@ -78,17 +78,73 @@ def linear_weight_keys(tensors: Mapping) -> list[str]:
     return [k for k, v in tensors.items() if is_linear_weight(k, v)]
 
 
+QUANT_CHUNK_ELEMS = 1 << 22  # quantize big weights this many elements at a time (fp32 temporaries: 16 MB each)
+
+
+def quantize_rows(weight: torch.Tensor, scheme: str, *, chunk_elems: int = QUANT_CHUNK_ELEMS):
+    """``schemes.quantize_weight`` in row chunks, bit for bit the same tensor.
+
+    Per-row quantization treats every row on its own (its scale comes from that row's amax alone), so quantizing
+    row blocks and concatenating codes and scales is exact; it only bounds torchao's float32 temporaries (several
+    copies of the whole weight otherwise: a 10240 x 3840 Linear would cost ~0.5 GB on top of its own size).
+    """
+    rows, cols = weight.shape
+    step = max(1, chunk_elems // max(cols, 1))
+    if rows <= step:
+        return schemes.quantize_weight(weight.contiguous(), scheme)
+    parts = [schemes.quantize_weight(weight[i:i + step].contiguous(), scheme) for i in range(0, rows, step)]
+    joined = _join_row_chunks(parts)
+    return joined if joined is not None else schemes.quantize_weight(weight.contiguous(), scheme)
+
+
+def _join_row_chunks(parts: list):
+    """Row chunks of one per-row quantized weight -> the weight, with every attribute of the unchunked tensor
+    (including int8's all-zero ``zero_point``). None if the chunks carry something this does not know to join."""
+    from torchao.quantization.quantize_.workflows import Float8Tensor, Int8Tensor
+    first = parts[0]
+    extra = [n for n in (getattr(first, "optional_tensor_data_names", None) or [])
+             if n != "zero_point" and getattr(first, n, None) is not None]
+    if extra or type(first) not in (Int8Tensor, Float8Tensor):
+        return None
+    cols = first.qdata.shape[1]
+    if list(first.block_size) != [1, cols] or any(list(p.block_size) != [1, cols] for p in parts):
+        return None
+
+    def cat(name):
+        vals = [getattr(p, name, None) for p in parts]
+        return None if vals[0] is None else torch.cat(vals, dim=0)
+    if isinstance(first, Int8Tensor):
+        return Int8Tensor(cat("qdata"), cat("scale"), [1, cols], first.dtype, zero_point=cat("zero_point"),
+                          act_quant_kwargs=first.act_quant_kwargs, reduce_range=getattr(first, "reduce_range", False))
+    return Float8Tensor(cat("qdata"), cat("scale"), [1, cols], mm_config=first.mm_config,
+                        act_quant_kwargs=first.act_quant_kwargs, kernel_preference=first.kernel_preference,
+                        dtype=first.dtype)
+
+
 def quantize_one(key: str, v: torch.Tensor, flt: schemes.LayerFilter,
-                 dtype: torch.dtype | None = torch.bfloat16) -> tuple[object, bool]:
+                 dtype: torch.dtype | None = torch.bfloat16, *, chunk_elems: int = QUANT_CHUNK_ELEMS) -> tuple[object, bool]:
     """(tensor to store, skipped) for one dense tensor: float tensors cast to ``dtype``; a Linear weight the filter
-    admits quantized with ``schemes.quantize_weight``. ``skipped`` is True for a Linear weight left dense."""
-    if dtype is not None and v.is_floating_point() and v.dtype != dtype:
-        v = v.to(dtype)
+    admits quantized as ``schemes.quantize_weight`` does. ``skipped`` is True for a Linear weight left dense."""
     if not is_linear_weight(key, v):
+        if dtype is not None and v.is_floating_point() and v.dtype != dtype:
+            v = v.to(dtype)
         return v, False
-    if flt.reason_skipped(key[: -len(".weight")], v) is not None:
+    probe = v if dtype is None or not v.is_floating_point() else torch.empty(v.shape, dtype=dtype, device="meta")
+    if flt.reason_skipped(key[: -len(".weight")], probe) is not None:
+        if dtype is not None and v.is_floating_point() and v.dtype != dtype:
+            v = v.to(dtype)
         return v, True
-    return schemes.quantize_weight(v.contiguous(), flt.scheme), False
+    if dtype is not None and v.is_floating_point() and v.dtype != dtype:
+        # cast row block by row block too: a float32 input never gets a whole bf16 twin beside it
+        step = max(1, chunk_elems // max(v.shape[1], 1))
+        if v.shape[0] > step:
+            parts = [quantize_rows(v[i:i + step].to(dtype), flt.scheme, chunk_elems=chunk_elems)
+                     for i in range(0, v.shape[0], step)]
+            joined = _join_row_chunks(parts)
+            if joined is not None:
+                return joined, False
+        v = v.to(dtype)
+    return quantize_rows(v, flt.scheme, chunk_elems=chunk_elems), False
 
 
 def quantize_items(items: Iterable[tuple[str, torch.Tensor]], flt: schemes.LayerFilter, *, total: int,
@@ -576,10 +632,17 @@ def temp_name() -> str:
 
 def _pid_alive(pid: int) -> bool:
     try:
+        import psutil  # ComfyUI depends on it; the plain os.kill probe below would *terminate* the process on Windows
+        return psutil.pid_exists(pid)
+    except ImportError:
+        pass
+    if os.name == "nt":
+        return True  # cannot tell safely: leave the temp to the age rule
+    try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OSError):
+    except OSError:
         return True
     return True
 
@@ -964,8 +1027,8 @@ def add_cli(subparsers) -> None:
         "build", help="make a pre-quantized checkpoint from a dense model",
         description="Quantize a dense diffusion transformer (torchao int8 / fp8, per-row) and write a pre-quantized "
                     "checkpoint with diffusers key names and full metadata. Reads one tensor at a time (peak memory "
-                    "about the quantized size plus one layer) and writes atomically.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "about the quantized size plus one layer) and writes atomically. Exit status: 0 written, 2 refused "
+                    "(nothing written).")
     p.add_argument("--input", "-i", required=True, metavar="PATH",
                    help="dense weights: a .safetensors file (diffusers or ComfyUI key layout) or a diffusers folder "
                         "(model root with transformer/config.json, or the transformer folder; sharded weights with "
@@ -973,17 +1036,17 @@ def add_cli(subparsers) -> None:
     p.add_argument("--output", "-o", metavar="PATH", default=None,
                    help="output file, or an existing folder to write <Model>-<SCHEME>.<ext> into "
                         "(default: that name in the current folder)")
-    p.add_argument("--scheme", choices=schemes.SCHEMES, default="int8", help="quantization scheme")
+    p.add_argument("--scheme", choices=schemes.SCHEMES, default="int8", help="quantization scheme (default: %(default)s)")
     p.add_argument("--min-features", type=int, default=schemes.DEFAULT_MIN_FEATURES, metavar="N",
-                   help="quantize only Linear layers whose in and out features are both >= N")
+                   help="quantize only Linear layers whose in and out features are both >= N (default: %(default)s)")
     p.add_argument("--base-model-id", default=None, metavar="REPO",
                    help="base model recorded in the metadata (default: the family's base repo, e.g. "
                         "Tongyi-MAI/Z-Image-Turbo)")
     p.add_argument("--family", choices=["auto"] + sorted(families.FAMILIES), default="auto",
-                   help="model family (auto: from config.json or the tensor names)")
+                   help="model family (default: %(default)s, from config.json or the tensor names)")
     p.add_argument("--container", choices=["auto"] + list(CONTAINERS), default="auto",
-                   help="file format: safetensors (safe, no pickle) or pt (torch.save); auto: from the output "
-                        "extension, else safetensors")
+                   help="file format: safetensors (safe, no pickle) or pt (torch.save); default auto: from the "
+                        "output extension, else safetensors")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--comfyui", metavar="DIR", default=None,
                    help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names "

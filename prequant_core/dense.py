@@ -16,29 +16,52 @@ from .errors import CorruptCheckpointError, UnsupportedFormatError
 KNOWN_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.")
 
 
+ST_TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+            "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+            "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
 class LazySafetensors(Mapping):
-    """A read-only mapping over a .safetensors file; every access reads that tensor (and only it)."""
+    """A read-only mapping over a .safetensors file; every access reads that tensor (and only it).
+
+    Tensors are read with plain ``pread`` into private memory rather than through a memory map: a mapped dense
+    file stays resident (and counted) as it is touched, while a read tensor is freed as soon as it is quantized.
+    """
 
     def __init__(self, path: str, prefix: str = ""):
-        from safetensors import safe_open
         from .formats.safetensors_container import read_header
-        index, meta, _ = read_header(path)  # bounds-checked before the library maps the file
+        index, meta, header_len = read_header(path)  # every offset is checked against the file size
         if "unsloth_format" in meta or any(k.endswith("._weight_qdata") for k in index):
             raise UnsupportedFormatError("This file is already pre-quantized; it cannot serve as the dense model.",
                                          path=path, fix="Pick the dense (bf16) transformer file as the fallback.")
+        unknown = sorted({v["dtype"] for v in index.values()} - set(ST_TORCH))
+        if unknown:
+            raise UnsupportedFormatError(f"Dense file holds tensors of type {unknown}.", path=path)
         self.path = path
-        self._f = safe_open(path, framework="pt", device="cpu")
         self.prefix = prefix
-        self._keys = [k[len(prefix):] for k in self._f.keys() if k.startswith(prefix)]
-        self.shapes = {k[len(prefix):]: tuple(v["shape"]) for k, v in index.items() if k.startswith(prefix)}
-        self.dtypes = {k[len(prefix):]: v["dtype"] for k, v in index.items() if k.startswith(prefix)}
+        self._data_start = 8 + header_len
+        self._index = {k[len(prefix):]: v for k, v in index.items() if k.startswith(prefix)}
+        self._keys = sorted(self._index, key=lambda k: self._index[k]["data_offsets"][0])  # file order
+        self.shapes = {k: tuple(v["shape"]) for k, v in self._index.items()}
+        self.dtypes = {k: v["dtype"] for k, v in self._index.items()}
 
     def __getitem__(self, key):
+        info = self._index[key]
+        a, b = info["data_offsets"]
+        buf = bytearray(b - a)
         try:
-            return self._f.get_tensor(self.prefix + key)
-        except Exception as e:  # noqa: BLE001 - the library's own error types
+            with open(self.path, "rb", buffering=0) as f:
+                f.seek(self._data_start + a)
+                n = f.readinto(buf)
+        except OSError as e:
             raise CorruptCheckpointError(f"Tensor '{key}' could not be read.", path=self.path,
-                                         found=f"{type(e).__name__}: {str(e)[:200]}") from None
+                                         found=f"{type(e).__name__}: {e}") from None
+        if n != len(buf):
+            raise CorruptCheckpointError(f"Tensor '{key}' is cut short (truncated file).", path=self.path)
+        dtype = ST_TORCH[info["dtype"]]
+        if not buf:
+            return torch.empty(info["shape"], dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).reshape(info["shape"])
 
     def __iter__(self):
         return iter(self._keys)
@@ -59,6 +82,7 @@ class LazySafetensors(Mapping):
 
 
 def open_dense(path: str) -> LazySafetensors:
+    """Open a dense single-file transformer, finding the diffusion model under a known prefix if needed."""
     if not os.path.isfile(path):
         from .errors import CheckpointNotFoundError
         raise CheckpointNotFoundError("Dense model file not found.", path=path,

@@ -45,7 +45,9 @@ class Family:
     comfy_unet_config: Callable[[Shapes, dict], dict]  # ComfyUI unet config from the file's shapes (either layout)
     # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them.
     fill_missing: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    min_comfy: str = "0.3.75"  # oldest ComfyUI whose model class runs this family
+    # Oldest ComfyUI that runs the family end to end (model class and the text encoder its workflow needs); named in
+    # the error when the running ComfyUI lacks the class or key map (the loader refuses only then).
+    min_comfy: str = "0.3.75"
 
     @property
     def comfy_models(self) -> tuple[str, ...]:
@@ -249,6 +251,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         diffusers_markers=("double_stream_modulation_img.linear.weight",),
         comfy_markers=("double_stream_modulation_img.lin.weight",),
         comfy_model="Flux2", comfy_key_map=keymaps.flux2_to_diffusers, comfy_unet_config=_flux2_config,
+        # the transformer runs in 0.3.75's Flux2 class (tested); its Qwen3-4B text encoder arrived later
+        min_comfy="0.9.2",
     ),
     Family(
         name="flux.2-dev", title="FLUX.2 [dev]", diffusers_class="Flux2Transformer2DModel",

@@ -242,6 +242,47 @@ def test_two_builds_are_deterministic(dense_files, node_built, reference, tmp_pa
     assert w and w[-1][1] == w[-1][2] and events.index(w[0]) > events.index(q[-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_row_chunked_quantization_is_the_same_tensor(dtype):
+    """The builder bounds torchao's temporaries by quantizing big weights in row blocks: same codes, scales, zero
+    points and attributes as quantizing the whole weight at once."""
+    from torchao.prototype.safetensors.safetensors_utils import TensorSubclassAttributeJSONEncoder
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(1040, 768, generator=g) * 2).to(dtype)
+    w[3] = 0
+    w[9, :4] = 1e4
+    for scheme in schemes.SCHEMES:
+        whole = schemes.quantize_weight(w.to(torch.bfloat16).contiguous(), scheme)
+        got, skipped = build.quantize_one("blk.proj.weight", w, schemes.LayerFilter(scheme, 512, ()),
+                                          chunk_elems=100 * 768)  # 11 row blocks, the last one short
+        assert not skipped and type(got) is type(whole), scheme
+        for name in ("qdata", "scale", "zero_point"):
+            a, b = getattr(whole, name, None), getattr(got, name, None)
+            assert (a is None) == (b is None), (scheme, name)
+            if a is not None:
+                assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (scheme, name)
+        assert json.dumps(whole, cls=TensorSubclassAttributeJSONEncoder) == \
+            json.dumps(got, cls=TensorSubclassAttributeJSONEncoder), scheme
+
+
+def test_key_map_row_permutations_are_undone():
+    """Map entries with a row transform (ComfyUI's swap_scale_shift, as a function or by name) are undone on the way
+    back to diffusers names; a transform that is not its own inverse is refused."""
+    from prequant_core.keymaps import ROW_PERMUTATIONS
+    comfy_sd = {"final.mod.weight": torch.arange(8.0).repeat(4, 1).T.contiguous(), "final.mod.bias": torch.arange(8.0)}
+    src = build.MemorySource(comfy_sd)
+    kmap = {"norm_out.linear.weight": ("final.mod.weight", None, ROW_PERMUTATIONS["swap_scale_shift"]),
+            "norm_out.linear.bias": ("final.mod.bias", None, "swap_scale_shift")}
+    out = dict(build.RemappedSource(src, kmap).items())
+    assert out["norm_out.linear.bias"].tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
+    assert out["norm_out.linear.weight"][:, 0].tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
+    with pytest.raises(BuildError, match="own inverse"):
+        build.RemappedSource(src, {"x.weight": ("final.mod.weight", None, lambda t: t.roll(1, 0)),
+                                   "x.bias": "final.mod.bias"})
+    with pytest.raises(BuildError, match="no diffusers name"):
+        build.RemappedSource(src, {"x.bias": "final.mod.bias"})
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # input layouts: ComfyUI-layout file, stock ComfyUI MODEL, diffusers folder (command line)
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from tools import tiny_families as tf
 
 FAMILIES = list(tf.TINY)
 SCHEMES = ("int8", "fp8")
-NONE = "(none: use path or hub_repo)"
 
 
 def test_every_registered_family_has_a_tiny_model():
@@ -236,3 +235,48 @@ def test_swap_scale_shift_is_exact_on_quantized_rows(scheme):
     b = qtensor.split(schemes.quantize_weight(swapped_dense, scheme))
     assert torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0].view(torch.uint8), qtensor.split(schemes.quantize_weight(w, scheme))[0].view(torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stock nodes on a family with fused weights: a diffusers-named FLUX LoRA (ComfyUI maps ``to_k`` onto rows of the
+# fused ``qkv`` with its own flux_to_diffusers) lands on exactly those rows of the quantized weight
+
+
+def test_flux1_diffusers_lora_patches_rows_of_the_fused_quantized_qkv(comfy, prequant_dir):
+    import comfy.model_management as mm
+    import folder_paths
+    from safetensors.torch import save_file
+    nodes, _ = comfy
+    with torch.inference_mode():
+        model = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(
+            prequant_file(prequant_dir, "flux.1", "int8"))["result"][0]
+    base = sample(model, "flux.1")
+    dm = model.model.diffusion_model
+    qkv = dm.double_blocks[0].img_attn.qkv
+    h = dm.hidden_size
+    orig = qkv.prequant_dense().clone()
+
+    g = torch.Generator().manual_seed(5)
+    sd = {}
+    for name, (out_f, in_f) in {"transformer_blocks.0.attn.to_k": (h, h),
+                                "single_transformer_blocks.0.proj_mlp": (4 * h, h)}.items():
+        sd[f"transformer.{name}.lora_B.weight"] = (torch.randn(out_f, 4, generator=g) * 0.2).to(torch.bfloat16)
+        sd[f"transformer.{name}.lora_A.weight"] = (torch.randn(4, in_f, generator=g) * 0.2).to(torch.bfloat16)
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    save_file(sd, os.path.join(lora_dir, "tiny_flux1_diffusers_lora.safetensors"))
+    with torch.inference_mode():
+        lora_model = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
+            model, "tiny_flux1_diffusers_lora.safetensors", 1.0)[0]
+    assert {"diffusion_model.double_blocks.0.img_attn.qkv.weight",
+            "diffusion_model.single_blocks.0.linear1.weight"} <= set(lora_model.patches)
+
+    with_lora = sample(lora_model, "flux.1")
+    assert torch.isfinite(with_lora).all() and not torch.equal(with_lora, base)
+    delta = (qkv.prequant_dense() - orig).abs()  # weights are patched while the model stays loaded
+    k_rows, other_rows = delta[h:2 * h].max().item(), torch.cat([delta[:h], delta[2 * h:]]).max().item()
+    assert k_rows > 10 * other_rows, (k_rows, other_rows)
+
+    mm.unload_all_models()
+    assert torch.equal(qkv.prequant_dense(), orig), "unpatching must restore the quantized weight exactly"
+    assert torch.equal(sample(model, "flux.1"), base)

@@ -247,8 +247,10 @@ def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, files):
     assert not [p for p in cache_files(hf_env) if "/snapshots/" in p]
 
 
-def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, monkeypatch):
+def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, monkeypatch, caplog):
+    import logging
     from prequant_core import hub as h
+    caplog.set_level(logging.DEBUG)  # the client's request logging included
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
     hub.require_token(REPO, "hf_good_token")
     for token in (None, "hf_wrong_token"):
@@ -262,6 +264,7 @@ def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, mon
     assert f.filename == PRIMARY and hub.requests("HEAD")[-1]["auth"]
     monkeypatch.setenv("HF_TOKEN", "hf_good_token")  # the client's default when no token is passed
     assert h.download(REPO, (PRIMARY, PT, LEGACY)).downloaded is False
+    assert "hf_good_token" not in caplog.text and "hf_wrong_token" not in caplog.text
 
 
 def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, monkeypatch):
@@ -404,20 +407,75 @@ def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, fil
     # the HF cache is allowed only for what the Hub step resolved, never for a typed path
     monkeypatch.delenv("PREQUANT_ALLOW_LOCAL_PATH")
     cached = next(str(hf_env / p) for p in cache_files(hf_env) if "/snapshots/" in p)
+    n = len(hub.log)
     with pytest.raises(PathNotAllowedError):
         Loader().load(NONE_CHOICE, path=cached)
+    with pytest.raises(PathNotAllowedError):  # a refused typed path is an error, never a silent download instead
+        Loader().load(NONE_CHOICE, path=cached, hub_repo=REPO, scheme="int8")
+    assert len(hub.log) == n
     assert "hf_secret_value" not in Loader.IS_CHANGED(NONE_CHOICE, hub_repo=REPO, hf_token="hf_secret_value")
 
 
 def test_workflow_with_only_hub_repo_and_scheme_runs_on_a_real_comfyui_server(hub, tmp_path, files, comfy):
     from tools import tiny_assets
-    from tools.comfy_server import ComfyServer, execution_error
-    from tools.workflow import to_api
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.slow[(REPO, PRIMARY)] = 0.003  # about a second, so the bar moves
     base = tmp_path / "server"
     tiny_assets.install(str(base / "models"))
     env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf_server"), "HF_HUB_OFFLINE": "0", "HF_TOKEN": "",
            "PREQUANT_ALLOW_LOCAL_PATH": ""}
+    try:
+        _run_hub_workflow(hub, base, env)
+    finally:
+        shutil.rmtree(base / "models", ignore_errors=True)  # the tiny CLIP alone is 250 MB
+        shutil.rmtree(tmp_path / "hf_server", ignore_errors=True)
+
+
+class WsListener:
+    """Collects the JSON messages ComfyUI sends one client over its websocket (what the browser sees)."""
+
+    def __init__(self, url):
+        import threading
+        self.url, self.messages, self._stop = url, [], threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import asyncio
+        import aiohttp
+
+        async def main():
+            async with aiohttp.ClientSession() as session, session.ws_connect(self.url) as ws:
+                self._ready.set()
+                while not self._stop.is_set():
+                    try:
+                        msg = await ws.receive(timeout=0.2)
+                    except asyncio.TimeoutError:
+                        continue
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        self.messages.append(json.loads(msg.data))
+                    elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                        break
+        try:
+            asyncio.run(main())
+        finally:
+            self._ready.set()
+
+    def __enter__(self):
+        self._thread.start()
+        assert self._ready.wait(30)
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(0.3)  # let the last messages arrive
+        self._stop.set()
+        self._thread.join(10)
+
+
+def _run_hub_workflow(hub, base, env):
+    from tools import tiny_assets
+    from tools.comfy_server import ComfyServer, execution_error
+    from tools.workflow import to_api
     with ComfyServer(str(base), env=env) as server:
         info = server.get("/object_info")["PrequantLoadTransformer"]["input"]
         assert {"hub_repo", "preset", "revision", "hf_token"} <= set(info["optional"])
@@ -433,12 +491,18 @@ def test_workflow_with_only_hub_repo_and_scheme_runs_on_a_real_comfyui_server(hu
             "EmptySD3LatentImage": {"width": 128, "height": 128},
             "KSampler": {"steps": 2},
         })
-        entry = server.run(prompt, timeout=300)
+        loader_id = next(k for k, v in prompt.items() if v["class_type"] == "PrequantLoadTransformer")
+        with WsListener(server.url.replace("http", "ws") + "/ws?clientId=prequant-tests") as ws:
+            entry = server.run(prompt, timeout=300)
         assert execution_error(entry) is None, execution_error(entry) or server.log_tail()
+        size = os.path.getsize(hub.repos[REPO]["commits"][hub.repos[REPO]["refs"]["main"]][PRIMARY].path)
+        bar = [(m["data"]["value"], m["data"]["max"]) for m in ws.messages
+               if m.get("type") == "progress" and m["data"].get("node") == loader_id]
+        assert bar and bar[-1] == (size, size) and len(bar) >= 2, bar  # the download bar on the loader node
         loader_ui = [o["prequant"][0] for o in entry["outputs"].values() if "prequant" in o]
         assert loader_ui[0]["source"] == f"hub:{REPO}@main" and loader_ui[0]["file"] == PRIMARY
         images = [i for o in entry["outputs"].values() for i in o.get("images", [])]
         assert len(images) == 1
         assert os.path.getsize(os.path.join(base, "output", images[0].get("subfolder", ""), images[0]["filename"]))
     assert len(hub.body_gets(PRIMARY)) == 1 and not hub.requests(filename=PT)
-    assert any("/snapshots/" in p for p in cache_files(tmp_path / "hf_server"))
+    assert any("/snapshots/" in p for p in cache_files(env["HF_HOME"]))

@@ -12,12 +12,11 @@ does, as in the real model (8 * 96 = 768); its FFN width 4 * 1152 is a multiple 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import torch
 
-from .tiny_models import ZIMAGE_TINY, randomize_
+from .tiny_models import randomize_
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,7 +74,8 @@ def _layer_configs(path: str, index: dict, meta: dict, strip) -> tuple[dict, str
         try:
             qm = json.loads(raw)
         except json.JSONDecodeError:
-            raise CorruptCheckpointError("Header entry '_quantization_metadata' is not valid JSON.", path=path) from None
+            raise CorruptCheckpointError("Header entry '_quantization_metadata' is not valid JSON.",
+                                         path=path) from None
         if not isinstance(qm, dict) or not isinstance(qm.get("layers"), dict):
             raise CorruptCheckpointError("Header entry '_quantization_metadata' has no 'layers' object.", path=path,
                                          found=str(raw)[:160])

@@ -306,10 +306,46 @@ class _Unpickler(pickle._Unpickler):
     dispatch[pickle.NEWOBJ[0]] = load_newobj
 
     def _refuse_op(self):
-        raise _Bad("the pickle uses an instance-creation opcode torch.save never writes")
-    dispatch[pickle.NEWOBJ_EX[0]] = _refuse_op
-    dispatch[pickle.INST[0]] = _refuse_op
-    dispatch[pickle.OBJ[0]] = _refuse_op
+        raise _Bad("the pickle uses an opcode torch.save never writes (instance creation or a copyreg extension)")
+    # EXT1/2/4 would read pickle's process-wide extension cache, which find_class never sees
+    for _op in (pickle.NEWOBJ_EX, pickle.INST, pickle.OBJ, pickle.EXT1, pickle.EXT2, pickle.EXT4):
+        dispatch[_op[0]] = _refuse_op
+    del _op
+
+    # container opcodes call .append / .extend / __setitem__ / .add on whatever is on the stack: plain containers only
+    def _target(self, kinds):
+        obj = self.stack[-1]
+        if type(obj) not in kinds:
+            raise _Bad(f"the pickle fills a {type(obj).__name__} as if it were a container")
+        return obj
+
+    def load_append(self):
+        value = self.stack.pop()
+        self._target((list,)).append(value)
+    dispatch[pickle.APPEND[0]] = load_append
+
+    def load_appends(self):
+        items = self.pop_mark()
+        self._target((list,)).extend(items)
+    dispatch[pickle.APPENDS[0]] = load_appends
+
+    def load_setitem(self):
+        value = self.stack.pop()
+        key = self.stack.pop()
+        self._target((dict, collections.OrderedDict))[key] = value
+    dispatch[pickle.SETITEM[0]] = load_setitem
+
+    def load_setitems(self):
+        items = self.pop_mark()
+        d = self._target((dict, collections.OrderedDict))
+        for i in range(0, len(items), 2):
+            d[items[i]] = items[i + 1]
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+
+    def load_additems(self):
+        items = self.pop_mark()
+        self._target((set,)).update(items)
+    dispatch[pickle.ADDITEMS[0]] = load_additems
 
     def load_build(self):
         state = self.stack.pop()
@@ -421,9 +457,10 @@ def decode_aqt(rec: _Subclass, key: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise _Bad(f"'{key}': int data is not int8 {rec.shape}")
     rows, cols = q.shape
     if not isinstance(scale, torch.Tensor) or not scale.is_floating_point() or scale.numel() != rows:
-        raise UnsupportedFormatError(f"Legacy weight '{key}' is not quantized per row (scale {tuple(getattr(scale, 'shape', ()))} "
-                                     f"for {rows} rows); only per-row int8 is supported.")
-    if tuple(st["block_size"]) != (1, cols):
+        shape = tuple(getattr(scale, "shape", ()))
+        raise UnsupportedFormatError(f"Legacy weight '{key}' is not quantized per row (scale {shape} for {rows} "
+                                     "rows); only per-row int8 is supported.")
+    if _ints(st["block_size"], "block size") != (1, cols):
         raise UnsupportedFormatError(f"Legacy weight '{key}' uses block size {tuple(st['block_size'])}, not one "
                                      f"block per row (1, {cols}).")
     domain = st.get("zero_point_domain")
@@ -481,8 +518,9 @@ def read_legacy_v1(path: str, *, mmap: bool = True) -> Checkpoint:
     try:
         for k, v in sd.items():
             tensors[k] = decode_weight(v, str(k)) if isinstance(v, _Subclass) else v
-    except _Bad as e:
-        raise CorruptCheckpointError("A legacy quantized weight is malformed.", path=path, found=str(e)[:300],
+    except (_Bad, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise CorruptCheckpointError("A legacy quantized weight is malformed.", path=path,
+                                     found=f"{type(e).__name__}: {str(e)[:300]}",
                                      fix="Download the file again.") from None
     except UnsupportedFormatError as e:
         e.path = path
