@@ -6,13 +6,13 @@ import os
 
 import torch
 
-from prequant_core import families, hub, schemes, sources
+from prequant_core import families, hub, plan as planning, schemes, sources
 from prequant_core.errors import PrequantError
-from prequant_core.loader import open_checkpoint
 from prequant_core.metadata import Request
 
 from . import paths
 from .comfy_model import load_checkpoint_as_model
+from .quantize_at_load import load_quantized_at_load
 
 log = logging.getLogger("prequant")
 AUTO = "auto"
@@ -24,14 +24,30 @@ def _summary(opened, model_bytes: int) -> dict:
             "scheme": ck.metadata.get("scheme") or ",".join(sorted(ck.schemes_found())),
             "base_model_id": ck.metadata.get("base_model_id"), "container": ck.container,
             "quantized_layers": len(ck.quantized_keys), "size_bytes": model_bytes,
-            "dense_bytes": ck.dense_nbytes(), "path": "pre-quantized"}
+            "dense_bytes": ck.dense_nbytes(), "path": "pre-quantized", "notes": list(opened.verdict.notes)}
+
+
+def _dense_summary(p: planning.Plan, patcher) -> dict:
+    from prequant_core.dense import open_dense
+    dense = open_dense(p.dense_path)
+    quantized = sum(1 for m in patcher.model.diffusion_model.modules() if getattr(m, "prequant_spec", None))
+    return {"file": os.path.basename(p.dense_path), "family": p.family.name, "layout": "dense",
+            "scheme": p.scheme, "base_model_id": None, "container": "dense safetensors",
+            "quantized_layers": quantized, "size_bytes": patcher.model_size(), "dense_bytes": dense.nbytes(),
+            "path": "quantized at load", "why": p.skipped_because}
 
 
 def summary_text(s: dict) -> str:
     gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
-    return (f"{s['family']} {s['scheme']} from {s['file']} ({s['container']}, {s['layout']} keys): "
+    text = (f"{s['family']} {s['scheme']} from {s['file']} ({s['container']}, {s['layout']} keys): "
             f"{s['quantized_layers']} quantized layers, {gib(s['size_bytes'])} in memory "
-            f"(dense {gib(s['dense_bytes'])})")
+            f"(dense {gib(s['dense_bytes'])}); path: {s['path']}")
+    for note in s.get("notes") or []:
+        text += f" Note: {note}"
+    if s["path"] != "pre-quantized":
+        why = "; ".join(s.get("why") or []) or "forced by policy"
+        text += f" (pre-quantized file skipped: {why})"
+    return text
 
 
 def _progress_bar():
@@ -80,6 +96,16 @@ class PrequantLoadTransformer:
                              "default branch). A commit hash already downloaded needs no network."}),
                 "hf_token": ("STRING", {"default": "", "tooltip": "Only for gated/private repos. Prefer the HF_TOKEN "
                              "environment variable or `hf auth login`: a token typed here is saved in the workflow."}),
+                "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 0, "max": 65536,
+                                         "tooltip": "Only Linears with in and out features >= this are quantized. A "
+                                         "pre-quantized file built with another value is refused; the dense "
+                                         "fallback quantizes with it."}),
+                "policy": (list(planning.POLICIES), {"default": planning.PREQUANT_ONLY, "tooltip": "What to do "
+                           "when the pre-quantized file is missing or refused: fail with the reasons, or quantize "
+                           "the dense fallback at load time (same scheme and rules, same output), or always do that."}),
+                "dense_fallback": (paths.dense_choices(), {"default": paths.NO_DENSE, "tooltip": "A dense (bf16) "
+                                   "transformer .safetensors from models/diffusion_models, quantized while it is read "
+                                   "(never whole in memory) when the policy allows."}),
             },
         }
 
@@ -96,20 +122,35 @@ class PrequantLoadTransformer:
             return f"{target}"
 
     def load(self, checkpoint, path="", base_model_id="", scheme=AUTO, family=AUTO, hub_repo="",
-             preset=sources.PRESET_NONE, revision="", hf_token=""):
-        # Order: typed path, listed file, hub_repo / preset, the family's hosted repo (prequant_core.sources).
-        plan = sources.plan(path.strip() or paths.resolve(checkpoint), hub_repo, family, scheme,
-                            base_model_id=base_model_id, revision=revision, preset=preset)
-        located = hub.locate(plan, model_dirs=paths.model_dirs(), token=hf_token, progress=_progress_bar())
-        req = Request(scheme=located.candidate.scheme or plan.scheme, base_model_id=base_model_id.strip() or None,
-                      family=plan.family)
+             preset=sources.PRESET_NONE, revision="", hf_token="", min_features=schemes.DEFAULT_MIN_FEATURES,
+             policy=planning.PREQUANT_ONLY, dense_fallback=paths.NO_DENSE):
+        # The whole plan (which file, which path) is decided before anything is loaded, so a refused file never
+        # costs the user the model that is resident now.
+        src = sources.plan(path.strip() or paths.resolve(checkpoint), hub_repo, family, scheme,
+                           base_model_id=base_model_id, revision=revision, preset=preset)
+        located, unavailable = None, None
+        if policy != planning.DENSE_ONLY:
+            try:
+                # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
+                located = hub.locate(src, model_dirs=paths.model_dirs(), token=hf_token, progress=_progress_bar())
+            except PrequantError as e:
+                unavailable = e
+        req = Request(scheme=(located.candidate.scheme if located else None) or src.scheme,
+                      base_model_id=base_model_id.strip() or None, family=src.family, min_features=min_features)
         # Tensors made under ComfyUI's inference mode could not later be moved or swapped outside it.
         with torch.inference_mode(False), torch.no_grad():
             # The Hugging Face cache is an allowed folder only for the file the Hub step resolved (located.model_dirs).
-            opened = open_checkpoint(located.path, req, model_dirs=located.model_dirs)
-            patcher = load_checkpoint_as_model(opened.checkpoint, opened.family, opened.layout)
-        s = _summary(opened, patcher.model_size())
-        if located.fetched:
+            p = planning.make_plan(located.path if located else None, req, policy=policy,
+                                   dense_path=paths.resolve_dense(dense_fallback),
+                                   model_dirs=located.model_dirs if located else paths.model_dirs(),
+                                   dense_model_dirs=paths.model_dirs(), unavailable=unavailable)
+            if p.path == "pre-quantized":
+                patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout)
+                s = _summary(p.opened, patcher.model_size())
+            else:
+                patcher = load_quantized_at_load(p, progress=_progress_bar())
+                s = _dense_summary(p, patcher)
+        if located and located.fetched and p.path == "pre-quantized":
             f = located.fetched
             s.update(file=f.filename, source=f"hub:{f.repo}@{f.revision}", downloaded=f.downloaded)
         log.info("[prequant] %s", summary_text(s))

@@ -70,6 +70,28 @@ def choices() -> list[str]:
     return [NONE_CHOICE] + own + sorted(extra)
 
 
+NO_DENSE = "none"
+
+
+def dense_choices() -> list[str]:
+    """Dense fallback candidates: .safetensors in diffusion_models that are not pre-quantized."""
+    out = []
+    try:
+        for f in folder_paths.get_filename_list("diffusion_models"):
+            full = folder_paths.get_full_path("diffusion_models", f)
+            if full and f.endswith(".safetensors") and not _looks_prequant(full):
+                out.append(f)
+    except KeyError:
+        pass
+    return [NO_DENSE] + sorted(out)
+
+
+def resolve_dense(choice: str) -> str | None:
+    if not choice or choice == NO_DENSE:
+        return None
+    return folder_paths.get_full_path_or_raise("diffusion_models", choice)
+
+
 def resolve(choice: str) -> str | None:
     if not choice or choice == NONE_CHOICE:
         return None

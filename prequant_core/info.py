@@ -28,6 +28,7 @@ import torch
 from . import families, fingerprint, formats, metadata, qtensor
 from .checkpoint import Checkpoint
 from .errors import CorruptCheckpointError, UnknownFamilyError
+from .formats.safetensors_container import is_comfy_native
 
 READ_HEADER = "header"  # safetensors: length + JSON header only
 READ_MMAP = "mmap"  # torch.load(mmap=True): pickle only, tensor bytes mapped, untouched
@@ -208,12 +209,6 @@ def _json_header_entry(meta: dict, key: str, path: str, default):
         raise CorruptCheckpointError(f"Header entry '{key}' is not valid JSON.", path=path) from None
 
 
-def _is_comfy_native(index: dict, meta: dict) -> bool:
-    # The same test the full reader applies before handing the file to the ComfyUI-native reader.
-    return (meta.get("unsloth_format") is None and any(k.endswith(".comfy_quant") for k in index)) \
-        or "_quantization_metadata" in meta or "scaled_fp8" in index
-
-
 def _meta_tensor(info: dict) -> torch.Tensor:
     return torch.empty(info["shape"], dtype=ST_TORCH_DTYPES[info["dtype"]], device="meta")
 
@@ -223,7 +218,7 @@ def _safetensors_light(path: str) -> _Light | None:
     from .formats import safetensors_container as sc
     from .formats import torchao_json
     index, meta, _ = sc.read_header(path)
-    if _is_comfy_native(index, meta):
+    if is_comfy_native(index, meta):
         return None
     tag = meta.get("unsloth_format")
     md = _json_header_entry(meta, "unsloth_metadata", path, {})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from . import allowlist, families, formats, metadata
+from . import allowlist, families, formats, memory, metadata
 from .checkpoint import Checkpoint
 from .errors import ValidationError
 from .families import Family
@@ -19,9 +19,13 @@ class Opened:
 
 
 def open_checkpoint(path: str, request: metadata.Request | None = None, *, model_dirs: Iterable[str] = (),
-                    strict: bool = True) -> Opened:
+                    strict: bool = True, memory_guard: bool | memory.Guard = True) -> Opened:
+    """``memory_guard``: True checks host memory against the file's declared size before reading it (see
+    ``memory``); a ``memory.Guard`` also names the load device etc.; False skips the check."""
     request = request or metadata.Request()
     real = allowlist.check(path, model_dirs)
+    if memory_guard is not False:
+        memory.check_file(real, memory_guard if isinstance(memory_guard, memory.Guard) else None)
     ckpt = formats.read(real)
     if request.family:
         fam = families.get(request.family)

@@ -40,14 +40,21 @@ class Plan:
 
 
 def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQUANT_ONLY,
-              dense_path: str | None = None, model_dirs: Iterable[str] = ()) -> Plan:
+              dense_path: str | None = None, model_dirs: Iterable[str] = (),
+              dense_model_dirs: Iterable[str] | None = None, unavailable: PrequantError | None = None) -> Plan:
+    """``unavailable``: why no pre-quantized file could even be located (e.g. offline, not on the Hub)."""
     if policy not in POLICIES:
         raise ValidationError(f"Unknown load policy '{policy}'.", expected=", ".join(POLICIES), found=policy)
     model_dirs = list(model_dirs)
+    dense_model_dirs = model_dirs if dense_model_dirs is None else list(dense_model_dirs)
     reasons: list[str] = []
     opened = None
     if policy != DENSE_ONLY:
-        if prequant_path:
+        if unavailable is not None:
+            if policy == PREQUANT_ONLY:
+                raise unavailable
+            reasons.extend(unavailable.reasons or [unavailable.message])
+        elif prequant_path:
             try:
                 opened = open_checkpoint(prequant_path, request, model_dirs=model_dirs)
             except PrequantError as e:
@@ -65,7 +72,7 @@ def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQ
         raise ValidationError("The pre-quantized file cannot be used and no dense fallback was given.",
                               reasons=reasons, fix="Pick a dense transformer in 'dense_fallback', or fix the "
                                                    "pre-quantized file.")
-    real = allowlist.check(dense_path, model_dirs)
+    real = allowlist.check(dense_path, dense_model_dirs)
     if not request.scheme:
         raise ValidationError("Quantizing at load needs a scheme.", expected=", ".join(schemes.SCHEMES), found="auto",
                               fix="Set the node's scheme input.")

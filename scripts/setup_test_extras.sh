@@ -13,3 +13,9 @@ if [ ! -d tests/browser/node_modules/playwright-core ]; then
   echo "[setup] npm ci (playwright-core, no browser download)"
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null
 fi
+# torchao 0.14.1 (still has the v1 tensor classes) beside the current one, for legacy-file fixtures only.
+if [ ! -f .cache/torchao014/torchao/__init__.py ]; then
+  echo "[setup] torchao 0.14.1 into .cache/torchao014 (legacy v1 test fixtures)"
+  .venv/bin/python -m pip install -q --no-deps --no-cache-dir --target .cache/torchao014 torchao==0.14.1 2>&1 \
+    | grep -v '^WARNING: Location' || true
+fi

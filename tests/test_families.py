@@ -191,21 +191,55 @@ def test_unknown_checkpoint_lists_the_families():
         assert name in str(e.value)
 
 
-def _meta_shapes(family, **overrides):
-    import diffusers
-    t = tf.TINY[family]
-    with torch.device("meta"):
-        m = getattr(diffusers, t.diffusers_class)(**{**t.kwargs, **overrides})
-    return {k: v for k, v in m.state_dict().items()}
-
-
 def test_flux1_schnell_and_dev_pick_comfys_own_classes(comfy):
     cm = comfy_model(comfy)
     fam = families.get("flux.1")
-    dev, _ = cm.model_config_for(fam, _meta_shapes("flux.1", guidance_embeds=True), {})
-    schnell, _ = cm.model_config_for(fam, _meta_shapes("flux.1", guidance_embeds=False), {})
+    dev, _ = cm.model_config_for(fam, tf.meta_state_dict("flux.1", guidance_embeds=True), {})
+    schnell, _ = cm.model_config_for(fam, tf.meta_state_dict("flux.1", guidance_embeds=False), {})
     assert type(dev).__name__ == "Flux" and type(schnell).__name__ == "FluxSchnell"
     assert schnell.sampling_settings.get("shift") == 1.0  # schnell's own sampling settings come with its class
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
+    """At the released model's size (meta tensors, no memory): our converted state dict is exactly ComfyUI's
+    skeleton, ComfyUI's own detection on those keys agrees with our derived config and class, and every fused
+    ComfyUI weight gets all or none of its parts quantized (a Linear cannot be half quantized)."""
+    import comfy.model_detection as detection
+    import comfy.ops as ops
+    cm = comfy_model(comfy)
+    fam = families.get(family)
+    sd = tf.meta_state_dict(family)
+    model_config, cfg = cm.model_config_for(fam, sd, {})
+    converted = cm.to_comfy_layout(fam, "diffusers", sd, cfg)
+    model_config.set_inference_dtype(torch.bfloat16, None)
+    model_config.custom_operations = ops.disable_weight_init
+    skeleton = {k: tuple(v.shape) for k, v in
+                model_config.get_model({}, "", device=torch.device("meta")).diffusion_model.state_dict().items()}
+    assert set(skeleton) - set(converted) <= set(fam.fill_missing) and set(converted) <= set(skeleton)
+    assert {k: tuple(v.shape) for k, v in converted.items()} == {k: s for k, s in skeleton.items() if k in converted}
+
+    detected = detection.detect_unet_config(converted, "")
+    differ = {k: (detected[k], cfg[k]) for k in detected if k in cfg and detected[k] != cfg[k]}
+    if family == "flux.2-klein":  # ComfyUI 0.3.75 assumes FLUX.2-dev's 48 heads; klein 4B has 24 (hidden / 128)
+        assert differ == {"num_heads": (48, 24)}
+    else:
+        assert not differ, differ
+    detected_cls = detection.model_config_from_unet_config(detected, converted)
+    assert type(detected_cls).__name__ == type(model_config).__name__
+
+    key_map = cm.key_map_for(fam, cfg) or {}
+    fused: dict = {}
+    for dk, target in key_map.items():
+        if not isinstance(target, str) and target[1] is not None and dk.endswith(".weight") and dk in sd:
+            fused.setdefault(target[0], []).append(dk)
+    for scheme in SCHEMES:
+        flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
+                                  tuple(schemes.exclude_tokens(scheme, fam.int8_exclude_extra)))
+        quantized = {k for k in build.linear_weight_keys(sd) if flt.reason_skipped(k[:-len(".weight")], sd[k]) is None}
+        assert len(quantized) > 10
+        mixed = {t: parts for t, parts in fused.items() if len({p in quantized for p in parts}) > 1}
+        assert not mixed, f"{scheme}: fused ComfyUI weights with quantized and dense parts: {mixed}"
 
 
 def test_missing_comfy_class_names_the_version_needed(comfy):
@@ -275,8 +309,36 @@ def test_flux1_diffusers_lora_patches_rows_of_the_fused_quantized_qkv(comfy, pre
     assert torch.isfinite(with_lora).all() and not torch.equal(with_lora, base)
     delta = (qkv.prequant_dense() - orig).abs()  # weights are patched while the model stays loaded
     k_rows, other_rows = delta[h:2 * h].max().item(), torch.cat([delta[:h], delta[2 * h:]]).max().item()
+    print(f"\n[flux.1 LoRA on to_k] max change: k rows {k_rows:.4f}, q/v rows {other_rows:.6f}")
     assert k_rows > 10 * other_rows, (k_rows, other_rows)
 
     mm.unload_all_models()
     assert torch.equal(qkv.prequant_dense(), orig), "unpatching must restore the quantized weight exactly"
     assert torch.equal(sample(model, "flux.1"), base)
+
+
+def test_stock_shift_and_guidance_nodes_reach_the_prequant_model(comfy, prequant_dir):
+    """ComfyUI's own ModelSamplingAuraFlow (shift) and FluxGuidance nodes act on a pre-quantized model as on its own."""
+    nodes, _ = comfy
+    load = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]()
+    with torch.inference_mode():
+        qwen = load.load(prequant_file(prequant_dir, "qwen-image", "fp8"))["result"][0]
+        shifted = nodes.NODE_CLASS_MAPPINGS["ModelSamplingAuraFlow"]().patch_aura(qwen, 3.1)[0]
+    assert shifted.get_model_object("model_sampling").shift == pytest.approx(3.1)
+    base, with_shift = sample(qwen, "qwen-image"), sample(shifted, "qwen-image")
+    assert torch.isfinite(with_shift).all() and not torch.equal(base, with_shift)
+
+    with torch.inference_mode():
+        flux = load.load(prequant_file(prequant_dir, "flux.1", "fp8"))["result"][0]
+    import comfy.sample as comfy_sample
+    ctx, extra = tf.conditioning("flux.1")
+    outs = []
+    for g in (4.0, 2.0):
+        cond = nodes.NODE_CLASS_MAPPINGS["FluxGuidance"].execute([[ctx, dict(extra)]], g).result[0]
+        latent = torch.zeros(tf.TINY["flux.1"].latent)
+        noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            outs.append(comfy_sample.sample(flux, noise, 2, 1.0, "euler", "simple", cond, cond, latent, seed=0,
+                                            disable_pbar=True))
+    assert torch.equal(outs[0], sample(flux, "flux.1")), "guidance 4.0 set by the node = the tiny conditioning's 4.0"
+    assert not torch.equal(outs[0], outs[1]), "the guidance value must reach the guidance embedder"

@@ -174,6 +174,38 @@ TINY: dict[str, Tiny] = {t.family: t for t in [
 ]}
 
 
+# The released models' diffusers configs (transformer/config.json), for shape-only checks on the meta device: our
+# config derivation, key maps and quantization filter at real size, against ComfyUI's own detection.
+REAL: dict[str, dict] = {
+    "flux.1": dict(in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
+                   joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True),  # FLUX.1 [dev]
+    "flux.2-klein": dict(in_channels=128, num_layers=5, num_single_layers=20, attention_head_dim=128,
+                         num_attention_heads=24, joint_attention_dim=7680, guidance_embeds=False),
+    "flux.2-dev": dict(in_channels=128, num_layers=8, num_single_layers=48, attention_head_dim=128,
+                       num_attention_heads=48, joint_attention_dim=15360, guidance_embeds=True),
+    "qwen-image": dict(in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
+                       joint_attention_dim=3584),
+    "lumina-2": dict(hidden_size=2304, num_layers=26, num_refiner_layers=2, num_attention_heads=24, num_kv_heads=8,
+                     axes_dim_rope=(32, 32, 32), cap_feat_dim=2304, multiple_of=256),
+    "hidream-i1": dict(patch_size=2, in_channels=16, out_channels=16, num_layers=16, num_single_layers=32,
+                       attention_head_dim=128, num_attention_heads=20, caption_channels=[4096, 4096],
+                       text_emb_dim=2048, num_routed_experts=4, num_activated_experts=2, axes_dims_rope=(64, 32, 32),
+                       max_resolution=(128, 128), llama_layers=list(range(32)) + [31] * 16),
+    "hunyuanimage-2.1": dict(in_channels=64, out_channels=64, num_attention_heads=28, attention_head_dim=128,
+                             num_layers=20, num_single_layers=40, num_refiner_layers=2, text_embed_dim=3584,
+                             text_embed_2_dim=1472, guidance_embeds=False, rope_axes_dim=(64, 64)),
+}
+
+
+def meta_state_dict(family: str, real: bool = True, dtype=torch.bfloat16, **overrides) -> dict:
+    """The family's diffusers state dict on the meta device (shapes and dtypes only, no memory)."""
+    import diffusers
+    t = TINY[family]
+    with torch.device("meta"):
+        m = getattr(diffusers, t.diffusers_class)(**{**(REAL[family] if real else t.kwargs), **overrides})
+    return {k: v.to(dtype) for k, v in m.state_dict().items()}
+
+
 def diffusers_model(family: str, seed: int = 0, dtype=torch.float32, **overrides):
     import diffusers
     t = TINY[family]

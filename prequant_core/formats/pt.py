@@ -57,7 +57,7 @@ def read_pt(path: str, *, mmap: bool = True) -> Checkpoint:
         obj = load_weights_only(path, mmap=mmap)
     except _LegacyV1:
         from .legacy_v1 import read_legacy_v1
-        return read_legacy_v1(path)
+        return read_legacy_v1(path, mmap=mmap)
     if not isinstance(obj, dict) or "state_dict" not in obj:
         found = type(obj).__name__ if not isinstance(obj, dict) else f"dict with keys {sorted(map(str, obj))[:8]}"
         raise CorruptCheckpointError(

@@ -93,6 +93,12 @@ def _json_entry(meta: dict, key: str, path: str, default):
         raise CorruptCheckpointError(f"Header entry '{key}' is not valid JSON.", path=path) from None
 
 
+def is_comfy_native(index: dict, meta: dict) -> bool:
+    """ComfyUI's own quantized layout (FORMAT.md section 4), by any of its three markings."""
+    return (meta.get("unsloth_format") is None and any(k.endswith(".comfy_quant") for k in index)) \
+        or "_quantization_metadata" in meta or any(k == "scaled_fp8" or k.endswith(".scaled_fp8") for k in index)
+
+
 def read_safetensors(path: str) -> Checkpoint:
     from safetensors import safe_open
     index, meta, _ = read_header(path)
@@ -100,8 +106,7 @@ def read_safetensors(path: str) -> Checkpoint:
     metadata = _json_entry(meta, "unsloth_metadata", path, {})
     if not isinstance(metadata, dict):
         raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
-    if tag is None and any(k.endswith(".comfy_quant") for k in index) or "_quantization_metadata" in meta \
-            or "scaled_fp8" in index:
+    if is_comfy_native(index, meta):
         from .comfy_native import read_comfy_native
         return read_comfy_native(path, index, meta)
     tensor_names = _json_entry(meta, "tensor_names", path, None)
