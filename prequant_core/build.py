@@ -79,6 +79,28 @@ def linear_weight_keys(tensors: Mapping) -> list[str]:
 
 
 QUANT_CHUNK_ELEMS = 1 << 22  # quantize big weights this many elements at a time (fp32 temporaries: 16 MB each)
+_TRIM: list = []
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    glibc serves the mid-size temporaries of quantization (float32 copies of a row block, a few MB to tens of MB)
+    from its heap and keeps the freed pages: measured on a 10240 x 3840 Linear, ~320 MB of RSS growth per weight
+    without trimming, ~80 MB with it, whatever the block size. Trimming changes no allocator setting.
+    """
+    if not _TRIM:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+                fn = ctypes.CDLL("libc.so.6").malloc_trim
+                fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _TRIM.append(fn)
+    if _TRIM[0] is not None:
+        _TRIM[0](0)
 
 
 def quantize_rows(weight: torch.Tensor, scheme: str, *, chunk_elems: int = QUANT_CHUNK_ELEMS):
@@ -92,7 +114,10 @@ def quantize_rows(weight: torch.Tensor, scheme: str, *, chunk_elems: int = QUANT
     step = max(1, chunk_elems // max(cols, 1))
     if rows <= step:
         return schemes.quantize_weight(weight.contiguous(), scheme)
-    parts = [schemes.quantize_weight(weight[i:i + step].contiguous(), scheme) for i in range(0, rows, step)]
+    parts = []
+    for i in range(0, rows, step):
+        parts.append(schemes.quantize_weight(weight[i:i + step].contiguous(), scheme))
+        release_free_memory()
     joined = _join_row_chunks(parts)
     return joined if joined is not None else schemes.quantize_weight(weight.contiguous(), scheme)
 
@@ -156,6 +181,7 @@ def quantize_items(items: Iterable[tuple[str, torch.Tensor]], flt: schemes.Layer
         for i, (k, v) in enumerate(items):
             q, was_skipped = quantize_one(k, v, flt, dtype)
             del v
+            release_free_memory()
             if was_skipped:
                 skipped.append(k)
             out[k] = q
