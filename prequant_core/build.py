@@ -78,7 +78,7 @@ def linear_weight_keys(tensors: Mapping) -> list[str]:
     return [k for k, v in tensors.items() if is_linear_weight(k, v)]
 
 
-QUANT_CHUNK_ELEMS = 1 << 22  # quantize big weights this many elements at a time (fp32 temporaries: 16 MB each)
+QUANT_CHUNK_ELEMS = 1 << 20  # quantize big weights this many elements at a time (fp32 temporaries: 4 MB each)
 _TRIM: list = []
 
 
@@ -103,73 +103,84 @@ def release_free_memory() -> None:
         _TRIM[0](0)
 
 
-def quantize_rows(weight: torch.Tensor, scheme: str, *, chunk_elems: int = QUANT_CHUNK_ELEMS):
-    """``schemes.quantize_weight`` in row chunks, bit for bit the same tensor.
+def quantize_rows(weight: torch.Tensor, scheme: str, *, dtype: torch.dtype | None = None,
+                  chunk_elems: int = QUANT_CHUNK_ELEMS):
+    """``schemes.quantize_weight(weight.to(dtype))`` computed in row blocks: bit for bit the same tensor.
 
     Per-row quantization treats every row on its own (its scale comes from that row's amax alone), so quantizing
-    row blocks and concatenating codes and scales is exact; it only bounds torchao's float32 temporaries (several
-    copies of the whole weight otherwise: a 10240 x 3840 Linear would cost ~0.5 GB on top of its own size).
+    row blocks into one preallocated code tensor is exact; it bounds the cast and torchao's float32 temporaries to
+    one block (a whole 10240 x 3840 Linear would otherwise cost several times its size).
     """
     rows, cols = weight.shape
     step = max(1, chunk_elems // max(cols, 1))
+
+    def block(i):
+        b = weight[i:i + step]
+        if dtype is not None and b.dtype != dtype:
+            b = b.to(dtype)
+        return schemes.quantize_weight(b.contiguous(), scheme)
+
+    def whole():
+        w = weight if dtype is None or weight.dtype == dtype else weight.to(dtype)
+        return schemes.quantize_weight(w.contiguous(), scheme)
+
     if rows <= step:
-        return schemes.quantize_weight(weight.contiguous(), scheme)
-    parts = []
-    for i in range(0, rows, step):
-        parts.append(schemes.quantize_weight(weight[i:i + step].contiguous(), scheme))
+        return whole()
+    first = block(0)
+    spec = _row_block_spec(first, cols)
+    if spec is None:
+        return whole()
+    qdata = torch.empty((rows, cols), dtype=first.qdata.dtype)
+    qdata[:first.qdata.shape[0]].copy_(first.qdata)
+    scales, zps = [first.scale], [getattr(first, "zero_point", None)]
+    del first
+    for i in range(step, rows, step):
+        part = block(i)
+        if _row_block_spec(part, cols) != spec:
+            return whole()
+        qdata[i:i + part.qdata.shape[0]].copy_(part.qdata)
+        scales.append(part.scale)
+        zps.append(getattr(part, "zero_point", None))
+        del part
         release_free_memory()
-    joined = _join_row_chunks(parts)
-    return joined if joined is not None else schemes.quantize_weight(weight.contiguous(), scheme)
+    return _assemble(spec, qdata, torch.cat(scales), None if zps[0] is None else torch.cat(zps), cols)
 
 
-def _join_row_chunks(parts: list):
-    """Row chunks of one per-row quantized weight -> the weight, with every attribute of the unchunked tensor
-    (including int8's all-zero ``zero_point``). None if the chunks carry something this does not know to join."""
+def _row_block_spec(t, cols: int):
+    """The non-tensor attributes of a per-row quantized block (equal for every block of one weight), or None when
+    the block holds something this does not know how to assemble."""
     from torchao.quantization.quantize_.workflows import Float8Tensor, Int8Tensor
-    first = parts[0]
-    extra = [n for n in (getattr(first, "optional_tensor_data_names", None) or [])
-             if n != "zero_point" and getattr(first, n, None) is not None]
-    if extra or type(first) not in (Int8Tensor, Float8Tensor):
+    extra = [n for n in (getattr(t, "optional_tensor_data_names", None) or [])
+             if n != "zero_point" and getattr(t, n, None) is not None]
+    if extra or type(t) not in (Int8Tensor, Float8Tensor) or list(t.block_size) != [1, cols]:
         return None
-    cols = first.qdata.shape[1]
-    if list(first.block_size) != [1, cols] or any(list(p.block_size) != [1, cols] for p in parts):
-        return None
+    if isinstance(t, Int8Tensor):
+        return (Int8Tensor, t.dtype, t.act_quant_kwargs, getattr(t, "reduce_range", False))
+    return (Float8Tensor, t.dtype, t.act_quant_kwargs, t.mm_config, t.kernel_preference)
 
-    def cat(name):
-        vals = [getattr(p, name, None) for p in parts]
-        return None if vals[0] is None else torch.cat(vals, dim=0)
-    if isinstance(first, Int8Tensor):
-        return Int8Tensor(cat("qdata"), cat("scale"), [1, cols], first.dtype, zero_point=cat("zero_point"),
-                          act_quant_kwargs=first.act_quant_kwargs, reduce_range=getattr(first, "reduce_range", False))
-    return Float8Tensor(cat("qdata"), cat("scale"), [1, cols], mm_config=first.mm_config,
-                        act_quant_kwargs=first.act_quant_kwargs, kernel_preference=first.kernel_preference,
-                        dtype=first.dtype)
+
+def _assemble(spec, qdata, scale, zero_point, cols):
+    from torchao.quantization.quantize_.workflows import Int8Tensor
+    if spec[0] is Int8Tensor:
+        _, dtype, act, reduce_range = spec
+        return Int8Tensor(qdata, scale, [1, cols], dtype, zero_point=zero_point, act_quant_kwargs=act,
+                          reduce_range=reduce_range)
+    cls, dtype, act, mm_config, kernel_preference = spec
+    return cls(qdata, scale, [1, cols], mm_config=mm_config, act_quant_kwargs=act,
+               kernel_preference=kernel_preference, dtype=dtype)
 
 
 def quantize_one(key: str, v: torch.Tensor, flt: schemes.LayerFilter,
                  dtype: torch.dtype | None = torch.bfloat16, *, chunk_elems: int = QUANT_CHUNK_ELEMS) -> tuple[object, bool]:
     """(tensor to store, skipped) for one dense tensor: float tensors cast to ``dtype``; a Linear weight the filter
-    admits quantized as ``schemes.quantize_weight`` does. ``skipped`` is True for a Linear weight left dense."""
-    if not is_linear_weight(key, v):
-        if dtype is not None and v.is_floating_point() and v.dtype != dtype:
-            v = v.to(dtype)
-        return v, False
-    probe = v if dtype is None or not v.is_floating_point() else torch.empty(v.shape, dtype=dtype, device="meta")
-    if flt.reason_skipped(key[: -len(".weight")], probe) is not None:
-        if dtype is not None and v.is_floating_point() and v.dtype != dtype:
-            v = v.to(dtype)
-        return v, True
-    if dtype is not None and v.is_floating_point() and v.dtype != dtype:
-        # cast row block by row block too: a float32 input never gets a whole bf16 twin beside it
-        step = max(1, chunk_elems // max(v.shape[1], 1))
-        if v.shape[0] > step:
-            parts = [quantize_rows(v[i:i + step].to(dtype), flt.scheme, chunk_elems=chunk_elems)
-                     for i in range(0, v.shape[0], step)]
-            joined = _join_row_chunks(parts)
-            if joined is not None:
-                return joined, False
-        v = v.to(dtype)
-    return quantize_rows(v, flt.scheme, chunk_elems=chunk_elems), False
+    admits quantized exactly as ``schemes.quantize_weight`` does. ``skipped`` is True for a Linear weight left dense."""
+    cast = dtype is not None and v.is_floating_point() and v.dtype != dtype
+    if is_linear_weight(key, v):
+        probe = torch.empty(v.shape, dtype=dtype, device="meta") if cast else v
+        if flt.reason_skipped(key[: -len(".weight")], probe) is None:
+            return quantize_rows(v, flt.scheme, dtype=dtype if cast else None, chunk_elems=chunk_elems), False
+        return (v.to(dtype) if cast else v), True
+    return (v.to(dtype) if cast else v), False
 
 
 def quantize_items(items: Iterable[tuple[str, torch.Tensor]], flt: schemes.LayerFilter, *, total: int,

@@ -338,5 +338,6 @@ def detect(keys, metadata: Mapping | None = None, path: str | None = None) -> tu
     raise UnknownFamilyError(
         "Could not tell which model family this checkpoint is.", path=path,
         expected="one of: " + ", ".join(sorted(FAMILIES)),
-        found=(f"family '{named}'" if named else f"{len(keys)} tensors, e.g. {sorted(keys)[:3]}"),
+        found=(f"family '{str(named)[:80]}'" if isinstance(named, str) and named
+               else f"{len(keys)} tensors, e.g. {sorted(map(str, keys))[:3]}"),
         fix="Pick the family on the node, or check that the file is a diffusion transformer.")
