@@ -40,8 +40,19 @@ def make_ops(base):
                     q, s = q.to(device), s.to(device)
                 return qtensor.dequantize(q, s, dtype)
 
-            def prequant_assign_dense(self, dense):
+            def prequant_assign_dense(self, dense, before=None):
+                """Requantize a patched dense weight per row. Rows equal to ``before`` (the dequantized weight
+                the patch started from) keep their original codes and scale: a LoRA on to_k must not move the
+                q and v rows of a fused qkv through a needless dequantize/requantize round trip."""
                 q, s = qtensor.requantize(dense, self.prequant_spec)
+                if before is not None:
+                    same = (dense == before).all(dim=1)
+                    if bool(same.any()):
+                        keep = same[:, None].to(q.device)
+                        # byte views: where() has no float8 kernels on every device
+                        q = torch.where(keep, self.weight.to(q.device).view(torch.uint8), q.view(torch.uint8)) \
+                            .view(q.dtype)
+                        s = torch.where(keep, self.weight_scale.to(s.device), s)
                 self.prequant_assign(q, s, self.prequant_spec)
 
             def forward(self, input, *args, **kwargs):

@@ -37,5 +37,5 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
                 self.backup[key] = _Backup(op.weight, False)
                 self.backup[key + "_scale"] = _Backup(op.weight_scale, False)
             dense = op.prequant_dense(torch.float32, device=device_to)
-            out = comfy.lora.calculate_weight(self.patches[key], dense, key)
-            op.prequant_assign_dense(out)
+            out = comfy.lora.calculate_weight(self.patches[key], dense.clone(), key)
+            op.prequant_assign_dense(out, before=dense)

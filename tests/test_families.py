@@ -310,7 +310,7 @@ def test_flux1_diffusers_lora_patches_rows_of_the_fused_quantized_qkv(comfy, pre
     delta = (qkv.prequant_dense() - orig).abs()  # weights are patched while the model stays loaded
     k_rows, other_rows = delta[h:2 * h].max().item(), torch.cat([delta[:h], delta[2 * h:]]).max().item()
     print(f"\n[flux.1 LoRA on to_k] max change: k rows {k_rows:.4f}, q/v rows {other_rows:.6f}")
-    assert k_rows > 10 * other_rows, (k_rows, other_rows)
+    assert k_rows > 0 and other_rows == 0.0, "rows the LoRA does not touch keep their exact codes and scales"
 
     mm.unload_all_models()
     assert torch.equal(qkv.prequant_dense(), orig), "unpatching must restore the quantized weight exactly"

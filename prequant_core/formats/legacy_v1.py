@@ -369,7 +369,7 @@ def _open_archive(path: str, mmap: bool):
                                      fix="Download the file again.") from None
     if not reader.has_record("data.pkl"):
         raise CorruptCheckpointError("The .pt archive has no data.pkl.", path=path)
-    order = reader.get_record("byteorder").decode() if reader.has_record("byteorder") else "little"
+    order = reader.get_record("byteorder").decode("utf-8", "replace") if reader.has_record("byteorder") else "little"
     if order not in ("little", "big"):
         raise CorruptCheckpointError("The .pt archive declares an unknown byte order.", path=path, found=order[:20])
     size = os.path.getsize(path)
