@@ -2,15 +2,16 @@
 
 Inputs: a dense state dict (e.g. the weights of a ComfyUI MODEL), a single dense ``.safetensors`` file in ComfyUI or
 diffusers key layout, or a diffusers folder (``transformer/config.json`` + ``*.safetensors``, possibly sharded with
-an index json). Output keys are always diffusers names: ComfyUI-layout input is converted with ComfyUI's own key map,
-which the caller passes in (this package never imports ComfyUI; the node passes ``comfy.utils.<map>``, the command
-line imports it from ``--comfyui DIR``).
+an index json). Output keys are always diffusers names. ComfyUI-layout input is converted with ComfyUI's own key map,
+which the caller passes in (this package never imports ComfyUI: the node passes ``comfy.utils.<map>``, the command
+line imports it from ``--comfyui DIR``); families whose map is our own (``prequant_core.keymaps``) need no ComfyUI.
 
-Streaming: dense tensors are read one at a time with plain ``readinto`` (no mmap: a ``safe_open`` handle keeps every
-page it touched resident, so reading a whole file through it costs the dense size in RSS), cast, quantized with
-``schemes.quantize_weight`` behind ``schemes.LayerFilter`` (the one implementation load-time quantization uses too)
-and dropped. Only the quantized result (about half the dense size) is held; the ``.safetensors`` writer streams it
-to disk tensor by tensor without a second copy. Peak memory: quantized size + one dense layer.
+Streaming: dense tensors are read one at a time with plain ``readinto`` (not ``safe_open``: its memory map keeps
+every page it touched resident, so reading a whole file through it costs the dense size in RSS), cast and quantized
+in row blocks (``quantize_rows``: bit for bit ``schemes.quantize_weight`` behind ``schemes.LayerFilter``, the one
+implementation load-time quantization uses too) and dropped; freed heap pages are handed back to the OS as it goes.
+Only the quantized result (about half the dense size) is held; the ``.safetensors`` writer streams it to disk tensor
+by tensor without a second copy. Peak memory: quantized size + about one layer's codes + a few MB.
 
 Writes are atomic: a temp file ``.prequant-<host>-<pid>-<random>.partial`` beside the destination, fsync, then a
 no-clobber link (or rename when overwriting). A build killed outright (SIGKILL, power loss) can leave its temp file;
@@ -18,7 +19,6 @@ the next build in that folder removes temps whose process is gone (``clean_stale
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import errno
@@ -37,7 +37,7 @@ import torch
 
 from . import families, fingerprint, qtensor, schemes
 from .checkpoint import FORMAT_V1
-from .errors import BuildError, CorruptCheckpointError, PrequantError
+from .errors import BuildError, CorruptCheckpointError
 from .families import Family
 
 ProgressFn = Callable[[int, int], None]  # (done, total): per tensor, used by quantize_tensors
@@ -46,7 +46,9 @@ FreeSpaceFn = Callable[[str], int]  # folder -> free bytes
 
 CONTAINERS = ("safetensors", "pt")
 EXTENSIONS = {"safetensors": ".safetensors", "pt": ".pt"}
-COMFY_FILE_PREFIX = "model.diffusion_model."  # a full ComfyUI checkpoint keeps its diffusion model under this
+# Single-file checkpoints often keep the transformer under a prefix (a full ComfyUI checkpoint: model.diffusion_model.);
+# the same list as the dense fallback's reader (prequant_core.dense.KNOWN_PREFIXES).
+KNOWN_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.")
 INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 TEMP_PREFIX = ".prequant-"
 TEMP_SUFFIX = ".partial"
@@ -85,9 +87,10 @@ _TRIM: list = []
 def release_free_memory() -> None:
     """Hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
-    glibc serves the mid-size temporaries of quantization (float32 copies of a row block, a few MB to tens of MB)
-    from its heap and keeps the freed pages: measured on a 10240 x 3840 Linear, ~320 MB of RSS growth per weight
-    without trimming, ~80 MB with it, whatever the block size. Trimming changes no allocator setting.
+    glibc serves the mid-size temporaries of quantization (float32 copies of a row block, a few MB) from its heap
+    and keeps the freed pages: measured on a bf16 10240 x 3840 Linear (78 MB), ~320 MB of RSS growth while
+    quantizing it without trimming whatever the block size, ~60 MB with trimming and 1 M-element blocks (its 39 MB
+    of int8 codes included). Trimming changes no allocator setting, so it is safe inside ComfyUI too.
     """
     if not _TRIM:
         fn = None
@@ -521,8 +524,11 @@ def _file_source(path: str) -> SafetensorsSource:
     if cfg and cfg[0] == folder:
         hints["transformer_class"] = cfg[1].get("_class_name")
     src = SafetensorsSource([real], path=real, hints=hints)
-    if any(k.startswith(COMFY_FILE_PREFIX) for k in src.entries):
-        src.strip_prefix(COMFY_FILE_PREFIX)
+    keys = list(src.entries)
+    for prefix in KNOWN_PREFIXES:
+        if sum(k.startswith(prefix) for k in keys) > len(keys) // 2:
+            src.strip_prefix(prefix)
+            break
     return src
 
 

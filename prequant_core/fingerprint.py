@@ -28,10 +28,17 @@ def verify(tensors: dict, fp: dict) -> list[str]:
     if not isinstance(fp, dict) or fp.get("algo") != ALGO:
         return [f"fingerprint algorithm {fp.get('algo') if isinstance(fp, dict) else fp!r} is not {ALGO}"]
     mods = fp.get("modules") or {}
-    got = {k: of_tensor(v) for k, v in tensors.items() if qtensor.is_quantized(v)}
+    if not isinstance(mods, dict):
+        return [f"fingerprint 'modules' is {type(mods).__name__}, expected an object"]
+    got, out = {}, []
+    for k, v in tensors.items():
+        if qtensor.is_quantized(v):
+            try:
+                got[k] = of_tensor(v)
+            except ValueError as e:  # e.g. a non-zero int8 zero point: not a weight this pack reads
+                out.append(f"weight '{k}' cannot be fingerprinted: {e}")
     bad = [k for k, h in mods.items() if got.get(k) != h]
     missing = [k for k in got if k not in mods]
-    out = []
     if bad:
         out.append(f"{len(bad)} weights differ from the recorded fingerprint (e.g. '{bad[0]}')")
     if missing:

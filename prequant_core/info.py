@@ -277,8 +277,13 @@ def _safetensors_light(path: str) -> _Light | None:
 
 def _check_quantized_shapes(key: str, t, path: str) -> None:
     """``validate_tensors.check_quantized`` without touching data (no zero-point values)."""
-    q, s = t.qdata, t.scale
-    rows = q.shape[0] if q.ndim else 0
+    try:
+        q, s = t.qdata, t.scale
+        rows = q.shape[0] if q.ndim else 0
+        s.numel(), tuple(t.shape), q.dtype  # noqa: B018 - a pickled tensor may lack or mistype any of these
+    except Exception as e:  # noqa: BLE001 - any inconsistency inside a stranger's tensor is corruption
+        raise CorruptCheckpointError(f"Quantized tensor '{key}' is inconsistent.", path=path,
+                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
     if q.ndim != 2 or s.numel() not in (1, rows) or tuple(t.shape) != tuple(q.shape):
         raise CorruptCheckpointError(f"Quantized tensor '{key}' has mismatched data and scale shapes.", path=path,
                                      found=f"data {tuple(q.shape)}, scale {tuple(s.shape)}")
@@ -459,7 +464,8 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
         torchao_version=md.get("torchao_version"), diffusers_version=md.get("diffusers_version"),
         min_features=md.get("min_features"), exclude_tokens=md.get("exclude_name_tokens"),
         fingerprint_present=fp_present, fingerprint_algo=fp.get("algo") if fp_present else None,
-        fingerprint_count=(fp.get("count") if fp.get("count") is not None else len(fp.get("modules") or {}))
+        fingerprint_count=(fp.get("count") if fp.get("count") is not None else
+                           len(fp["modules"]) if isinstance(fp.get("modules"), (dict, list)) else None)
         if fp_present else None,
         fingerprint_verified=fp_verified, fingerprint_reasons=fp_reasons, request=_request_dict(request),
         valid=not reasons, reasons=reasons, notes=notes)

@@ -130,5 +130,6 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
             schemes.exclude_tokens(scheme, family_exclude_extra)
         found_ex = m.get("exclude_name_tokens")
         if found_ex is not None and sorted(set(map(str, found_ex))) != sorted(set(expected_ex)):
-            reasons.append(f"exclude_name_tokens {sorted(found_ex)} differ from the expected {sorted(expected_ex)}")
+            reasons.append(f"exclude_name_tokens {sorted(map(str, found_ex))} differ from the expected "
+                           f"{sorted(map(str, expected_ex))}")
     return Verdict(not reasons, reasons, _comfy_native_notes(ckpt) if native else [])

@@ -199,7 +199,8 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
 
     ``scheme`` None (or "auto") means "not chosen": a named repo then takes the scheme its suffix names
     (``-FP8`` / ``-INT8``); the family step is skipped. ``preset`` supplies repo, scheme and family where those are
-    not given; a scheme that contradicts the preset is an error rather than a silent choice.
+    not given, and only when neither a local file nor a hub_repo is given; a scheme that contradicts the preset is an error rather
+    than a silent choice.
     """
     path, hub_repo, revision = _clean(path), _clean(hub_repo), _clean(revision)
     family = None if _clean(family) in (None, "auto") else family.strip().lower()
@@ -208,6 +209,10 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
     out: list[Candidate] = []
     chosen = get_preset(preset)
     origin = "hub_repo"
+    if chosen and (path or hub_repo):
+        # What the user named explicitly wins; the preset (a default source) must not re-interpret it.
+        notes.append(f"preset '{chosen.label}' not used: a {'local file' if path else 'hub_repo'} is given")
+        chosen = None
     if chosen:
         if scheme and scheme != chosen.scheme:
             raise HubError(f"The preset '{chosen.label}' is a {chosen.scheme} checkpoint but scheme is '{scheme}'.",

@@ -5,6 +5,7 @@ model path: the sampler output must be identical (max abs diff 0).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib
 import json
@@ -360,6 +361,54 @@ def test_node_builds_from_a_stock_comfyui_model(comfy, dense_files, reference):
     ref, ref_meta = reference("int8")
     assert ck.metadata["fingerprint"] == ref_meta["fingerprint"]
     assert (out - ref).abs().max().item() == 0.0
+
+
+@pytest.mark.skipif(not os.environ.get("PREQUANT_SLOW_TESTS"), reason="real-width model (~1.8 GB, ~2 min): set "
+                    "PREQUANT_SLOW_TESTS=1")
+def test_node_builds_from_comfyuis_own_unetloader(comfy, models_dir, tmp_path):
+    """The stock "Load Diffusion Model" (UNETLoader) node, detection included, on a real-width Z-Image (dim 3840,
+    the only width ComfyUI 0.3.75 recognises; one main layer, ComfyUI's default two refiner layers of each kind)."""
+    import gc
+    from safetensors.torch import load_file, save_file
+    from diffusers import ZImageTransformer2DModel
+    nodes, _ = comfy
+    with torch.device("meta"):
+        shapes = {k: (tuple(v.shape), v.ndim) for k, v in ZImageTransformer2DModel(
+            dim=3840, n_layers=1, n_refiner_layers=2, n_heads=30, n_kv_heads=30, axes_dims=[32, 48, 48],
+            cap_feat_dim=2560).state_dict().items()}
+    g = torch.Generator().manual_seed(5)
+    dense = {k: (torch.randn(shape, generator=g) / (shape[1] ** 0.5 if nd == 2 else 1)).to(torch.bfloat16)
+             for k, (shape, nd) in shapes.items()}
+    name = "real-width-zimage-comfyui.safetensors"
+    path = os.path.join(models_dir, "diffusion_models", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_file(tiny_models.zimage_comfy_layout(dense), path)
+    del dense
+    gc.collect()
+    try:
+        with torch.inference_mode():
+            model = nodes.NODE_CLASS_MAPPINGS["UNETLoader"]().load_unet(name, "default")[0]
+        assert type(model.model.model_config).__name__ == "ZImage"
+        out = run_build_node(comfy, model=model, scheme="int8", filename="from-unetloader", overwrite=True)
+        built = out["result"][0]
+        del model
+        gc.collect()
+        comfy_utils = importlib.import_module("comfy.utils")
+        sd = load_file(path)
+        fam = families.get("z-image")
+        kmap = comfy_utils.z_image_to_diffusers(fam.comfy_unet_config({k: tuple(v.shape) for k, v in sd.items()}, {}))
+        diff = keymap.to_diffusers(sd, kmap)
+        q, skipped = build.quantize_tensors(diff, "int8", exclude=schemes.exclude_tokens("int8"))
+        ck = formats.read(built)
+        assert ck.metadata["fingerprint"] == fingerprint.compute(q, skipped) and len(ck.quantized_keys) > 20
+        assert set(ck.tensors) == set(q)
+        for k, v in ck.tensors.items():
+            if not qtensor.is_quantized(v):
+                assert torch.equal(v, q[k]), k
+    finally:
+        os.remove(path)
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(prequant_dir(), "from-unetloader.safetensors"))
 
 
 def test_node_refuses_a_model_loaded_prequantized(comfy, node_built):

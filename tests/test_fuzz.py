@@ -58,7 +58,8 @@ CASE_TIMEOUT_S = 20  # one case; tiny files read in milliseconds
 MODULE = __name__  # how pickles name this module's tripwire
 MARK_DIR = tempfile.mkdtemp(prefix="prequant-fuzz-mark-")
 EXT_CODE = 0xF1  # a copyreg extension code registered to the tripwire while this module runs
-COUNTS: dict = collections.defaultdict(collections.Counter)
+COUNTS: dict = collections.defaultdict(collections.Counter)  # reader -> outcome -> reader calls
+CASES: collections.Counter = collections.Counter()  # reader -> inputs (files or in-memory checkpoints) tried
 SCALE = float(os.environ.get("PREQUANT_FUZZ_SCALE", "1"))  # e.g. 10 for a longer run; counts stay deterministic
 
 
@@ -97,14 +98,13 @@ def _module_guards(request):
     faulthandler.cancel_dump_traceback_later()
     copyreg.remove_extension(MODULE, "_tripwire", EXT_CODE)
     shutil.rmtree(MARK_DIR, ignore_errors=True)
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    total = 0
-    for reader, c in sorted(COUNTS.items()):
-        n = sum(c.values())
-        total += n
-        line = f"[fuzz] {reader}: {n} cases -> " + ", ".join(f"{k} {v}" for k, v in c.most_common())
-        (tr.write_line if tr else print)(line)
-    (tr.write_line if tr else print)(f"[fuzz] total: {total} reader calls")
+    lines = [f"[fuzz] {reader}: {CASES[reader]} cases, {sum(c.values())} reader calls -> "
+             + ", ".join(f"{k} {v}" for k, v in c.most_common()) for reader, c in sorted(COUNTS.items())]
+    lines.append(f"[fuzz] total: {sum(CASES.values())} cases, {sum(sum(c.values()) for c in COUNTS.values())} "
+                 "reader calls")
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        print("\n" + "\n".join(lines), flush=True)
 
 
 class CaseTimeout(BaseException):
@@ -145,6 +145,7 @@ def attempt(reader: str, fn, *args, **kwargs) -> str:
 def read_all(reader: str, path: str, *, fingerprint: bool = False) -> list[str]:
     """Every entry point a stranger's file reaches: the full reader, the header-only report, the loader."""
     folder = os.path.dirname(path)
+    CASES[reader] += 1
     out = [attempt(reader, formats.read, path),
            attempt(reader, info.info, path, None, fingerprint),
            attempt(reader, loader.open_checkpoint, path, Request(), model_dirs=[folder], strict=False)]
@@ -442,6 +443,23 @@ def hostile_calls(marker: str):
 PAYLOAD_STYLES = ("global", "stack", "inst", "obj", "newobj", "newobj_ex", "build", "ext")
 
 
+def test_payloads_are_live():
+    """Control: Python's own unpickler runs every payload style (so 'no marker' below means something)."""
+    for style in PAYLOAD_STYLES:
+        ran = []
+        for mod, name, args in hostile_calls(os.path.join(MARK_DIR, f"live-{style}")):
+            if mod in ("os", "posix", "subprocess", "shutil", "torch"):
+                continue  # no shell or torch needed to prove the point
+            with contextlib.suppress(Exception):
+                pickle.loads(b"\x80\x02" + payload(style, mod, name, args) + b".")
+            if os.listdir(MARK_DIR):
+                ran.append(f"{mod}.{name}")
+            for f in os.listdir(MARK_DIR):
+                p = os.path.join(MARK_DIR, f)
+                shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
+        assert ran, f"no payload of style {style} runs under pickle.loads: the fuzz payloads would prove nothing"
+
+
 def op_boundaries(data: bytes) -> list[int]:
     return [pos for _, _, pos in pickletools.genops(data)]
 
@@ -454,7 +472,7 @@ def _pt_case(work, name: str, data: bytes, reader: str = "pt") -> list[str]:
     return read_all(reader, str(p), fingerprint=True)
 
 
-@fuzz_settings(250)
+@fuzz_settings(500)
 @given(kind=st.sampled_from(["pt-int8", "pt-fp8"]),
        pkl=st.one_of(st.binary(max_size=200),
                      st.lists(random_op(), max_size=25).map(lambda ops: b"\x80\x02" + encode(ops) + b".")))
@@ -462,7 +480,7 @@ def test_pt_random_pickles(bases, work, kind, pkl):
     _pt_case(work, "random.pt", with_pickle(zip_entries(bases[kind]), pkl))
 
 
-@fuzz_settings(350)
+@fuzz_settings(700)
 @given(kind=st.sampled_from(["pt-int8", "pt-fp8"]), muts=st.lists(mutation, min_size=1, max_size=4))
 def test_pt_mutated_real_pickle(bases, work, kind, muts):
     entries = zip_entries(bases[kind])
@@ -470,7 +488,7 @@ def test_pt_mutated_real_pickle(bases, work, kind, muts):
     _pt_case(work, "mutated.pt", with_pickle(entries, encode(ops)))
 
 
-@fuzz_settings(150)
+@fuzz_settings(300)
 @given(kind=st.sampled_from(["pt-int8", "pt-fp8"]), style=st.sampled_from(PAYLOAD_STYLES),
        which=st.integers(0, 100), where=st.integers(0, 10**6), alone=st.booleans())
 def test_pt_code_execution_payloads(bases, work, kind, style, which, where, alone):
@@ -497,7 +515,7 @@ py_value = st.recursive(py_leaf, lambda kids: st.one_of(
     st.dictionaries(short_text, kids, max_size=3).map(collections.OrderedDict)), max_leaves=8)
 
 
-@fuzz_settings(250)
+@fuzz_settings(500)
 @given(scheme=st.sampled_from(["int8", "fp8"]), data=st.data())
 def test_pt_container_wrong_types(bases, work, scheme, data):
     t, m = bases[f"tensors-{scheme}"], bases[f"meta-{scheme}"]
@@ -522,7 +540,7 @@ def test_pt_container_wrong_types(bases, work, scheme, data):
     _pt_case(work, "types.pt", torch_save_bytes(obj))
 
 
-@fuzz_settings(150)
+@fuzz_settings(300)
 @given(kind=st.sampled_from(["pt-int8", "pt-fp8"]), data=st.data())
 def test_pt_damaged_archive(bases, work, kind, data):
     raw = bytearray(bases[kind])
@@ -642,7 +660,7 @@ def _st_case(work, reader: str, name: str, data: bytes) -> list[str]:
     return read_all(reader, str(p), fingerprint=True)
 
 
-@fuzz_settings(200)
+@fuzz_settings(400)
 @given(kind=st.sampled_from(["st-int8", "st-fp8"]), data=st.data())
 def test_safetensors_header_bytes(bases, work, kind, data):
     header, rest = split_st(bases[kind])
@@ -677,7 +695,7 @@ def test_safetensors_header_bytes(bases, work, kind, data):
     _st_case(work, "safetensors-bytes", "bytes.safetensors", out)
 
 
-@fuzz_settings(450)
+@fuzz_settings(900)
 @given(kind=st.sampled_from(["st-int8", "st-fp8"]), n=st.integers(1, 3), data=st.data())
 def test_safetensors_header_tree(bases, work, kind, n, data):
     header, rest = split_st(bases[kind])
@@ -687,7 +705,7 @@ def test_safetensors_header_tree(bases, work, kind, n, data):
     _st_case(work, "safetensors-header", "tree.safetensors", join_st(implode(tree), rest))
 
 
-@fuzz_settings(120)
+@fuzz_settings(240)
 @given(kind=st.sampled_from(["st-int8", "st-fp8"]), names=st.lists(st.one_of(
     short_text, st.sampled_from(["layers.0.attention.to_q.weight", "nowhere.weight", "x_pad_token", "a.b.c",
                                  "layers.0.attention.to_q._weight_qdata", "tensor_names", "__metadata__"])),
@@ -726,7 +744,7 @@ def _validate(ck, req):
     return v
 
 
-@fuzz_settings(400)
+@fuzz_settings(800)
 @given(scheme=st.sampled_from(["int8", "fp8"]), md=st.one_of(meta_dict, py_meta_dict),
        container=st.sampled_from(["pt", "safetensors", "legacy-pt", "comfyui-native"]),
        tag=st.one_of(st.none(), st.sampled_from([FORMAT_V1, FORMAT_V2, FORMAT_V3, "x"]), short_text),
@@ -737,10 +755,11 @@ def test_metadata_validate_every_type(bases, scheme, md, container, tag, req, de
         tensors = {k: v for k, v in tensors.items() if k.endswith("bias")}
     ck = Checkpoint(path="fuzz.pt", container=container, format_tag=tag, metadata={**bases[f"meta-{scheme}"], **md},
                     tensors=tensors)
+    CASES["metadata.validate"] += 1
     attempt("metadata.validate", _validate, ck, req)
 
 
-@fuzz_settings(300)
+@fuzz_settings(600)
 @given(kind=st.sampled_from(["st-int8", "st-fp8"]), md=st.one_of(meta_dict, json_value), req=st.one_of(st.none(), requests),
        merge=st.booleans())
 def test_metadata_through_info(bases, work, kind, md, req, merge):
@@ -749,6 +768,7 @@ def test_metadata_through_info(bases, work, kind, md, req, merge):
     header["__metadata__"]["unsloth_metadata"] = json.dumps({**base, **md} if merge and isinstance(md, dict) else md)
     p = work / "meta.safetensors"
     p.write_bytes(join_st(header, rest))
+    CASES["metadata.info"] += 1
     attempt("metadata.info", info.info, str(p), req, True)
     attempt("metadata.info", info.info, str(p), req, False)
 
@@ -802,7 +822,7 @@ def test_legacy_base_is_read_by_the_restricted_unpickler(legacy_base, work):
     assert ck.container == "legacy-pt", origin
 
 
-@fuzz_settings(350)
+@fuzz_settings(700)
 @given(muts=st.lists(mutation, min_size=1, max_size=4))
 def test_legacy_mutated_pickle(legacy_base, work, muts):
     entries = zip_entries(legacy_base[0])
@@ -810,7 +830,7 @@ def test_legacy_mutated_pickle(legacy_base, work, muts):
     _legacy_case(work, with_pickle(entries, encode(ops)))
 
 
-@fuzz_settings(120)
+@fuzz_settings(240)
 @given(style=st.sampled_from(PAYLOAD_STYLES), which=st.integers(0, 100), where=st.integers(0, 10**6))
 def test_legacy_code_execution_payloads(legacy_base, work, style, which, where):
     marker = os.path.join(MARK_DIR, "pwned")
@@ -829,7 +849,7 @@ def test_legacy_code_execution_payloads(legacy_base, work, style, which, where):
     assert "ok" not in results, f"a legacy pickle calling {mod}.{name} via {style} was accepted"
 
 
-@fuzz_settings(100)
+@fuzz_settings(200)
 @given(data=st.data())
 def test_legacy_damaged_records(legacy_base, work, data):
     entries = zip_entries(legacy_base[0])
@@ -901,7 +921,7 @@ def comfy_native_file(draw):
     return tensors, header
 
 
-@fuzz_settings(350)
+@fuzz_settings(700)
 @given(case=comfy_native_file())
 def test_comfy_native_markings(work, case):
     from safetensors.torch import save_file
@@ -929,7 +949,7 @@ def comfy_native_base(work):
     return p.read_bytes()
 
 
-@fuzz_settings(200)
+@fuzz_settings(400)
 @given(n=st.integers(1, 3), data=st.data())
 def test_comfy_native_header_tree(comfy_native_base, work, n, data):
     header, rest = split_st(comfy_native_base)

@@ -69,6 +69,11 @@ def test_plan_order_and_inputs():
     assert (pp.candidates[0].repo, pp.candidates[0].origin, pp.scheme, pp.family) == (REPO, "preset", "fp8", "z-image")
     with pytest.raises(HubError, match="preset"):
         sources.plan(None, None, None, "int8", preset="Z-Image-Turbo / fp8")
+    # what the user names explicitly wins over the preset (which is only a default source)
+    local = sources.plan("/some/file.safetensors", None, None, "int8", preset="Z-Image-Turbo / fp8")
+    assert [c.kind for c in local.candidates] == ["local"] and local.candidates[0].scheme == "int8"
+    named = sources.plan(None, "someone/Other-INT8", None, None, preset="Z-Image-Turbo / fp8")
+    assert named.candidates[0].repo == "someone/Other-INT8" and named.candidates[0].scheme == "int8"
 
 
 def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):

@@ -57,7 +57,8 @@ def read_header(path: str) -> tuple[dict, dict, int]:
     data_len = size - 8 - n
     spans = []
     for name, info in header.items():
-        ok = (isinstance(info, dict) and info.get("dtype") in ST_DTYPES and isinstance(info.get("shape"), list)
+        ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str) and info["dtype"] in ST_DTYPES
+              and isinstance(info.get("shape"), list)
               and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])
               and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
               and all(isinstance(o, int) and not isinstance(o, bool) for o in info["data_offsets"]))
