@@ -28,12 +28,12 @@ def _summary(opened, model_bytes: int) -> dict:
 
 
 def _dense_summary(p: planning.Plan, patcher) -> dict:
-    from prequant_core.dense import open_dense
-    dense = open_dense(p.dense_path)
+    from prequant_core.dense import dense_nbytes, open_dense
     quantized = sum(1 for m in patcher.model.diffusion_model.modules() if getattr(m, "prequant_spec", None))
     return {"file": os.path.basename(p.dense_path), "family": p.family.name, "layout": "dense",
             "scheme": p.scheme, "base_model_id": None, "container": "dense safetensors",
-            "quantized_layers": quantized, "size_bytes": patcher.model_size(), "dense_bytes": dense.nbytes(),
+            "quantized_layers": quantized, "size_bytes": patcher.model_size(),
+            "dense_bytes": dense_nbytes(open_dense(p.dense_path)),
             "path": "quantized at load", "why": p.skipped_because}
 
 

@@ -12,7 +12,7 @@ from .comfy_model import build_patcher
 
 def load_quantized_at_load(plan: Plan, progress=None):
     dense = open_dense(plan.dense_path)
-    layout = plan.family.layout_of(list(dense)) or "comfyui"
+    layout = plan.family.layout_of(list(dense.infos())) or "comfyui"
     with torch.inference_mode(False), torch.no_grad():
         q, _ = stream_quantized(dense, plan.scheme, min_features=plan.min_features, exclude=plan.exclude,
                                 progress=progress)

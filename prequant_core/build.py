@@ -505,7 +505,8 @@ def _folder_weights(folder: str) -> list[str]:
                      fix="Use safetensors weights (pickled .bin weights are not read, for safety).")
 
 
-def _file_source(path: str) -> SafetensorsSource:
+def file_source(path: str) -> SafetensorsSource:
+    """A dense single .safetensors (a known diffusion-model prefix stripped), or the diffusers folder of a shard."""
     from .formats import sniff
     real = os.path.abspath(path)
     folder = os.path.dirname(real)
@@ -577,7 +578,7 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
         if os.path.isdir(path):
             src = _folder_source(path)
         elif os.path.isfile(path):
-            src = _file_source(path)
+            src = file_source(path)
         else:
             raise BuildError("The input does not exist.", path=path,
                              expected="a dense .safetensors file or a diffusers folder")

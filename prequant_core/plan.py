@@ -79,7 +79,7 @@ def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQ
     scheme = schemes.normalize(request.scheme)
     from .dense import open_dense
     dense = open_dense(real)
-    fam = families.get(request.family) if request.family else families.detect(list(dense), {}, real)[0]
+    fam = families.get(request.family) if request.family else families.detect(list(dense.infos()), dense.hints, real)[0]
     min_features = request.min_features if request.min_features is not None else schemes.DEFAULT_MIN_FEATURES
     exclude = request.exclude_tokens if request.exclude_tokens is not None else \
         schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
