@@ -48,10 +48,12 @@ def check_filename(filename: str, container: str, base_model_id: str, scheme: st
     if not name:
         return core.default_filename(base_model_id, scheme, container)
     bad = ("/" in name or "\\" in name or (os.sep in name) or (os.altsep and os.altsep in name) or ".." in name
-           or name.startswith(".") or ":" in name or "\x00" in name or os.path.isabs(name))
+           or name.startswith(".") or ":" in name or any(ord(c) < 32 or ord(c) == 127 for c in name)
+           or os.path.isabs(name))
     if bad:
         raise BuildError("The filename must be a plain file name inside models/prequant.", found=repr(name),
-                         expected="e.g. Z-Image-Turbo-INT8.safetensors (no folders, no '..', not hidden)",
+                         expected="e.g. Z-Image-Turbo-INT8.safetensors (no folders, no '..', not hidden, no control "
+                                  "characters)",
                          fix="Remove the folder part; the file is always written into models/prequant.")
     ext = os.path.splitext(name)[1].lower()
     if ext in core.EXTENSIONS.values():

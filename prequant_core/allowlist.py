@@ -34,7 +34,11 @@ def _inside(path: str, root: str) -> bool:
 
 def check(path: str, model_dirs: Iterable[str] = (), env: Mapping[str, str] | None = None) -> str:
     """Return the real path when reading ``path`` is allowed, else raise ``PathNotAllowedError``."""
-    real = os.path.realpath(os.path.expanduser(str(path)))
+    try:
+        real = os.path.realpath(os.path.expanduser(str(path)))
+    except ValueError:  # an embedded NUL character: no file has that name
+        raise PathNotAllowedError("Refused a path that contains a NUL character.", path=repr(str(path))[:300],
+                                  fix="Pick the file from the list, or type its path again.") from None
     roots = [os.path.realpath(d) for d in model_dirs] + allowed_roots(env)
     if any(_inside(real, r) for r in roots):
         return real

@@ -26,6 +26,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    import logging
+    # torchao registers an enum with torch's pytree at import, which torch 2.14 logs as a deprecation on every run
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

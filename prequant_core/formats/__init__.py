@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 from ..checkpoint import Checkpoint
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
@@ -12,7 +13,13 @@ ZIP_MAGIC = b"PK\x03\x04"
 def sniff(path: str) -> str:
     """'pt' (torch.save zip), 'safetensors', or raise."""
     try:
-        size = os.path.getsize(path)
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(st.st_mode):  # a pipe would block the reader forever, a device never ends
+            raise CorruptCheckpointError("Expected a checkpoint file but this is not a regular file (a pipe, socket "
+                                         "or device).", path=path, fix="Point at the .safetensors or .pt file.")
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(16)
     except FileNotFoundError:
@@ -21,6 +28,10 @@ def sniff(path: str) -> str:
     except IsADirectoryError:
         raise CorruptCheckpointError("Expected a checkpoint file but this is a folder.", path=path,
                                      fix="Point at the .safetensors or .pt file inside it.") from None
+    except (OSError, ValueError) as e:  # permission denied, a symlink loop, a name too long, an embedded NUL ...
+        raise CorruptCheckpointError("The checkpoint file cannot be opened.", path=path,
+                                     found=f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}",
+                                     fix="Check the file's name and permissions.") from None
     if head.startswith(ZIP_MAGIC):
         return "pt"
     if len(head) >= 9:
