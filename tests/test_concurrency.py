@@ -16,7 +16,6 @@ import threading
 import time
 
 import psutil
-import pytest
 import torch
 
 from conftest import sample

@@ -507,6 +507,38 @@ def test_pt_code_execution_payloads(bases, work, kind, style, which, where, alon
     assert "ok" not in results, f"a pickle calling {mod}.{name} via {style} was accepted"
 
 
+def declare_storage_sizes(ops, sizes) -> list:
+    """Every storage reference ('storage', type, key, location, numel) -> BINPERSID gets the next of ``sizes`` as its
+    numel: tiny archives that declare huge (or negative, or off-by-one) storages."""
+    ops = list(ops)
+    memo_ops = ("BINPUT", "LONG_BINPUT", "MEMOIZE", "PUT")
+    refs = []
+    for j, (n, _) in enumerate(ops):
+        if n != "BINPERSID":
+            continue
+        t = j - 1
+        while t > 0 and ops[t][0] in memo_ops:
+            t -= 1
+        if ops[t][0] == "TUPLE" and ops[t - 1][0] in INT_OPS:
+            refs.append(t - 1)
+    for k, j in enumerate(refs):
+        ops[j] = ("LONG1", sizes[k % len(sizes)])
+    assert refs, "no storage reference found in the real pickle"
+    return ops
+
+
+storage_sizes = st.lists(st.one_of(st.sampled_from([2**40, 2**62, 2**63 - 1, 2**63, 2**64 + 1, -1, 0]),
+                                   st.integers(-2**70, 2**70)), min_size=1, max_size=4)
+
+
+@fuzz_settings(200)
+@given(kind=st.sampled_from(["pt-int8", "pt-fp8"]), sizes=storage_sizes)
+def test_pt_huge_declared_storage(bases, work, kind, sizes):
+    entries = zip_entries(bases[kind])
+    ops = declare_storage_sizes(decode(pickle_of(entries)), sizes)
+    _pt_case(work, "huge.pt", with_pickle(entries, encode(ops)))
+
+
 py_leaf = st.one_of(st.none(), st.booleans(), huge_ints, st.floats(allow_nan=True), short_text, st.binary(max_size=8),
                     st.just(torch.zeros(2, dtype=torch.int8)), st.just(torch.ones(3, 2)))
 py_value = st.recursive(py_leaf, lambda kids: st.one_of(
@@ -828,6 +860,13 @@ def test_legacy_mutated_pickle(legacy_base, work, muts):
     entries = zip_entries(legacy_base[0])
     ops = mutate_ops(decode(pickle_of(entries)), muts)
     _legacy_case(work, with_pickle(entries, encode(ops)))
+
+
+@fuzz_settings(150)
+@given(sizes=storage_sizes)
+def test_legacy_huge_declared_storage(legacy_base, work, sizes):
+    entries = zip_entries(legacy_base[0])
+    _legacy_case(work, with_pickle(entries, encode(declare_storage_sizes(decode(pickle_of(entries)), sizes))))
 
 
 @fuzz_settings(240)

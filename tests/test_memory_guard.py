@@ -18,9 +18,7 @@ import torch
 
 from prequant_core import errors, formats, memory
 from prequant_core.loader import open_checkpoint
-from prequant_core.metadata import Request
 
-NONE = "(none: use path or hub_repo)"
 FAKE_RECORD = 0xFFFFFFF0  # what each patched storage record claims (just under 4 GiB, no zip64 needed)
 
 
@@ -146,7 +144,8 @@ def test_device_rule(prequant_files):
 def test_default_budget_is_the_real_machine(prequant_files):
     b = memory.check_file(prequant_files("int8", "safetensors"))
     assert b is not None and b.host_available > b.host_needed
-    assert abs(b.host_available - machine_budget()) < 2**30  # same source, a moment apart
+    now = machine_budget()  # same source a moment later (other processes on the machine move it a little)
+    assert abs(b.host_available - now) < max(2**31, now // 4)
 
 
 def test_tiny_file_declaring_more_than_the_machine_has(folder):
