@@ -64,6 +64,17 @@ def _progress_bar():
     return report
 
 
+def _memory_guard():
+    """The loader's memory check, told where ComfyUI will put the model and what it can unload first."""
+    import comfy.model_management as mm
+    from prequant_core import memory
+    try:
+        return memory.Guard(device=mm.get_torch_device(), lowvram=mm.vram_state != mm.VRAMState.HIGH_VRAM,
+                            device_reclaimable=sum(m.model_loaded_memory() for m in mm.current_loaded_models))
+    except AttributeError:  # a ComfyUI without these internals: the host check still applies
+        return memory.Guard()
+
+
 class PrequantLoadTransformer:
     CATEGORY = "loaders/prequant"
     RETURN_TYPES = ("MODEL",)
@@ -143,7 +154,8 @@ class PrequantLoadTransformer:
             p = planning.make_plan(located.path if located else None, req, policy=policy,
                                    dense_path=paths.resolve_dense(dense_fallback),
                                    model_dirs=located.model_dirs if located else paths.model_dirs(),
-                                   dense_model_dirs=paths.model_dirs(), unavailable=unavailable)
+                                   dense_model_dirs=paths.model_dirs(), unavailable=unavailable,
+                                   memory_guard=_memory_guard())
             if p.path == "pre-quantized":
                 patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout)
                 s = _summary(p.opened, patcher.model_size())

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 from . import schemes
-from .build import SafetensorsSource, file_source, quantize_items
+from .dense_sources import SafetensorsSource, file_source
+from .quantize import quantize_items
 from .errors import CheckpointNotFoundError, UnsupportedFormatError
 
 

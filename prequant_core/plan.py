@@ -11,7 +11,7 @@ import dataclasses
 from typing import Iterable
 
 from . import allowlist, families, schemes
-from .errors import PrequantError, ValidationError
+from .errors import MemoryBudgetError, PrequantError, ValidationError
 from .loader import Opened, open_checkpoint
 from .metadata import Request
 
@@ -41,7 +41,8 @@ class Plan:
 
 def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQUANT_ONLY,
               dense_path: str | None = None, model_dirs: Iterable[str] = (),
-              dense_model_dirs: Iterable[str] | None = None, unavailable: PrequantError | None = None) -> Plan:
+              dense_model_dirs: Iterable[str] | None = None, unavailable: PrequantError | None = None,
+              memory_guard=True) -> Plan:
     """``unavailable``: why no pre-quantized file could even be located (e.g. offline, not on the Hub)."""
     if policy not in POLICIES:
         raise ValidationError(f"Unknown load policy '{policy}'.", expected=", ".join(POLICIES), found=policy)
@@ -56,9 +57,10 @@ def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQ
             reasons.extend(unavailable.reasons or [unavailable.message])
         elif prequant_path:
             try:
-                opened = open_checkpoint(prequant_path, request, model_dirs=model_dirs)
+                opened = open_checkpoint(prequant_path, request, model_dirs=model_dirs, memory_guard=memory_guard)
             except PrequantError as e:
-                if policy == PREQUANT_ONLY:
+                # Short of memory for the quantized file means shorter still for quantizing the dense one.
+                if policy == PREQUANT_ONLY or isinstance(e, MemoryBudgetError):
                     raise
                 reasons.extend(e.reasons or [e.message])
         else:

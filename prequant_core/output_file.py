@@ -1,0 +1,190 @@
+"""Where a built file goes: output size estimate, free-space check, atomic write (temp file beside the destination,
+fsync, no-clobber link or rename) and removal of temp files left by killed builds."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import socket
+import time
+from typing import Callable, Mapping
+
+import torch
+
+from . import schemes
+from .errors import BuildError
+from .dense_sources import TensorInfo
+from .quantize import is_linear_weight
+
+
+FreeSpaceFn = Callable[[str], int]  # folder -> free bytes
+TEMP_PREFIX = ".prequant-"
+TEMP_SUFFIX = ".partial"
+_TEMP_RE = re.compile(r"^\.prequant-([0-9a-f]{8})-(\d+)-[A-Za-z0-9_]+\.partial$")
+_LEGACY_TEMP_RE = re.compile(r"^\.prequant-[A-Za-z0-9_]+\.partial$")  # first version: tempfile.mkstemp names
+STALE_AFTER_S = 24 * 3600  # a temp file untouched this long is stale even if its pid is alive again (pid reuse)
+HEADER_SLACK = 64 * 1024  # added to the output estimate: JSON header, metadata, zip overhead
+
+
+
+
+
+def estimate_output_bytes(infos: Mapping[str, TensorInfo], flt: schemes.LayerFilter,
+                          dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    """(upper bound of the output file size, number of weights that will be quantized), from shapes alone."""
+    total, n_q = HEADER_SLACK, 0
+    for k, info in infos.items():
+        dt = dtype if info.dtype.is_floating_point else info.dtype
+        if is_linear_weight(k, info) and flt.reason_skipped(k[: -len(".weight")],
+                                                            torch.empty(info.shape, dtype=dt, device="meta")) is None:
+            rows, cols = info.shape
+            total += rows * cols + rows * 4 + rows  # codes, float32 per-row scale, int8 zero point (int8 only)
+            n_q += 1
+        else:
+            total += TensorInfo(info.shape, dt).nbytes
+        total += 1024  # header entry per tensor (torchao JSON, offsets, fingerprint line)
+    return total, n_q
+
+
+def default_free_space(folder: str) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def check_free_space(folder: str, needed: int, free_space: FreeSpaceFn | None = None) -> int:
+    free = (free_space or default_free_space)(folder)
+    if free < needed:
+        raise BuildError("Not enough free disk space for the output; nothing was written.", path=folder,
+                         expected=f"at least {human_bytes(needed)} free (estimated output size)",
+                         found=f"{human_bytes(free)} free",
+                         fix="Free some space on that drive, or write the checkpoint to another folder.")
+    return free
+
+
+def human_bytes(n: int) -> str:
+    for unit, div in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Atomic output and stale temp files
+# ----------------------------------------------------------------------------------------------------------------
+
+def _host_tag() -> str:
+    return hashlib.md5(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def temp_name() -> str:
+    return f"{TEMP_PREFIX}{_host_tag()}-{os.getpid()}-{secrets.token_hex(6)}{TEMP_SUFFIX}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        import psutil  # ComfyUI depends on it; the plain os.kill probe below would *terminate* the process on Windows
+        return psutil.pid_exists(pid)
+    except ImportError:
+        pass
+    if os.name == "nt":
+        return True  # cannot tell safely: leave the temp to the age rule
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def clean_stale_temps(folder: str, *, now: float | None = None) -> list[str]:
+    """Remove temp files left by builds that died (killed, crashed, power loss) in ``folder``.
+
+    A temp is stale when the process that made it (same host, pid in the name) is gone, or when it has not been
+    written for ``STALE_AFTER_S`` (pid reused, or another host). Temps of live builds are left alone.
+    """
+    now = time.time() if now is None else now
+    host, me = _host_tag(), os.getpid()
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        m = _TEMP_RE.match(name)
+        if not m and not _LEGACY_TEMP_RE.match(name):
+            continue
+        full = os.path.join(folder, name)
+        try:
+            age = now - os.stat(full).st_mtime
+        except OSError:
+            continue
+        if m:
+            same_host, pid = m.group(1) == host, int(m.group(2))
+            if same_host and pid == me:
+                continue
+            stale = (same_host and not _pid_alive(pid)) or age > STALE_AFTER_S
+        else:
+            stale = age > 3600
+        if stale:
+            with contextlib.suppress(OSError):
+                os.unlink(full)
+                removed.append(full)
+    return removed
+
+
+def _refuse_existing(dest: str, overwrite: bool) -> None:
+    if os.path.isdir(dest):
+        raise BuildError("The output path is a folder.", path=dest, fix="Give a file name.")
+    if os.path.lexists(dest) and not overwrite:
+        raise BuildError("The output file already exists; it was left untouched.", path=dest,
+                         fix="Choose another filename, or allow overwriting.")
+
+
+@contextlib.contextmanager
+def atomic_output(dest: str, *, overwrite: bool = False):
+    """Yield a temp path beside ``dest``; on success fsync + move onto ``dest``, on any failure remove it.
+
+    Without ``overwrite`` the final move is a hard link, which fails if ``dest`` appeared meanwhile (no clobbering a
+    file another process wrote); filesystems without hard links fall back to a checked rename.
+    """
+    dest = os.path.abspath(dest)
+    folder = os.path.dirname(dest)
+    _refuse_existing(dest, overwrite)
+    if not os.path.isdir(folder):
+        raise BuildError("The output folder does not exist.", path=folder, fix="Create it or pick another folder.")
+    clean_stale_temps(folder)
+    tmp = os.path.join(folder, temp_name())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, dest)
+        else:
+            try:
+                os.link(tmp, dest)
+            except FileExistsError:
+                raise BuildError("The output file appeared while building; it was left untouched.", path=dest,
+                                 fix="Choose another filename, or allow overwriting.") from None
+            except OSError:
+                _refuse_existing(dest, overwrite)
+                os.replace(tmp, dest)
+            else:
+                os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            dfd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
