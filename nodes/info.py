@@ -29,13 +29,10 @@ class PrequantInfo:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "checkpoint": (paths.choices(), {"tooltip": "A file from models/prequant (or a pre-quantized file "
-                                                            "in models/diffusion_models)."}),
+                "checkpoint": paths.checkpoint_input(),
             },
             "optional": {
-                "path": ("STRING", {"default": "", "tooltip": "Explicit file path instead of the list (e.g. the "
-                                    "output of Build Prequant Checkpoint). Outside the model folders it must lie "
-                                    "under PREQUANT_ALLOW_LOCAL_PATH."}),
+                "path": paths.path_input(" (e.g. the output of Build Prequant Checkpoint)"),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Judge the file against this base model "
                                              "(e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough)."}),
                 "scheme": ([ANY] + list(schemes.SCHEMES), {"default": ANY,

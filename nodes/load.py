@@ -87,12 +87,10 @@ class PrequantLoadTransformer:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "checkpoint": (paths.choices(), {"tooltip": "A file from models/prequant (or a pre-quantized file "
-                                                            "in models/diffusion_models)."}),
+                "checkpoint": paths.checkpoint_input(),
             },
             "optional": {
-                "path": ("STRING", {"default": "", "tooltip": "Explicit file path instead of the list. Outside the "
-                                    "model folders it must lie under PREQUANT_ALLOW_LOCAL_PATH."}),
+                "path": paths.path_input(),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Refuse the file unless it was built from this "
                                              "base (e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough)."}),
                 "scheme": ([AUTO] + list(schemes.SCHEMES), {"default": AUTO}),

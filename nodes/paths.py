@@ -98,3 +98,13 @@ def resolve(choice: str) -> str | None:
     if choice.startswith(DIFFUSION_PREFIX):
         return folder_paths.get_full_path_or_raise("diffusion_models", choice[len(DIFFUSION_PREFIX):])
     return folder_paths.get_full_path_or_raise(FOLDER, choice)
+
+
+def checkpoint_input() -> tuple:
+    """The file list both the loader and Prequant Info offer."""
+    return (choices(), {"tooltip": "A file from models/prequant (or a pre-quantized file in models/diffusion_models)."})
+
+
+def path_input(use: str = "") -> tuple:
+    return ("STRING", {"default": "", "tooltip": f"Explicit file path instead of the list{use}. Outside the model "
+                                                 "folders it must lie under PREQUANT_ALLOW_LOCAL_PATH."})

@@ -20,7 +20,6 @@ import bisect
 import dataclasses
 import json
 import os
-import sys
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -29,6 +28,7 @@ from . import families, fingerprint, formats, metadata, qtensor
 from .checkpoint import Checkpoint
 from .errors import CorruptCheckpointError, UnknownFamilyError
 from .formats.safetensors_container import is_comfy_native
+from .formats.validate_tensors import check_quantized
 
 READ_HEADER = "header"  # safetensors: length + JSON header only
 READ_MMAP = "mmap"  # torch.load(mmap=True): pickle only, tensor bytes mapped, untouched
@@ -40,7 +40,6 @@ ST_TORCH_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F8_
                    "F8_E5M2": torch.float8_e5m2, "I16": torch.int16, "U16": torch.uint16, "F16": torch.float16,
                    "BF16": torch.bfloat16, "I32": torch.int32, "U32": torch.uint32, "F32": torch.float32,
                    "I64": torch.int64, "U64": torch.uint64, "F64": torch.float64}
-QUANT_CODE_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -255,7 +254,7 @@ def _safetensors_light(path: str) -> _Light | None:
                 except torchao_json.DecodeError as e:
                     raise CorruptCheckpointError(f"Quantized tensor '{name[:80]}' cannot be decoded: {e}.",
                                                  path=path, fix="Download or build the file again.") from None
-                _check_quantized_shapes(name, t, path)
+                check_quantized(name, t, path, read_data=False)
                 tensors[name] = t
                 qparts[name] = (entry, stored)
                 consumed.update(stored.values())
@@ -275,23 +274,6 @@ def _safetensors_light(path: str) -> _Light | None:
     return _Light(ck, READ_HEADER, qparts)
 
 
-def _check_quantized_shapes(key: str, t, path: str) -> None:
-    """``validate_tensors.check_quantized`` without touching data (no zero-point values)."""
-    try:
-        q, s = t.qdata, t.scale
-        rows = q.shape[0] if q.ndim else 0
-        s.numel(), tuple(t.shape), q.dtype  # noqa: B018 - a pickled tensor may lack or mistype any of these
-    except Exception as e:  # noqa: BLE001 - any inconsistency inside a stranger's tensor is corruption
-        raise CorruptCheckpointError(f"Quantized tensor '{key}' is inconsistent.", path=path,
-                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
-    if q.ndim != 2 or s.numel() not in (1, rows) or tuple(t.shape) != tuple(q.shape):
-        raise CorruptCheckpointError(f"Quantized tensor '{key}' has mismatched data and scale shapes.", path=path,
-                                     found=f"data {tuple(q.shape)}, scale {tuple(s.shape)}")
-    if q.dtype not in QUANT_CODE_DTYPES:
-        raise CorruptCheckpointError(f"Quantized tensor '{key}' stores {q.dtype} codes.", path=path,
-                                     expected="int8 or float8 codes")
-
-
 def _pt_light(path: str) -> _Light | None:
     """torch.load(mmap=True, weights_only=True); container checks as ``read_pt``; no tensor byte touched.
 
@@ -302,34 +284,7 @@ def _pt_light(path: str) -> _Light | None:
         obj = ptf.load_weights_only(path, mmap=True)
     except ptf._LegacyV1:  # noqa: SLF001 - the .pt reader's own signal for torchao-v1 pickles
         return None
-    if not isinstance(obj, dict) or "state_dict" not in obj:
-        found = type(obj).__name__ if not isinstance(obj, dict) else f"dict with keys {sorted(map(str, obj))[:8]}"
-        raise CorruptCheckpointError(
-            "This .pt file is not a pre-quantized transformer container.", path=path,
-            expected="a dict with 'format', 'metadata' and 'state_dict'", found=found,
-            fix="Use a file written by Build Prequant Checkpoint or an Unsloth *-FP8 repo.")
-    tag = obj.get("format")
-    md = obj.get("metadata") if obj.get("metadata") is not None else {}
-    if tag is not None and not isinstance(tag, str):
-        raise CorruptCheckpointError("The container's 'format' entry is not a string.", path=path,
-                                     found=type(tag).__name__)
-    if not isinstance(md, dict):
-        raise CorruptCheckpointError("The container's 'metadata' entry is not a dict.", path=path,
-                                     found=type(md).__name__)
-    sd = obj["state_dict"]
-    if not isinstance(sd, dict):
-        raise CorruptCheckpointError("The checkpoint's state_dict is not a dict.", path=path, found=type(sd).__name__)
-    if not sd:
-        raise CorruptCheckpointError("The checkpoint holds no tensors.", path=path, fix="Build or download it again.")
-    for k, v in sd.items():
-        if not isinstance(k, str):
-            raise CorruptCheckpointError("A state_dict key is not a string.", path=path, found=repr(k)[:100])
-        if not isinstance(v, torch.Tensor):
-            raise CorruptCheckpointError(f"Entry '{k}' is not a tensor.", path=path, found=type(v).__name__)
-        if qtensor.is_quantized(v):
-            _check_quantized_shapes(k, v, path)
-    return _Light(Checkpoint(path=path, container="pt", format_tag=tag, metadata=dict(md), tensors=dict(sd)),
-                  READ_MMAP)
+    return _Light(ptf.container(obj, path, read_data=False), READ_MMAP)
 
 
 def _open(path: str) -> _Light:

@@ -7,7 +7,7 @@ import zipfile
 import torch
 
 from ..checkpoint import Checkpoint
-from ..errors import CorruptCheckpointError, UnsafeCheckpointError, UnsupportedFormatError
+from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from .validate_tensors import check_state_dict
 
 LEGACY_V1_MARKERS = ("LinearActivationQuantizedTensor", "AffineQuantizedTensor", "PlainAQTTensorImpl")
@@ -58,6 +58,12 @@ def read_pt(path: str, *, mmap: bool = True) -> Checkpoint:
     except _LegacyV1:
         from .legacy_v1 import read_legacy_v1
         return read_legacy_v1(path, mmap=mmap)
+    return container(obj, path)
+
+
+def container(obj, path: str, *, read_data: bool = True) -> Checkpoint:
+    """The unpickled object -> Checkpoint, after checking it is the container (see check_state_dict for
+    ``read_data``)."""
     if not isinstance(obj, dict) or "state_dict" not in obj:
         found = type(obj).__name__ if not isinstance(obj, dict) else f"dict with keys {sorted(map(str, obj))[:8]}"
         raise CorruptCheckpointError(
@@ -73,5 +79,5 @@ def read_pt(path: str, *, mmap: bool = True) -> Checkpoint:
     if not isinstance(meta, dict):
         raise CorruptCheckpointError("The container's 'metadata' entry is not a dict.", path=path,
                                      found=type(meta).__name__)
-    sd = check_state_dict(obj["state_dict"], path)
+    sd = check_state_dict(obj["state_dict"], path, read_data=read_data)
     return Checkpoint(path=path, container="pt", format_tag=tag, metadata=dict(meta), tensors=sd)
