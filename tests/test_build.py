@@ -363,8 +363,6 @@ def test_node_builds_from_a_stock_comfyui_model(comfy, dense_files, reference):
     assert (out - ref).abs().max().item() == 0.0
 
 
-@pytest.mark.skipif(not os.environ.get("PREQUANT_SLOW_TESTS"), reason="real-width model (~1.8 GB, ~2 min): set "
-                    "PREQUANT_SLOW_TESTS=1")
 def test_node_builds_from_comfyuis_own_unetloader(comfy, models_dir, tmp_path):
     """The stock "Load Diffusion Model" (UNETLoader) node, detection included, on a real-width Z-Image (dim 3840,
     the only width ComfyUI 0.3.75 recognises; one main layer, ComfyUI's default two refiner layers of each kind)."""
