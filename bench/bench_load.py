@@ -56,7 +56,20 @@ class RssPeak:
         return self.mb()
 
 
-def read_time(path: str) -> float:
+def drop_page_cache() -> bool:
+    """Cold-cache measurements (what a user's first load sees); needs root, otherwise the figures are warm."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def read_time(path: str, cold: bool = False) -> float:
+    if cold:
+        drop_page_cache()
     t = time.perf_counter()
     with open(path, "rb") as f:
         while f.read(64 << 20):
@@ -104,6 +117,8 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
         with torch.inference_mode():
             nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(f"Z-Image-Turbo-{scheme.upper()}.safetensors")
     gc.collect()
+    if os.environ.get("PREQUANT_BENCH_COLD") == "1":
+        drop_page_cache()
     meter = RssPeak()
     dense_path = os.path.join(folder_paths.models_dir, "diffusion_models", "zimage_dense_bf16.safetensors")
     t = time.perf_counter()
@@ -149,6 +164,8 @@ def main():
     ap.add_argument("--schemes", default="int8,fp8")
     ap.add_argument("--latent", type=int, default=16, help="latent side (tokens = (latent/2)^2)")
     ap.add_argument("--out", default=None, help="also write the table (markdown) to this file")
+    ap.add_argument("--warm", action="store_true", help="do not drop the page cache before loads and file reads "
+                    "(by default it is dropped when permitted, i.e. as root, so loads and reads are both cold)")
     ap.add_argument("--child", nargs=3, metavar=("METHOD", "SCHEME", "BASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -165,9 +182,11 @@ def main():
             f"{k} {os.path.getsize(v) / 2**30:.2f} GiB" for k, v in files.items()), flush=True)
         runs = [("d", "bf16"), ("c", "fp8")] + [(m, s) for s in schemes_ for m in ("a", "s", "b")]
         res = {}
+        cold = not args.warm and drop_page_cache()
+        print(f"page cache: {'dropped before every load and file read (cold)' if cold else 'warm'}", flush=True)
         for m, s in runs:
             p = subprocess.run([sys.executable, __file__, "--child", m, s, base, "--latent", str(args.latent)],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, env={**os.environ, "PREQUANT_BENCH_COLD": "1" if cold else "0"})
             line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
             if p.returncode or not line:
                 print(f"{m}/{s} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
@@ -181,7 +200,7 @@ def main():
             out = torch.load(os.path.join(base, f"out_{m}_{s}.pt"))
             r["rel_err"] = ((out - dense_out).norm() / dense_out.norm()).item()
             f = files.get(s, files["dense"]) if m == "a" else files["dense"]
-            r["read_s"] = min(read_time(f) for _ in range(2))
+            r["read_s"] = min(read_time(f, cold) for _ in range(2))
             rows.append((m, s, r))
         same = {}
         for s in schemes_:
@@ -214,7 +233,8 @@ def main():
             import platform
             import torchao
             with open(args.out, "w") as fh:
-                fh.write(f"# CPU benchmark ({time.strftime('%Y-%m-%d')})\n\nMachine: {platform.processor() or platform.machine()}, "
+                fh.write(f"# CPU benchmark ({time.strftime('%Y-%m-%d')})\n\nPage cache: {'cold (dropped before every load and file read)' if cold else 'warm'}.\n"
+                         f"Machine: {platform.processor() or platform.machine()}, "
                          f"{os.cpu_count()} cores; torch {torch.__version__}, torchao {torchao.__version__}; "
                          f"real-width Z-Image, {args.layers} layer(s) + 2+2 refiners; latent {args.latent}x{args.latent}.\n"
                          f"Peak RSS is the growth of resident memory over its level just before the load (sampled every 5 ms).\n\n"
