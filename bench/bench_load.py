@@ -56,20 +56,33 @@ class RssPeak:
         return self.mb()
 
 
-def drop_page_cache() -> bool:
-    """Cold-cache measurements (what a user's first load sees); needs root, otherwise the figures are warm."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+def drop_file_cache(*paths: str) -> bool:
+    """Evict these files' pages from the page cache (their first read comes from the disk), leaving the program's
+    own code and libraries cached, as in a running ComfyUI loading a model for the first time."""
+    ok = True
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):
+            ok = False
+    return ok
+
+
+def model_files(base: str) -> list[str]:
+    out = []
+    for root, _, names in os.walk(os.path.join(base, "models")):
+        out += [os.path.join(root, n) for n in names if n.endswith(".safetensors")]
+    return out
 
 
 def read_time(path: str, cold: bool = False) -> float:
     if cold:
-        drop_page_cache()
+        drop_file_cache(path)
     t = time.perf_counter()
     with open(path, "rb") as f:
         while f.read(64 << 20):
@@ -118,7 +131,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
             nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(f"Z-Image-Turbo-{scheme.upper()}.safetensors")
     gc.collect()
     if os.environ.get("PREQUANT_BENCH_COLD") == "1":
-        drop_page_cache()
+        drop_file_cache(*model_files(base))
     meter = RssPeak()
     dense_path = os.path.join(folder_paths.models_dir, "diffusion_models", "zimage_dense_bf16.safetensors")
     t = time.perf_counter()
@@ -164,8 +177,8 @@ def main():
     ap.add_argument("--schemes", default="int8,fp8")
     ap.add_argument("--latent", type=int, default=16, help="latent side (tokens = (latent/2)^2)")
     ap.add_argument("--out", default=None, help="also write the table (markdown) to this file")
-    ap.add_argument("--warm", action="store_true", help="do not drop the page cache before loads and file reads "
-                    "(by default it is dropped when permitted, i.e. as root, so loads and reads are both cold)")
+    ap.add_argument("--warm", action="store_true", help="keep the model files in the page cache (by default their "
+                    "pages are evicted before every load and every file read, so both come from the disk)")
     ap.add_argument("--child", nargs=3, metavar=("METHOD", "SCHEME", "BASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -182,8 +195,9 @@ def main():
             f"{k} {os.path.getsize(v) / 2**30:.2f} GiB" for k, v in files.items()), flush=True)
         runs = [("d", "bf16"), ("c", "fp8")] + [(m, s) for s in schemes_ for m in ("a", "s", "b")]
         res = {}
-        cold = not args.warm and drop_page_cache()
-        print(f"page cache: {'dropped before every load and file read (cold)' if cold else 'warm'}", flush=True)
+        cold = not args.warm and drop_file_cache(*model_files(base))
+        print(f"page cache: {'model files evicted before every load and file read (cold)' if cold else 'warm'}",
+              flush=True)
         for m, s in runs:
             p = subprocess.run([sys.executable, __file__, "--child", m, s, base, "--latent", str(args.latent)],
                                capture_output=True, text=True, env={**os.environ, "PREQUANT_BENCH_COLD": "1" if cold else "0"})
@@ -233,7 +247,7 @@ def main():
             import platform
             import torchao
             with open(args.out, "w") as fh:
-                fh.write(f"# CPU benchmark ({time.strftime('%Y-%m-%d')})\n\nPage cache: {'cold (dropped before every load and file read)' if cold else 'warm'}.\n"
+                fh.write(f"# CPU benchmark ({time.strftime('%Y-%m-%d')})\n\nPage cache: {'model files evicted before every load and file read (cold reads from disk)' if cold else 'warm'}.\n"
                          f"Machine: {platform.processor() or platform.machine()}, "
                          f"{os.cpu_count()} cores; torch {torch.__version__}, torchao {torchao.__version__}; "
                          f"real-width Z-Image, {args.layers} layer(s) + 2+2 refiners; latent {args.latent}x{args.latent}.\n"
