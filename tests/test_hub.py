@@ -395,8 +395,13 @@ def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, fil
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     hub.slow[(REPO, PRIMARY)] = 0.003
     seen = []
-    monkeypatch.setattr(comfy_utils, "PROGRESS_BAR_HOOK", lambda v, t, preview, node_id=None: seen.append((v, t)))
-    out = Loader().load(NONE_CHOICE, hub_repo=REPO, scheme="int8")
+    # ComfyUI's own hook API (what its server installs to send progress to the browser)
+    previous = comfy_utils.PROGRESS_BAR_HOOK
+    comfy_utils.set_progress_bar_global_hook(lambda v, t, preview, node_id=None: seen.append((v, t)))
+    try:
+        out = Loader().load(NONE_CHOICE, hub_repo=REPO, scheme="int8")
+    finally:
+        comfy_utils.set_progress_bar_global_hook(previous)
     size = os.path.getsize(files["int8.safetensors"])
     assert seen and seen[-1] == (size, size) and len(seen) >= 3, seen
     s = out["ui"]["prequant"][0]
