@@ -16,7 +16,6 @@ Fingerprint verification hashes every quantized weight, so it reads the data; it
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import json
 import os
@@ -28,7 +27,6 @@ from . import families, fingerprint, formats, metadata, qtensor
 from .checkpoint import Checkpoint
 from .errors import CorruptCheckpointError, UnknownFamilyError
 from .formats.safetensors_container import is_comfy_native
-from .formats.validate_tensors import check_quantized
 
 READ_HEADER = "header"  # safetensors: length + JSON header only
 READ_MMAP = "mmap"  # torch.load(mmap=True): pickle only, tensor bytes mapped, untouched
@@ -198,16 +196,6 @@ class _Light:
     quantized_parts: dict | None = None
 
 
-def _json_header_entry(meta: dict, key: str, path: str, default):
-    raw = meta.get(key)
-    if raw is None:
-        return default
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        raise CorruptCheckpointError(f"Header entry '{key}' is not valid JSON.", path=path) from None
-
-
 def _meta_tensor(info: dict) -> torch.Tensor:
     return torch.empty(info["shape"], dtype=ST_TORCH_DTYPES[info["dtype"]], device="meta")
 
@@ -215,61 +203,14 @@ def _meta_tensor(info: dict) -> torch.Tensor:
 def _safetensors_light(path: str) -> _Light | None:
     """Header-only read, mirroring ``read_safetensors`` key for key. None: not a layout this path understands."""
     from .formats import safetensors_container as sc
-    from .formats import torchao_json
     index, meta, _ = sc.read_header(path)
     if is_comfy_native(index, meta):
         return None
     tag = meta.get("unsloth_format")
-    md = _json_header_entry(meta, "unsloth_metadata", path, {})
+    md = sc.json_entry(meta, "unsloth_metadata", path, {})
     if not isinstance(md, dict):
         raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
-    tensor_names = _json_header_entry(meta, "tensor_names", path, None)
-    roots = _json_header_entry(meta, "unsloth_root_tensors", path, [])
-    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
-        raise CorruptCheckpointError("Header entry 'unsloth_root_tensors' is not a list of names.", path=path)
-    keys = sorted(index)
-    tensors: dict = {}
-    consumed: set = set()
-    qparts: dict = {}
-    if tensor_names is not None:
-        if not isinstance(tensor_names, list) or not all(isinstance(t, str) for t in tensor_names):
-            raise CorruptCheckpointError("Header entry 'tensor_names' is not a list of names.", path=path)
-        for name in tensor_names:
-            entry = meta.get(name)
-            if entry is None:
-                raise CorruptCheckpointError(f"Header lists tensor '{name[:80]}' but has no entry for it.", path=path)
-            if "." not in name:
-                raise CorruptCheckpointError(f"Tensor name '{name[:80]}' has no module path.", path=path)
-            fqn, attr = name.rsplit(".", 1)
-            prefix = f"{fqn}._{attr}_"
-            i = bisect.bisect_left(keys, prefix)
-            stored = {}
-            while i < len(keys) and keys[i].startswith(prefix):
-                stored[keys[i][len(prefix):]] = keys[i]
-                i += 1
-            if stored:
-                parts = {p: _meta_tensor(index[k]) for p, k in stored.items()}
-                try:
-                    t = torchao_json.decode_weight(entry, parts)
-                except torchao_json.DecodeError as e:
-                    raise CorruptCheckpointError(f"Quantized tensor '{name[:80]}' cannot be decoded: {e}.",
-                                                 path=path, fix="Download or build the file again.") from None
-                check_quantized(name, t, path, read_data=False)
-                tensors[name] = t
-                qparts[name] = (entry, stored)
-                consumed.update(stored.values())
-            elif name in index:
-                tensors[name] = _meta_tensor(index[name])
-                consumed.add(name)
-            else:
-                raise CorruptCheckpointError(f"Tensor '{name[:80]}' is listed in the header but missing.", path=path)
-    for k in keys:
-        if k in consumed:
-            continue
-        name = k[len(sc.ROOT_PREFIX):] if k.startswith(sc.ROOT_PREFIX) else k
-        tensors[name] = _meta_tensor(index[k])
-    if not tensors:
-        raise CorruptCheckpointError("The checkpoint holds no tensors.", path=path)
+    tensors, qparts = sc.assemble(path, index, meta, lambda k: _meta_tensor(index[k]), read_data=False)
     ck = Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=md, tensors=tensors)
     return _Light(ck, READ_HEADER, qparts)
 

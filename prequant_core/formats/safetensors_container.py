@@ -8,6 +8,7 @@ Layout (FORMAT.md section 2):
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 
@@ -84,7 +85,7 @@ def read_header(path: str) -> tuple[dict, dict, int]:
     return header, meta, n
 
 
-def _json_entry(meta: dict, key: str, path: str, default):
+def json_entry(meta: dict, key: str, path: str, default):
     raw = meta.get(key)
     if raw is None:
         return default
@@ -104,24 +105,37 @@ def read_safetensors(path: str) -> Checkpoint:
     from safetensors import safe_open
     index, meta, _ = read_header(path)
     tag = meta.get("unsloth_format")
-    metadata = _json_entry(meta, "unsloth_metadata", path, {})
+    metadata = json_entry(meta, "unsloth_metadata", path, {})
     if not isinstance(metadata, dict):
         raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
     if is_comfy_native(index, meta):
         from .comfy_native import read_comfy_native
         return read_comfy_native(path, index, meta)
-    tensor_names = _json_entry(meta, "tensor_names", path, None)
-    roots = _json_entry(meta, "unsloth_root_tensors", path, [])
-    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
-        raise CorruptCheckpointError("Header entry 'unsloth_root_tensors' is not a list of names.", path=path)
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             raw = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
         raise CorruptCheckpointError("The safetensors file could not be read.", path=path,
                                      found=f"{type(e).__name__}: {str(e)[:200]}") from None
+    tensors, _ = assemble(path, index, meta, raw.__getitem__)
+    return Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=metadata, tensors=tensors)
+
+
+def assemble(path: str, index: dict, meta: dict, get, *, read_data: bool = True) -> tuple[dict, dict]:
+    """(state dict, {name: (torchao JSON, {part: stored key})}) from the header and ``get(stored key)``.
+
+    ``get`` returns real tensors (the reader) or shape-only stand-ins (Prequant Info, ``read_data=False``), so both
+    walk the same rules: listed names must have entries, flattened parts are decoded strictly, root tensors
+    lose their prefix.
+    """
+    tensor_names = json_entry(meta, "tensor_names", path, None)
+    roots = json_entry(meta, "unsloth_root_tensors", path, [])
+    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+        raise CorruptCheckpointError("Header entry 'unsloth_root_tensors' is not a list of names.", path=path)
+    keys = sorted(index)
     tensors: dict = {}
     consumed: set = set()
+    qparts: dict = {}
     if tensor_names is not None:
         if not isinstance(tensor_names, list) or not all(isinstance(t, str) for t in tensor_names):
             raise CorruptCheckpointError("Header entry 'tensor_names' is not a list of names.", path=path)
@@ -133,31 +147,32 @@ def read_safetensors(path: str) -> Checkpoint:
                 raise CorruptCheckpointError(f"Tensor name '{name[:80]}' has no module path.", path=path)
             fqn, attr = name.rsplit(".", 1)
             prefix = f"{fqn}._{attr}_"
-            parts = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
-            if parts:
+            i = bisect.bisect_left(keys, prefix)
+            stored = {}
+            while i < len(keys) and keys[i].startswith(prefix):
+                stored[keys[i][len(prefix):]] = keys[i]
+                i += 1
+            if stored:
                 try:
-                    t = torchao_json.decode_weight(entry, parts)
+                    t = torchao_json.decode_weight(entry, {p: get(k) for p, k in stored.items()})
                 except torchao_json.DecodeError as e:
                     raise CorruptCheckpointError(f"Quantized tensor '{name[:80]}' cannot be decoded: {e}.",
                                                  path=path, fix="Download or build the file again.") from None
-                check_quantized(name, t, path)
+                check_quantized(name, t, path, read_data=read_data)
                 tensors[name] = t
-                consumed.update(prefix + p for p in parts)
-            elif name in raw:
-                tensors[name] = raw[name]
+                qparts[name] = (entry, stored)
+                consumed.update(stored.values())
+            elif name in index:
+                tensors[name] = get(name)
                 consumed.add(name)
             else:
                 raise CorruptCheckpointError(f"Tensor '{name[:80]}' is listed in the header but missing.", path=path)
-    for k, v in raw.items():
-        if k in consumed:
-            continue
-        if k.startswith(ROOT_PREFIX):
-            tensors[k[len(ROOT_PREFIX):]] = v
-        else:
-            tensors[k] = v
+    for k in keys:
+        if k not in consumed:
+            tensors[k[len(ROOT_PREFIX):] if k.startswith(ROOT_PREFIX) else k] = get(k)
     if not tensors:
         raise CorruptCheckpointError("The checkpoint holds no tensors.", path=path)
-    return Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=metadata, tensors=tensors)
+    return tensors, qparts
 
 
 def flatten(tensors: dict, *, format_tag: str, metadata: dict) -> tuple[dict, dict]:
