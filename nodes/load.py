@@ -9,6 +9,7 @@ import torch
 from prequant_core import families, hub, plan as planning, schemes, sources
 from prequant_core.errors import PrequantError
 from prequant_core.metadata import Request
+from prequant_core.units import human_bytes
 
 from . import paths
 from .comfy_model import load_checkpoint_as_model
@@ -38,10 +39,9 @@ def _dense_summary(p: planning.Plan, patcher) -> dict:
 
 
 def summary_text(s: dict) -> str:
-    gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
     text = (f"{s['family']} {s['scheme']} from {s['file']} ({s['container']}, {s['layout']} keys): "
-            f"{s['quantized_layers']} quantized layers, {gib(s['size_bytes'])} in memory "
-            f"(dense {gib(s['dense_bytes'])}); path: {s['path']}")
+            f"{s['quantized_layers']} quantized layers, {human_bytes(s['size_bytes'])} in memory "
+            f"(dense {human_bytes(s['dense_bytes'])}); path: {s['path']}")
     for note in s.get("notes") or []:
         text += f" Note: {note}"
     if s["path"] != "pre-quantized":

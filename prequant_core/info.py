@@ -27,6 +27,7 @@ from . import families, fingerprint, formats, metadata, qtensor
 from .checkpoint import Checkpoint
 from .errors import CorruptCheckpointError, UnknownFamilyError
 from .formats.safetensors_container import is_comfy_native
+from .units import human_bytes
 
 READ_HEADER = "header"  # safetensors: length + JSON header only
 READ_MMAP = "mmap"  # torch.load(mmap=True): pickle only, tensor bytes mapped, untouched
@@ -163,14 +164,6 @@ class Report:
         lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
-
-
-def human_bytes(n: int) -> str:
-    n = int(n)
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
 
 
 def _jsonable(v):

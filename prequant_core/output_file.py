@@ -18,6 +18,7 @@ from . import schemes
 from .errors import BuildError
 from .dense_sources import TensorInfo
 from .quantize import is_linear_weight
+from .units import human_bytes
 
 
 FreeSpaceFn = Callable[[str], int]  # folder -> free bytes
@@ -61,13 +62,6 @@ def check_free_space(folder: str, needed: int, free_space: FreeSpaceFn | None = 
                          found=f"{human_bytes(free)} free",
                          fix="Free some space on that drive, or write the checkpoint to another folder.")
     return free
-
-
-def human_bytes(n: int) -> str:
-    for unit, div in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
 
 
 # ----------------------------------------------------------------------------------------------------------------
