@@ -25,7 +25,8 @@ def _summary(opened, model_bytes: int) -> dict:
             "scheme": ck.metadata.get("scheme") or ",".join(sorted(ck.schemes_found())),
             "base_model_id": ck.metadata.get("base_model_id"), "container": ck.container,
             "quantized_layers": len(ck.quantized_keys), "size_bytes": model_bytes,
-            "dense_bytes": ck.dense_nbytes(), "path": "pre-quantized", "notes": list(opened.verdict.notes)}
+            "dense_bytes": ck.dense_nbytes(), "path": "pre-quantized", "notes": list(opened.verdict.notes),
+            "location": ck.path}
 
 
 def _dense_summary(p: planning.Plan, patcher) -> dict:
@@ -35,13 +36,17 @@ def _dense_summary(p: planning.Plan, patcher) -> dict:
             "scheme": p.scheme, "base_model_id": None, "container": "dense safetensors",
             "quantized_layers": quantized, "size_bytes": patcher.model_size(),
             "dense_bytes": dense_nbytes(open_dense(p.dense_path)),
-            "path": "quantized at load", "why": p.skipped_because}
+            "path": "quantized at load", "why": p.skipped_because, "location": p.dense_path}
 
 
 def summary_text(s: dict) -> str:
     text = (f"{s['family']} {s['scheme']} from {s['file']} ({s['container']}, {s['layout']} keys): "
             f"{s['quantized_layers']} quantized layers, {human_bytes(s['size_bytes'])} in memory "
             f"(dense {human_bytes(s['dense_bytes'])}); path: {s['path']}")
+    if s.get("location"):
+        text += f". File: {s['location']}"
+    if s.get("source"):
+        text += f" ({'downloaded' if s.get('downloaded') else 'earlier download'} from {s['source'][4:]})"
     for note in s.get("notes") or []:
         text += f" Note: {note}"
     if s["path"] != "pre-quantized":
@@ -75,73 +80,138 @@ def _memory_guard():
         return memory.Guard()
 
 
+DOWNLOAD_TO_MODELS = "models/prequant"
+DOWNLOAD_TO_HF_CACHE = "Hugging Face cache"
+# Inputs in the order the UI stores their values (widgets_values). Earlier layouts, which web/prequant.js maps to
+# this one by name when an old workflow is opened: checkpoint, path, base_model_id, scheme, family [, hub_repo,
+# preset, revision, hf_token [, min_features, policy, dense_fallback]]. hf_token is gone: tokens come from HF_TOKEN
+# or `hf auth login` only, so none is ever saved in a workflow, the history or an image.
+ALIASES = ["int8", "fp8", "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "load diffusion model",
+           "transformer", "unet"]
+
+
+def _find_local(checkpoint: str, path: str) -> tuple[str | None, str | None]:
+    """(file to open, name of a listed file that is missing). A typed path always wins."""
+    if (path or "").strip():
+        return path.strip(), None
+    found = paths.find(checkpoint)
+    if found or not checkpoint or checkpoint == paths.NONE_CHOICE:
+        return found, None
+    return None, checkpoint
+
+
 class PrequantLoadTransformer:
     CATEGORY = "loaders/prequant"
     RETURN_TYPES = ("MODEL",)
     RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("The diffusion model in ComfyUI's own model class for its family, with int8 / fp8 weights: "
+                       "connect it where Load Diffusion Model's MODEL would go (KSampler, LoRA loaders, shift nodes).",)
     FUNCTION = "load"
-    DESCRIPTION = ("Loads a pre-quantized (torchao int8 / fp8) diffusion transformer into ComfyUI's own model class "
-                   "without ever materialising the dense model.")
+    SEARCH_ALIASES = ALIASES
+    DESCRIPTION = ("Loads a pre-quantized (int8 / fp8, torchao per-row; Unsloth's quantized files) diffusion "
+                   "transformer into ComfyUI's own model class without ever materialising the dense model. Takes a "
+                   "file from models/prequant, or downloads the one a preset / hub_repo / family + scheme names into "
+                   "models/prequant. Aliases: int8, fp8, quantized, unsloth.")
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "checkpoint": paths.checkpoint_input(),
+                "checkpoint": paths.checkpoint_input(
+                    "A pre-quantized file from models/prequant (or one in models/diffusion_models). A workflow may "
+                    "name a file you do not have yet: when its preset, hub_repo or family + scheme serve a file of "
+                    "exactly that name, it is downloaded on the first run and used from models/prequant afterwards."),
             },
             "optional": {
-                "path": paths.path_input(),
-                "base_model_id": ("STRING", {"default": "", "tooltip": "Refuse the file unless it was built from this "
-                                             "base (e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough)."}),
-                "scheme": ([AUTO] + list(schemes.SCHEMES), {"default": AUTO}),
-                "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO}),
-                # Hub inputs come last so workflows saved before they existed keep their widget order.
-                "hub_repo": ("STRING", {"default": "", "tooltip": "Download from this Hugging Face repo when no local "
-                             "file is chosen, e.g. unsloth/Z-Image-Turbo-FP8 (uses 'scheme'; auto takes the "
-                             "repo's -FP8/-INT8 suffix). Files go to the standard Hugging Face cache."}),
                 "preset": (sources.preset_labels(), {"default": sources.PRESET_NONE, "tooltip": "A hosted "
-                           "pre-quantized model: fills hub_repo, scheme and family when those are left empty/auto."}),
-                "revision": ("STRING", {"default": "", "tooltip": "Branch, tag or commit to download (empty: the "
-                             "default branch). A commit hash already downloaded needs no network."}),
-                "hf_token": ("STRING", {"default": "", "tooltip": "Only for gated/private repos. Prefer the HF_TOKEN "
-                             "environment variable or `hf auth login`: a token typed here is saved in the workflow."}),
-                "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 0, "max": 65536,
-                                         "tooltip": "Only Linears with in and out features >= this are quantized. A "
-                                         "pre-quantized file built with another value is refused; the dense "
-                                         "fallback quantizes with it."}),
+                           "pre-quantized model (Unsloth's repos on the Hugging Face Hub): used when no local file "
+                           "is chosen; fills hub_repo, scheme and family where those are empty / auto."}),
+                "hub_repo": ("STRING", {"default": "", "tooltip": "Download from this Hugging Face repo when no local "
+                             "file is chosen, e.g. unsloth/Z-Image-Turbo-FP8 (uses 'scheme'; auto takes the repo's "
+                             "-FP8 / -INT8 suffix). Gated or private repos: set HF_TOKEN or run `hf auth login` "
+                             "before starting ComfyUI; no token is ever stored in the workflow."}),
+                "scheme": ([AUTO] + list(schemes.SCHEMES), {"default": AUTO, "tooltip": "Refuse a file of another "
+                           "scheme, and pick which file a Hub repo or family serves (auto: whatever the file or "
+                           "repo name says). int8 / fp8 use quantized matmuls; -weight-only variants dequantize "
+                           "rows at matmul time."}),
+                "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO, "tooltip": "The model family "
+                           "(auto: read from the file). With a scheme and no file or repo, downloads the family's "
+                           "hosted file."}),
+                "base_model_id": ("STRING", {"default": "", "tooltip": "Refuse the file unless it was built from this "
+                                  "base (e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough). For a family "
+                                  "with several hosted repos it also picks the variant to download."}),
                 "policy": (list(planning.POLICIES), {"default": planning.PREQUANT_ONLY, "tooltip": "What to do "
                            "when the pre-quantized file is missing or refused: fail with the reasons, or quantize "
                            "the dense fallback at load time (same scheme and rules, same output), or always do that."}),
                 "dense_fallback": (paths.dense_choices(), {"default": paths.NO_DENSE, "tooltip": "A dense (bf16) "
                                    "transformer .safetensors from models/diffusion_models, quantized while it is read "
                                    "(never whole in memory) when the policy allows."}),
+                # Expert inputs last.
+                "download_to": ([DOWNLOAD_TO_MODELS, DOWNLOAD_TO_HF_CACHE], {"default": DOWNLOAD_TO_MODELS,
+                                "tooltip": "Where a Hub download is stored: models/prequant (the first folder "
+                                "ComfyUI lists for it, so extra_model_paths.yaml is honoured; the file then shows in "
+                                "the checkpoint list and later runs need no network), or the shared Hugging Face "
+                                "cache (HF_HOME / HF_HUB_CACHE), reused by other tools."}),
+                "revision": ("STRING", {"default": "", "tooltip": "Branch, tag or commit to download (empty: the "
+                             "default branch). Applies when the file is downloaded; a file already in models/prequant "
+                             "is used as it is."}),
+                "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 0, "max": 65536,
+                                         "tooltip": "Only Linears with in and out features >= this are quantized. A "
+                                         "pre-quantized file built with another value is refused; the dense "
+                                         "fallback quantizes with it."}),
+                "path": paths.path_input(),
             },
         }
 
     @classmethod
+    def VALIDATE_INPUTS(cls, checkpoint):
+        """Takes the place of ComfyUI's list check for ``checkpoint`` only, so that a shared workflow naming a file
+        this user does not have yet reaches ``load``, which downloads it when the node's preset / hub_repo / family
+        serve exactly that file and otherwise fails naming the file and where to get it."""
+        if checkpoint is None:  # linked from another node: judged when it runs
+            return True
+        if not isinstance(checkpoint, str):
+            return f"checkpoint must be a file name, got {type(checkpoint).__name__}"
+        if checkpoint == paths.NONE_CHOICE or checkpoint in paths.choices():
+            return True
+        if os.path.splitext(checkpoint)[1].lower() not in paths.EXTENSIONS:
+            return f"'{checkpoint}' is not a .safetensors or .pt file name"
+        return True
+
+    @classmethod
     def IS_CHANGED(cls, checkpoint, path="", **kw):
-        target = path.strip() or paths.resolve(checkpoint)
-        if not target:  # Hub source: same inputs, same file (the token is deliberately not part of the key)
+        target, _ = _find_local(checkpoint, path)
+        if not target:  # Hub source: same inputs, same file
             return "hub:" + "|".join(str(kw.get(k, "")) for k in ("hub_repo", "preset", "revision", "scheme",
-                                                                  "family", "base_model_id"))
+                                                                  "family", "base_model_id", "download_to")) + \
+                f"|{checkpoint}"
         try:
             st = os.stat(target)
             return f"{target}:{st.st_mtime_ns}:{st.st_size}"
         except (OSError, TypeError):
             return f"{target}"
 
-    def load(self, checkpoint, path="", base_model_id="", scheme=AUTO, family=AUTO, hub_repo="",
-             preset=sources.PRESET_NONE, revision="", hf_token="", min_features=schemes.DEFAULT_MIN_FEATURES,
-             policy=planning.PREQUANT_ONLY, dense_fallback=paths.NO_DENSE):
+    def load(self, checkpoint, preset=sources.PRESET_NONE, hub_repo="", scheme=AUTO, family=AUTO, base_model_id="",
+             policy=planning.PREQUANT_ONLY, dense_fallback=paths.NO_DENSE, download_to=DOWNLOAD_TO_MODELS,
+             revision="", min_features=schemes.DEFAULT_MIN_FEATURES, path="", **removed):
+        if removed:  # e.g. hf_token from an API-format prompt made before it was removed: never read, never logged
+            log.warning("[prequant] ignoring removed input(s) %s; set HF_TOKEN or run `hf auth login` for gated "
+                        "repos", ", ".join(sorted(removed)))
         # The whole plan (which file, which path) is decided before anything is loaded, so a refused file never
         # costs the user the model that is resident now.
-        src = sources.plan(path.strip() or paths.resolve(checkpoint), hub_repo, family, scheme,
-                           base_model_id=base_model_id, revision=revision, preset=preset)
+        local, missing = _find_local(checkpoint, path)
+        src = sources.plan(local, hub_repo, family, scheme, base_model_id=base_model_id, revision=revision,
+                           preset=preset)
         located, unavailable = None, None
+        to_models = download_to != DOWNLOAD_TO_HF_CACHE
         if policy != planning.DENSE_ONLY:
             try:
+                if missing:  # a listed name this user does not have: only a Hub source of exactly that file
+                    src = sources.for_missing_file(missing, src, paths.searched_folders(missing))
                 # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
-                located = hub.locate(src, model_dirs=paths.model_dirs(), token=hf_token, progress=_progress_bar())
+                located = hub.locate(src, model_dirs=paths.model_dirs(), progress=_progress_bar(),
+                                     dest_dir=paths.download_dir() if to_models else None,
+                                     search_dirs=paths.prequant_dirs())
             except PrequantError as e:
                 unavailable = e
         req = Request(scheme=(located.candidate.scheme if located else None) or src.scheme,
@@ -162,6 +232,7 @@ class PrequantLoadTransformer:
                 s = _dense_summary(p, patcher)
         if located and located.fetched and p.path == "pre-quantized":
             f = located.fetched
-            s.update(file=f.filename, source=f"hub:{f.repo}@{f.revision}", downloaded=f.downloaded)
+            s.update(file=os.path.basename(f.path), source=f"hub:{f.repo}@{f.revision}", downloaded=f.downloaded,
+                     repo_file=f.filename, location=f.path)
         log.info("[prequant] %s", summary_text(s))
         return {"ui": {"prequant": [s], "text": [summary_text(s)]}, "result": (patcher,)}

@@ -57,8 +57,32 @@ def _looks_prequant(full: str) -> bool:
     return low.endswith(".pt") and any(t in low for t in _NAME_TOKENS)
 
 
+def download_dir() -> str:
+    """Where Hub downloads go: the first folder ComfyUI lists for ``prequant`` (extra_model_paths.yaml honoured)."""
+    try:
+        dirs = folder_paths.get_folder_paths(FOLDER)
+    except (KeyError, AttributeError):
+        dirs = []
+    d = dirs[0] if dirs else os.path.join(folder_paths.models_dir, FOLDER)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def prequant_dirs() -> list[str]:
+    try:
+        return list(folder_paths.get_folder_paths(FOLDER))
+    except (KeyError, AttributeError):
+        return []
+
+
+def _staging(f: str) -> bool:
+    from prequant_core.hub import STAGING_DIR
+    return f.replace("\\", "/").split("/", 1)[0] == STAGING_DIR
+
+
 def choices() -> list[str]:
-    own = sorted(f for f in folder_paths.get_filename_list(FOLDER) if os.path.splitext(f)[1] in EXTENSIONS)
+    own = sorted(f for f in folder_paths.get_filename_list(FOLDER)
+                 if os.path.splitext(f)[1] in EXTENSIONS and not _staging(f))
     extra = []
     try:
         for f in folder_paths.get_filename_list("diffusion_models"):
@@ -100,9 +124,28 @@ def resolve(choice: str) -> str | None:
     return folder_paths.get_full_path_or_raise(FOLDER, choice)
 
 
-def checkpoint_input() -> tuple:
+def find(choice: str) -> str | None:
+    """The listed file's full path; None for "(none)" and for a name that is in none of the folders (a workflow
+    naming a file this user does not have yet: the loader may still download it)."""
+    if not choice or choice == NONE_CHOICE:
+        return None
+    if choice.startswith(DIFFUSION_PREFIX):
+        return folder_paths.get_full_path("diffusion_models", choice[len(DIFFUSION_PREFIX):])
+    return folder_paths.get_full_path(FOLDER, choice)
+
+
+def searched_folders(choice: str) -> list[str]:
+    name = "diffusion_models" if choice.startswith(DIFFUSION_PREFIX) else FOLDER
+    try:
+        return list(folder_paths.get_folder_paths(name))
+    except (KeyError, AttributeError):
+        return []
+
+
+def checkpoint_input(tooltip: str = "") -> tuple:
     """The file list both the loader and Prequant Info offer."""
-    return (choices(), {"tooltip": "A file from models/prequant (or a pre-quantized file in models/diffusion_models)."})
+    return (choices(), {"tooltip": tooltip or "A pre-quantized file from models/prequant (or a pre-quantized file in "
+                                              "models/diffusion_models)."})
 
 
 def path_input(use: str = "") -> tuple:

@@ -1,7 +1,10 @@
 """Download pre-quantized checkpoints from the Hugging Face Hub with the real ``huggingface_hub`` client.
 
-Files land in the standard Hugging Face cache (``HF_HUB_CACHE``, default ``~/.cache/huggingface/hub``) exactly as
-``hf_hub_download`` puts them there; nothing is copied elsewhere, so other tools share the same download.
+Where files land: with ``dest_dir`` (what the loader node passes by default: the first folder ComfyUI lists for
+``prequant``) the file is stored in that folder under ``sources.local_name``, through the client's local-folder mode
+and a hidden staging folder, so it is resumable and never half-written there (``_transfer_to_folder``); later loads
+find it there without any request. Without ``dest_dir``, in the standard Hugging Face cache (``HF_HUB_CACHE``,
+default ``~/.cache/huggingface/hub``) exactly as ``hf_hub_download`` puts them there, shared with other tools.
 
 Rules (see ``sources`` for where the names come from):
 
@@ -29,6 +32,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from typing import Callable, Iterable, Mapping
@@ -208,9 +212,9 @@ def _reasons(tried: list[tuple[str, str]]) -> list[str]:
     return [f"{fn}: {outcome}" for fn, outcome in tried]
 
 
-TOKEN_FIX = ("Set the HF_TOKEN environment variable (or run `hf auth login`) before starting ComfyUI, or paste a "
-             "token into the node's hf_token input; for a gated repo, also accept its terms on the repo's page at "
-             "{url}.")
+TOKEN_FIX = ("Set the HF_TOKEN environment variable (or run `hf auth login`) before starting ComfyUI; for a gated "
+             "repo, also accept its terms on the repo's page at {url}. (The node never takes a token itself, so "
+             "none is saved in workflows, history or images.)")
 
 
 def _raise_for(kind: str, detail: str, exc: BaseException | None, *, repo: str, revision: str, fn: str,
@@ -247,7 +251,11 @@ def _raise_for(kind: str, detail: str, exc: BaseException | None, *, repo: str, 
 
 # --- download -----------------------------------------------------------------------------------------------------
 
-def _size(p: str) -> int | None:
+def _size(p) -> int | None:
+    if callable(p):  # a download into a model folder: the client's partial file is found when asked
+        p = p()
+    if not p:
+        return None
     try:
         return os.path.getsize(p)
     except OSError:
@@ -296,8 +304,13 @@ def _run_with_progress(fn, incomplete: str, blob: str, total: int, progress: Pro
 
 
 def download(repo: str, filenames: Iterable[str], *, revision: str | None = None, token: str | None = None,
-             progress: ProgressFn | None = None, resume_attempts: int = 3) -> Fetched:
-    """Fetch the first of ``filenames`` that exists in ``repo`` into the HF cache; return where it is."""
+             progress: ProgressFn | None = None, resume_attempts: int = 3, dest_dir: str | None = None,
+             search_dirs: Iterable[str] = ()) -> Fetched:
+    """Fetch the first of ``filenames`` that exists in ``repo``; return where it is.
+
+    ``dest_dir`` None: into the HF cache. A folder (ComfyUI's models/prequant): the file is stored there under
+    ``sources.local_name`` (see ``_transfer_to_folder``); a file of that name already in ``dest_dir`` or
+    ``search_dirs`` is used as it is, without any request (a local file always takes precedence)."""
     constants = _hf()
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -309,6 +322,15 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
     cache, ep = cache_dir(), endpoint()
     folder = storage_folder(repo, cache)
     tried: list[tuple[str, str]] = []
+
+    if dest_dir:
+        hit = local_file(repo, filenames, [dest_dir, *search_dirs])
+        if hit:
+            fn, p = hit
+            log.info("[prequant] using %s (%s/%s, already downloaded)", p, repo, fn)
+            if progress:
+                progress(_size(p) or 0, _size(p) or 0)
+            return Fetched(p, repo, rev, fn, None, _size(p) or 0, False, os.path.dirname(p), tried)
 
     if is_offline():
         for fn in filenames:
@@ -326,7 +348,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                               fix="Run once with network access (unset HF_HUB_OFFLINE) so the file is downloaded, "
                                   "or put the file into ComfyUI/models/prequant/.")
 
-    hit = _pinned_commit_hit(repo, filenames, rev, cache)
+    hit = None if dest_dir else _pinned_commit_hit(repo, filenames, rev, cache)
     if hit:
         fn, p, skipped = hit
         log.info("[prequant] using cached %s/%s at pinned commit %s", repo, fn, rev)
@@ -356,8 +378,11 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                 raise
             _raise_for(kind, detail, e, repo=repo, revision=rev, fn=fn, tried=tried)
 
-        p = _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_attempts, tried,
-                      lambda: hf_hub_download(repo, fn, revision=rev, cache_dir=cache, token=token, endpoint=ep))
+        if dest_dir:
+            p = _transfer_to_folder(repo, fn, rev, meta, dest_dir, cache, ep, token, progress, resume_attempts, tried)
+        else:
+            p = _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_attempts, tried,
+                          lambda: hf_hub_download(repo, fn, revision=rev, cache_dir=cache, token=token, endpoint=ep))
         if p is None:  # removed between the two requests: same rule as a 404 on the first
             tried.append((fn, "not in the repo (404 EntryNotFound)"))
             continue
@@ -369,16 +394,18 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                                "ComfyUI/models/prequant/.")
 
 
-def _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_attempts, tried, call):
-    """Run the client's download of one file (HEAD already answered), resuming after broken transfers."""
+def _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_attempts, tried, call, *,
+              incomplete=None, blob=None):
+    """Run the client's download of one file (HEAD already answered), resuming after broken transfers.
+    ``incomplete`` / ``blob``: the partial and final paths when they are not the cache's (a download into a folder)."""
     total = int(meta.size or 0)
-    blob = os.path.join(folder, "blobs", meta.etag or "")
-    incomplete = blob + ".incomplete"
+    blob = blob or os.path.join(folder, "blobs", meta.etag or "")
+    incomplete = incomplete or blob + ".incomplete"
     cached_before = os.path.exists(blob)
     start_bytes = _size(incomplete) or 0
     if not cached_before:
         log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s into %s", repo, fn, rev, total / 2**20,
-                 f", resuming at {start_bytes} bytes" if start_bytes else "", cache)
+                 f", resuming at {start_bytes} bytes" if start_bytes else "", folder)
     attempt = 0
     while True:
         before = _size(incomplete) or 0
@@ -400,8 +427,8 @@ def _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_at
                 raise HubDownloadError(
                     f"Downloading {fn} from {_where(repo, rev)} was interrupted ({detail}).",
                     reasons=_reasons(tried + [(fn, f"interrupted at {after} of {total} bytes")]),
-                    fix=f"Queue the prompt again: the {after} bytes received are kept in the Hugging Face cache "
-                        "and the download resumes from there.") from e
+                    fix=f"Queue the prompt again: the {after} bytes received are kept (in {folder}) and the "
+                        "download resumes from there.") from e
             _discard(incomplete)
             if kind == "entry":
                 return None
@@ -415,6 +442,68 @@ def _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_at
         log.info("[prequant] downloaded %s/%s (%d bytes%s, %d resume(s))", repo, fn, total,
                  f", resumed from {start_bytes}" if start_bytes else "", attempt)
     return Fetched(p, repo, rev, fn, meta.commit_hash, total, downloaded, folder, list(tried))
+
+
+STAGING_DIR = ".prequant-download"  # hidden folder inside the destination: partial downloads, resumed from there
+
+
+def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str]) -> tuple[str, str] | None:
+    """(repo file name, path) of the first name already stored in one of ``folders`` (as ``sources.local_name``)."""
+    for fn in filenames:
+        for d in folders:
+            p = os.path.join(d, sources.local_name(repo, fn))
+            if os.path.isfile(p):
+                return fn, p
+    return None
+
+
+def _partial_in(staging: str):
+    """The client's partial file for a download into ``staging`` (it names it after the etag), found when asked."""
+    def find():
+        best = None
+        for root, _, names in os.walk(staging):
+            for n in names:
+                if n.endswith(".incomplete"):
+                    p = os.path.join(root, n)
+                    if best is None or (_size(p) or 0) > (_size(best) or 0):
+                        best = p
+        return best
+    return find
+
+
+def _transfer_to_folder(repo, fn, rev, meta, dest_dir, cache, ep, token, progress, resume_attempts, tried):
+    """Download one file into ``dest_dir`` with the client's own local-folder mode, never half-written there.
+
+    The client writes ``<dest>/.prequant-download/<repo>/.cache/huggingface/download/*.incomplete`` (resumed with a
+    Range request on the next run), renames it to ``<dest>/.prequant-download/<repo>/<fn>`` when complete and checked
+    (size), and we rename that to ``<dest>/<local name>``: same folder tree, so both renames are atomic; ComfyUI's
+    list shows nothing until the last one. A file of the same name already in ``dest_dir`` was used before we got
+    here, so nothing is overwritten."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.file_download import repo_folder_name
+    final = os.path.join(dest_dir, sources.local_name(repo, fn))
+    staging = os.path.join(dest_dir, STAGING_DIR, repo_folder_name(repo_id=repo, repo_type="model"))
+    try:
+        os.makedirs(staging, exist_ok=True)
+    except OSError as e:
+        raise HubDownloadError(f"Cannot write the download of {fn} into {dest_dir} ({type(e).__name__}: {_short(e)}).",
+                               path=final, fix="Make the folder writable, free disk space, or set the node's "
+                                               "download_to to the Hugging Face cache.") from e
+    staged = os.path.join(staging, *fn.split("/"))
+    f = _transfer(repo, fn, rev, meta, staging, cache, ep, token, progress, resume_attempts, tried,
+                  lambda: hf_hub_download(repo, fn, revision=rev, cache_dir=cache, token=token, endpoint=ep,
+                                          local_dir=staging),
+                  incomplete=_partial_in(staging), blob=staged)
+    if f is None:
+        return None
+    try:
+        os.replace(f.path, final)
+    except OSError as e:
+        raise HubDownloadError(f"Could not move the downloaded {fn} to {final} ({type(e).__name__}: {_short(e)}).",
+                               path=final, fix="Check permissions and free space in the folder.") from e
+    shutil.rmtree(staging, ignore_errors=True)  # the client's metadata for the file we just moved out
+    log.info("[prequant] stored %s/%s as %s", repo, fn, final)
+    return dataclasses.replace(f, path=final, storage_folder=dest_dir)
 
 
 def _pinned_commit_hit(repo, filenames, rev, cache):
@@ -434,7 +523,11 @@ def _pinned_commit_hit(repo, filenames, rev, cache):
     return None
 
 
-def _discard(path: str) -> None:
+def _discard(path) -> None:
+    if callable(path):
+        path = path()
+    if not path:
+        return
     try:
         os.remove(path)
     except FileNotFoundError:
@@ -445,13 +538,16 @@ def _discard(path: str) -> None:
 
 def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
            token: str | None = None, progress: ProgressFn | None = None,
-           env: Mapping[str, str] | None = None) -> Located:
+           env: Mapping[str, str] | None = None, dest_dir: str | None = None,
+           search_dirs: Iterable[str] = ()) -> Located:
     """The file to open for a plan.
 
     A local candidate (typed path or listed file) comes first in a plan and is always used as given: a refused or
     missing file is reported by ``open_checkpoint``, never replaced by a silent download. Among Hub candidates the
     first usable one is taken (``sources.usable``: cached, or we are online), else the first, so that its own error
     explains what is wrong. Only a Hub file gets its repo's cache folder as an extra allowed folder.
+    ``dest_dir``: download into this folder instead of the HF cache (see ``download``); a file stored there or in
+    ``search_dirs`` before counts as available offline.
     """
     cands = list(plan)
     model_dirs = list(model_dirs)
@@ -463,10 +559,16 @@ def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iter
     if cands[0].kind == "local":
         return Located(cands[0].path, cands[0], model_dirs)
     hub_cands = [c for c in cands if c.kind == "hub"]
-    u = sources.usable(hub_cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=is_cached, env=env)
+    search_dirs = list(search_dirs)
+
+    def available(c):
+        return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs]))
+
+    u = sources.usable(hub_cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=available, env=env)
     chosen = u.usable[0] if u.usable else hub_cands[0]
     for c, why in u.rejected:
         if hub_cands.index(c) < hub_cands.index(chosen):
             log.warning("[prequant] skipping %s: %s; using %s", c.describe(), why, chosen.describe())
-    f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress)
+    f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress,
+                 dest_dir=dest_dir, search_dirs=search_dirs)
     return Located(f.path, chosen, model_dirs + [f.storage_folder], f)

@@ -277,3 +277,63 @@ def usable(candidates: Iterable[Candidate], *, model_dirs: Iterable[str] = (), o
             else:
                 bad.append((c, "offline (HF_HUB_OFFLINE) and none of its files is in the local cache"))
     return Usable(tuple(ok), tuple(bad))
+
+
+# --- downloads into a model folder, and workflows that name a file the user does not have yet ------------------------
+
+def local_name(repo: str, filename: str) -> str:
+    """The name a Hub file gets in a model folder: its own name, except the legacy ``transformer_<scheme>.pt`` that
+    every repo shares, which gets the repo's ``<Model>-`` prefix so two repos' files never collide."""
+    filename = filename.rsplit("/", 1)[-1]
+    if filename.startswith("transformer_"):
+        return f"{model_name(repo)}-{filename}"
+    return filename
+
+
+def local_names(candidate: Candidate) -> tuple[str, ...]:
+    return tuple(local_name(candidate.repo, fn) for fn in candidate.filenames) if candidate.kind == "hub" else ()
+
+
+def provider(p: Plan, name: str) -> Candidate | None:
+    """The Hub candidate of ``p`` whose download would be the file ``name`` (a workflow's checkpoint the user does not
+    have yet), else None. Only an exact file name counts: another file is never fetched in place of the one named."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    for c in p:
+        if c.kind == "hub" and base in local_names(c):
+            return c
+    return None
+
+
+def hosted_source(name: str) -> Preset | None:
+    """The preset whose hosted repo serves a file of this name (for telling a user where to get it)."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    for pr in presets():
+        c = Candidate("hub", "preset", scheme=pr.scheme, repo=pr.repo, filenames=filenames(pr.repo, pr.scheme))
+        if base in local_names(c):
+            return pr
+    return None
+
+
+def for_missing_file(name: str, p: Plan, folders: Iterable[str], *, hub_url: str = "https://huggingface.co") -> Plan:
+    """A plan for a listed checkpoint ``name`` that is in none of ``folders``: the one Hub candidate that provides
+    exactly that file. Raises ``CheckpointNotFoundError`` naming the file, the folders searched and where to get it."""
+    from .errors import CheckpointNotFoundError
+    c = provider(p, name)
+    if c is not None:
+        return Plan((c,), p.notes + (f"'{name}' is not in {', '.join(folders) or 'the model folders'}: "
+                                     f"downloading it from {c.repo}",), p.family, p.scheme)
+    folders = list(folders)
+    first = folders[0] if folders else "ComfyUI/models/prequant"
+    hosted = hosted_source(name)
+    if hosted:
+        where = (f"It is hosted at {hub_url}/{hosted.repo}: pick the preset '{hosted.label}' (or type {hosted.repo} "
+                 f"in hub_repo) and it is downloaded into {first}, or download it by hand into {first}.")
+    else:
+        where = (f"Put the file into {first}, or choose a preset / hub_repo / family + scheme whose hosted file has "
+                 "this name, or pick another file in the list.")
+    offered = [f"{c.repo} ({', '.join(local_names(c))})" for c in p if c.kind == "hub"]
+    raise CheckpointNotFoundError(
+        f"The workflow names the checkpoint '{name}', which is not in {', '.join(folders) or 'the model folders'}.",
+        expected=f"{name} in one of those folders", found="no such file" + (
+            f"; the Hub sources this node names provide other files: {'; '.join(offered)}" if offered else ""),
+        fix=where)

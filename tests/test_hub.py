@@ -19,6 +19,7 @@ from hub_server import HubServer, free_port
 REPO = "unsloth/Z-Image-Turbo-FP8"
 PRIMARY, PT, LEGACY = "Z-Image-Turbo-INT8.safetensors", "Z-Image-Turbo-INT8.pt", "transformer_int8.pt"
 NONE_CHOICE = "(none: use path or hub_repo)"
+HF_CACHE = "Hugging Face cache"  # the loader's download_to option that keeps the shared cache
 MiB = 2**20
 
 
@@ -262,10 +263,10 @@ def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, mon
         with pytest.raises(h.HubAuthError) as ei:
             h.download(REPO, (PRIMARY, PT, LEGACY), token=token)
         msg = str(ei.value)
-        assert "HTTP 401" in msg and "HF_TOKEN" in msg and "hf_token" in msg and REPO in msg
+        assert "HTTP 401" in msg and "HF_TOKEN" in msg and "hf auth login" in msg and REPO in msg
         assert "hf_wrong_token" not in msg
     assert not hub.requests(filename=PT) and blobs(hf_env) == []
-    f = h.download(REPO, (PRIMARY, PT, LEGACY), token="hf_good_token")  # the node's hf_token input
+    f = h.download(REPO, (PRIMARY, PT, LEGACY), token="hf_good_token")  # an explicit token (library use)
     assert f.filename == PRIMARY and hub.requests("HEAD")[-1]["auth"]
     monkeypatch.setenv("HF_TOKEN", "hf_good_token")  # the client's default when no token is passed
     assert h.download(REPO, (PRIMARY, PT, LEGACY)).downloaded is False
@@ -399,7 +400,7 @@ def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, fil
     previous = comfy_utils.PROGRESS_BAR_HOOK
     comfy_utils.set_progress_bar_global_hook(lambda v, t, preview, node_id=None: seen.append((v, t)))
     try:
-        out = Loader().load(NONE_CHOICE, hub_repo=REPO, scheme="int8")
+        out = Loader().load(NONE_CHOICE, hub_repo=REPO, scheme="int8", download_to=HF_CACHE)
     finally:
         comfy_utils.set_progress_bar_global_hook(previous)
     size = os.path.getsize(files["int8.safetensors"])
@@ -412,7 +413,7 @@ def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, fil
     local = Loader().load(NONE_CHOICE, path=files["int8.safetensors"])
     assert torch.equal(from_hub, sample(local["result"][0])) and torch.isfinite(from_hub).all()
     # a preset alone resolves the same repo; a second load reuses the cache
-    again = Loader().load(NONE_CHOICE, preset="Z-Image-Turbo / int8")
+    again = Loader().load(NONE_CHOICE, preset="Z-Image-Turbo / int8", download_to=HF_CACHE)
     assert again["ui"]["prequant"][0]["downloaded"] is False and len(hub.body_gets()) == 1
     # the HF cache is allowed only for what the Hub step resolved, never for a typed path
     monkeypatch.delenv("PREQUANT_ALLOW_LOCAL_PATH")
@@ -488,7 +489,8 @@ def _run_hub_workflow(hub, base, env):
     from tools.workflow import to_api
     with ComfyServer(str(base), env=env) as server:
         info = server.get("/object_info")["PrequantLoadTransformer"]["input"]
-        assert {"hub_repo", "preset", "revision", "hf_token"} <= set(info["optional"])
+        assert {"hub_repo", "preset", "revision", "download_to"} <= set(info["optional"])
+        assert "hf_token" not in info["optional"]
         assert "Z-Image-Turbo / int8" in info["optional"]["preset"][0]
         none_choice = info["required"]["checkpoint"][0][0]
         with open(os.path.join(ROOT, "example_workflows", "z_image_turbo_prequant.json")) as fh:
@@ -515,4 +517,8 @@ def _run_hub_workflow(hub, base, env):
         assert len(images) == 1
         assert os.path.getsize(os.path.join(base, "output", images[0].get("subfolder", ""), images[0]["filename"]))
     assert len(hub.body_gets(PRIMARY)) == 1 and not hub.requests(filename=PT)
-    assert any("/snapshots/" in p for p in cache_files(env["HF_HOME"]))
+    # stored in models/prequant (the default), not in the Hugging Face cache
+    assert os.path.getsize(os.path.join(base, "models", "prequant", PRIMARY)) == size
+    assert not any("/snapshots/" in p for p in cache_files(env["HF_HOME"]))
+    staging = os.path.join(base, "models", "prequant", ".prequant-download")
+    assert not os.path.isdir(staging) or os.listdir(staging) == [], "the staging folder is emptied after the move"

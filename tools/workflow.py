@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+# Front-end-only nodes: never sent to the server (the front end's graphToPrompt leaves them out too)
+VIRTUAL = {"Note", "MarkdownNote"}
 
 
 class WorkflowError(ValueError):
@@ -22,7 +24,7 @@ def check(workflow: dict, object_info: dict) -> list[str]:
     problems = []
     nodes = {n["id"]: n for n in workflow["nodes"]}
     for n in nodes.values():
-        if n["type"] not in object_info:
+        if n["type"] not in object_info and n["type"] not in VIRTUAL:
             problems.append(f"node {n['id']}: unknown type {n['type']}")
     for link in workflow.get("links", []):
         lid, src, src_slot, dst, dst_slot, ltype = link[:6]
@@ -59,6 +61,8 @@ def to_api(workflow: dict, object_info: dict, overrides: dict | None = None) -> 
     links = {l[0]: l for l in workflow.get("links", [])}
     prompt = {}
     for n in workflow["nodes"]:
+        if n["type"] in VIRTUAL:
+            continue
         info = object_info[n["type"]]
         linked = {i["name"]: links[i["link"]] for i in n.get("inputs", []) if i.get("link") is not None}
         inputs = {name: [str(l[1]), l[2]] for name, l in linked.items()}

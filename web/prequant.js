@@ -2,7 +2,8 @@
 //
 // - Prequant Info: renders the report the node sends back (ui.prequant_info[0], see prequant_core/info.py
 //   Report.to_dict) as a table on the node, the verdict on top in green (valid) or red (invalid, with every reason).
-// - Load Prequant Transformer: after a run, shows the scheme and size of the loaded checkpoint (ui.prequant[0]).
+// - Load Prequant Transformer: after a run, shows the scheme and size of the loaded checkpoint and where the file is
+//   (ui.prequant[0]); maps widget values of workflows saved with an older input order by name (legacyLayout).
 //
 // Everything a file supplies is inserted with textContent, never as HTML: names come from strangers' files.
 import { app } from "../../scripts/app.js";
@@ -135,8 +136,63 @@ function setupLoader(node) {
     d.appendChild(line);
     d.appendChild(el("div", "prequant-note",
       `${s.family} · ${s.quantized_layers} quantized layers · ${s.file} (${s.container}, ${s.layout} keys)`));
+    if (s.location) {
+      const from = s.source ? ` (${s.downloaded ? "downloaded" : "earlier download"} from ${s.source.slice(4)})` : "";
+      d.appendChild(el("div", "prequant-note prequant-location", `File: ${s.location}${from}`));
+    }
     d.dataset.scheme = s.scheme;
     fitToContent(node, d);
+  };
+}
+
+// Workflows saved before the loader's inputs were reordered (expert inputs last) and hf_token was removed store
+// widgets_values in an older order; the front end assigns them by position, so map them back by name here.
+// The old hf_token value is dropped: it is copied into no widget, so it is never saved or queued again.
+const POLICIES = ["prequant only", "prequant, else quantize dense", "quantize dense"];
+const OLD_5 = ["checkpoint", "path", "base_model_id", "scheme", "family"];
+const OLD_9 = [...OLD_5, "hub_repo", "preset", "revision", "hf_token"];
+const OLD_12 = [...OLD_9, "min_features", "policy", "dense_fallback"];
+
+export function legacyLayout(values) {
+  if (!Array.isArray(values)) return null;
+  if (values.length === 5) return OLD_5;
+  if (values.length === 9) return OLD_9;
+  // The current layout also has 12 values, but min_features (a number) sits at index 10 and revision at 9.
+  if (values.length === 12 && typeof values[9] === "number" && POLICIES.includes(values[10])) return OLD_12;
+  return null;
+}
+
+function inputDefault(node, name) {
+  const def = node.constructor?.nodeData?.input ?? {};
+  const spec = def.required?.[name] ?? def.optional?.[name];
+  if (!spec) return undefined;
+  if (spec[1] && "default" in spec[1]) return spec[1].default;
+  if (Array.isArray(spec[0])) return spec[0][0];
+  return spec[1]?.options?.[0];
+}
+
+function remapLegacy(node, info) {
+  const values = info?.widgets_values;
+  const names = legacyLayout(values);
+  if (!names) return false;
+  const byName = new Map(names.map((n, i) => [n, values[i]]));
+  byName.delete("hf_token");
+  for (const w of node.widgets ?? []) {
+    if (w.serialize === false) continue;
+    const v = byName.has(w.name) ? byName.get(w.name) : inputDefault(node, w.name);
+    if (v !== undefined) w.value = v;
+  }
+  info.widgets_values = (node.widgets ?? []).filter((w) => w.serialize !== false).map((w) => w.value);
+  node.setDirtyCanvas?.(true, true);
+  return true;
+}
+
+function setupLegacyInputs(node) {
+  const onConfigure = node.onConfigure;
+  node.onConfigure = function (info) {
+    const r = onConfigure?.apply(this, arguments);
+    remapLegacy(this, info);
+    return r;
   };
 }
 
@@ -145,6 +201,9 @@ app.registerExtension({
   async nodeCreated(node) {
     const cls = node.comfyClass || node.constructor?.comfyClass;
     if (cls === INFO_CLASS) setupInfo(node);
-    else if (cls === LOADER_CLASS) setupLoader(node);
+    else if (cls === LOADER_CLASS) {
+      setupLegacyInputs(node);
+      setupLoader(node);
+    }
   },
 });
