@@ -15,7 +15,7 @@ from prequant_core.checkpoint import Checkpoint
 from prequant_core.errors import ComfyVersionError
 from prequant_core.families import Family
 
-from .ops import make_ops, set_quantized
+from .ops import choose_matmul, make_ops, matmul_summary, set_quantized
 from .patcher import PrequantModelPatcher
 
 log = logging.getLogger("prequant")
@@ -105,10 +105,14 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     model = model_config.get_model({}, "", device=torch.device("meta"))
     placement.assign(model.diffusion_model, tensors, path=path, fill_missing=family.fill_missing,
                      set_quantized=set_quantized, cast_plain=dtype)
+    # The matmul each quantized Linear runs is fixed now, for the device it will compute on (never mid-sampling).
+    matmul = choose_matmul(model.diffusion_model, load_device)
     model.diffusion_model.to(offload_device)
     model.device = offload_device
     size = mm.module_size(model)  # plain int8/fp8 storage: real bytes, not dense-equivalent
-    return PrequantModelPatcher(model, load_device=load_device, offload_device=offload_device, size=size)
+    patcher = PrequantModelPatcher(model, load_device=load_device, offload_device=offload_device, size=size)
+    patcher.prequant_matmul = matmul_summary(matmul)
+    return patcher
 
 
 def load_checkpoint_as_model(ckpt: Checkpoint, family: Family, layout: str):

@@ -43,6 +43,8 @@ def summary_text(s: dict) -> str:
     text = (f"{s['family']} {s['scheme']} from {s['file']} ({s['container']}, {s['layout']} keys): "
             f"{s['quantized_layers']} quantized layers, {human_bytes(s['size_bytes'])} in memory "
             f"(dense {human_bytes(s['dense_bytes'])}); path: {s['path']}")
+    if s.get("matmul"):
+        text += f"; matmul: {s['matmul']}"
     if s.get("location"):
         text += f". File: {s['location']}"
     if s.get("source"):
@@ -234,5 +236,6 @@ class PrequantLoadTransformer:
             f = located.fetched
             s.update(file=os.path.basename(f.path), source=f"hub:{f.repo}@{f.revision}", downloaded=f.downloaded,
                      repo_file=f.filename, location=f.path)
+        s["matmul"] = getattr(patcher, "prequant_matmul", None)  # chosen at load for the load device
         log.info("[prequant] %s", summary_text(s))
         return {"ui": {"prequant": [s], "text": [summary_text(s)]}, "result": (patcher,)}

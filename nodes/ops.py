@@ -5,12 +5,64 @@ which ComfyUI can move, size (real bytes), back up and offload like any other pa
 rebuilt around them per call (metadata only, no copy), so the matmul is torchao's, identical to a model quantized
 in place. ComfyUI's cast path (``cast_bias_weight``) would call ``weight.to(dtype)`` and dequantize nowhere, so a
 quantized Linear takes its own forward; dense layers keep ComfyUI's.
+
+Which matmul runs (torchao's quantized one, or weight-only: rows dequantized to the compute dtype, then a dense
+``F.linear``) is decided at load for the device the model computes on (``prequant_core.devices``,
+docs/FORMAT.md section 8) and stored on each Linear, so sampling never meets an unsupported kernel.
 """
 from __future__ import annotations
 
 import torch
 
-from prequant_core import qtensor
+from prequant_core import devices, qtensor
+
+
+def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``codes * scale`` per row in float32, then ``dtype``: the same numbers as ``qtensor.dequantize`` (tested), in
+    fewer passes over the weight (int8 promotes inside the multiply; fp8 widens exactly to fp16 first, as fp8 takes
+    part in no type promotion)."""
+    s = scale.to(torch.float32)
+    if qdata.dtype == torch.int8:
+        w = qdata * s
+    else:
+        w = qdata.to(torch.float16) * s  # every e4m3 value is exact in fp16; the product is computed in fp32
+    return w if dtype == torch.float32 else w.to(dtype)
+
+
+def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None) -> torch.Tensor:
+    """The weight-only path: dequantize the rows to the input's (compute) dtype and run a dense linear."""
+    w = dequantize_rows(qdata, scale, input.dtype)
+    if bias is not None:
+        bias = bias.to(device=input.device, dtype=input.dtype)
+    return torch.nn.functional.linear(input, w, bias)
+
+
+def spec_is_dynamic(spec) -> bool:
+    return dict(spec.attrs).get("act_quant_kwargs") is not None
+
+
+def choose_matmul(module: torch.nn.Module, device) -> list:
+    """Decide the matmul path of every quantized Linear in ``module`` for ``device`` (the load device) and store it
+    on each Linear. Returns the distinct choices (``devices.MatmulChoice``), for the node's text."""
+    dev = devices.describe(device)
+    override = devices.override_from_env()
+    choices: dict = {}
+    for m in module.modules():
+        spec = getattr(m, "prequant_spec", None)
+        if spec is None:
+            continue
+        key = (spec.kind, spec_is_dynamic(spec))
+        if key not in choices:
+            choices[key] = devices.choose(spec.kind, key[1], dev, override)
+        m.prequant_matmul = choices[key].path
+    return list(choices.values())
+
+
+def matmul_summary(choices) -> str | None:
+    """One line for the node: which matmul runs and why."""
+    if not choices:
+        return None
+    return "; ".join(c.text() for c in choices)
 
 
 def set_quantized(module: torch.nn.Module, attr: str, t) -> None:
@@ -27,6 +79,7 @@ def make_ops(base):
     class PrequantOps(base):
         class Linear(base.Linear):
             prequant_spec = None
+            prequant_matmul = None  # devices.QUANTIZED / devices.WEIGHT_ONLY, set at load by choose_matmul
 
             def prequant_assign(self, qdata, scale, spec):
                 # New Parameters, never in-place writes: ModelPatcher backups keep pointing at the originals.
@@ -70,8 +123,19 @@ def make_ops(base):
                     for f in self.weight_function:
                         w = f(w)
                     q, s = qtensor.requantize(w, spec)
-                weight = qtensor.join(q, s, spec)
+                path = self.prequant_matmul
+                if path is None:  # built outside the loader: decide once, for the device it first runs on
+                    self.prequant_matmul = path = devices.choose(spec.kind, spec_is_dynamic(spec),
+                                                                 devices.describe(dev),
+                                                                 devices.override_from_env()).path
                 bias = self.bias
+                if path == devices.WEIGHT_ONLY:
+                    if bias is not None:
+                        bias = bias.to(device=dev, dtype=input.dtype)
+                        for f in self.bias_function:
+                            bias = f(bias)
+                    return weight_only_linear(input, q, s, bias)
+                weight = qtensor.join(q, s, spec)
                 if bias is not None:
                     bias = bias.to(device=dev, dtype=spec.dtype)
                     for f in self.bias_function:

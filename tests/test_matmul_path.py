@@ -1,0 +1,229 @@
+"""Every device gets a working matmul, chosen at load and stated on the node (issue 14, item 5).
+
+The decision (``prequant_core.devices.choose``) is a pure function of the weight's kind and the device, tested here
+for each device class; the weight-only path is compared with its reference (rows dequantized, ``F.linear``), the
+quantized path with torchao's own ``quantize_``; the loader node's text and its Linears carry the same choice.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from conftest import BASE_ID, sample
+from prequant_core import devices, qtensor, schemes
+from prequant_core.errors import ValidationError
+
+NONE = "(none: use path or hub_repo)"
+Q, WO = devices.QUANTIZED, devices.WEIGHT_ONLY
+
+CPU = devices.Device("cpu")
+MPS = devices.Device("mps")
+XPU = devices.Device("xpu")
+ROCM = devices.Device("cuda", capability=(9, 4), hip=True, name="MI300X")
+H100 = devices.Device("cuda", capability=(9, 0), name="H100")
+L4 = devices.Device("cuda", capability=(8, 9), name="L4")
+A100 = devices.Device("cuda", capability=(8, 0), name="A100")
+RTX3090 = devices.Device("cuda", capability=(8, 6), name="RTX 3090")
+T4 = devices.Device("cuda", capability=(7, 5), name="T4")
+V100 = devices.Device("cuda", capability=(7, 0), name="V100")
+P100 = devices.Device("cuda", capability=(6, 0), name="P100")
+UNKNOWN_CUDA = devices.Device("cuda", capability=None)
+
+
+@pytest.mark.parametrize("device,fp8,int8", [
+    (H100, Q, Q), (L4, Q, Q),  # fp8 tensor cores (>= 8.9)
+    (A100, WO, Q), (RTX3090, WO, Q), (T4, WO, Q),  # int8 GEMM, no fp8
+    (V100, WO, WO), (P100, WO, WO), (UNKNOWN_CUDA, WO, WO),  # neither (or a driver that cannot say)
+    (ROCM, WO, WO), (MPS, WO, WO), (XPU, WO, WO),
+    (CPU, WO, Q),  # torch._int_mm runs on CPUs; fp8 would be emulated
+])
+def test_choice_per_device(device, fp8, int8):
+    a, b = devices.choose("float8", True, device), devices.choose("int8", True, device)
+    assert (a.path, b.path) == (fp8, int8)
+    for c in (a, b):
+        assert device.label() in c.reason and c.path in c.text()
+
+
+@pytest.mark.parametrize("device", [H100, A100, CPU, MPS, ROCM])
+@pytest.mark.parametrize("kind", ["int8", "float8"])
+def test_weight_only_schemes_always_run_weight_only(device, kind):
+    c = devices.choose(kind, False, device)
+    assert c.path == WO and "weight-only file" in c.reason
+    assert devices.choose(kind, False, device, override=Q).path == WO  # nothing to quantize activations with
+
+
+def test_override_both_ways_and_said_so():
+    assert devices.choose("float8", True, CPU, override=Q).path == Q
+    assert devices.choose("int8", True, H100, override=WO).path == WO
+    assert devices.ENV in devices.choose("float8", True, CPU, override=Q).reason
+    assert devices.override_from_env({}) is None
+    assert devices.override_from_env({devices.ENV: "auto"}) is None
+    assert devices.override_from_env({devices.ENV: " Weight_Only "}) == WO
+    assert devices.override_from_env({devices.ENV: "quantized"}) == Q
+    with pytest.raises(ValidationError) as e:
+        devices.override_from_env({devices.ENV: "fast"})
+    assert e.value.found == "fast" and "weight-only" in e.value.expected and e.value.fix
+
+
+def test_describe_reads_the_device():
+    d = devices.describe("cpu")
+    assert d == devices.Device("cpu") and d.label() == "CPU"
+    assert "compute capability 8.6" in RTX3090.label() and "ROCm" in ROCM.label()
+    with pytest.raises(ValueError):
+        devices.choose("int4", True, CPU)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two paths, layer by layer, on the real ComfyUI ops
+# ---------------------------------------------------------------------------------------------------------------
+
+def _linear(ops, scheme, out_f=96, in_f=64, seed=0):
+    """A Linear of this pack's ops (``nodes/ops.py``) carrying a quantized weight, plus its dense weight."""
+    import comfy.ops
+    g = torch.Generator().manual_seed(seed)
+    dense = (torch.randn(out_f, in_f, generator=g) / 8).to(torch.bfloat16)
+    if scheme.startswith("int8"):
+        dense[3] = 0  # an all-zero row (torchao's per-row fp8 turns one into NaN codes with scale 0, in every path)
+    lin = ops.make_ops(comfy.ops.disable_weight_init).Linear(in_f, out_f, bias=True, device="meta")
+    lin.bias = torch.nn.Parameter(torch.randn(out_f, generator=g).to(torch.bfloat16), requires_grad=False)
+    ops.set_quantized(lin, "weight", schemes.quantize_weight(dense, scheme))
+    return lin, dense
+
+
+@pytest.fixture(scope="module")
+def pack_ops(comfy):
+    _, pack = comfy
+    return pack.nodes.ops
+
+
+def test_fast_dequantize_is_the_reference_dequantize(pack_ops):
+    """Every fp8 code and a spread of int8 codes: ``dequantize_rows`` == ``qtensor.dequantize`` bit for bit."""
+    fp8 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    fp8 = fp8[~torch.isnan(fp8.to(torch.float32))].reshape(2, -1)
+    i8 = torch.arange(-128, 128, dtype=torch.int8).reshape(2, -1)
+    scale = torch.tensor([[3.1e-4], [7.7e-1]], dtype=torch.float32)
+    for q in (fp8, i8):
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            a, b = pack_ops.dequantize_rows(q, scale, dt), qtensor.dequantize(q, scale, dt)
+            assert a.dtype == dt and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (q.dtype, dt)
+
+
+@pytest.mark.parametrize("scheme", schemes.SCHEMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_weight_only_path_equals_dequantize_then_linear(pack_ops, scheme, dtype):
+    lin, dense = _linear(pack_ops, scheme)
+    lin.prequant_matmul = WO
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.inference_mode():
+        out = lin(x)
+    ref = torch.nn.functional.linear(x, qtensor.dequantize(lin.weight, lin.weight_scale, dtype), lin.bias.to(dtype))
+    assert out.dtype == dtype and torch.equal(out, ref), scheme
+    # and it is the dense layer up to the weight rounding (a wrong scale or row order would be far off)
+    dense_out = torch.nn.functional.linear(x.float(), dense.float(), lin.bias.float())
+    rel = ((out.float() - dense_out).norm() / dense_out.norm()).item()
+    assert rel < 0.05, (scheme, rel)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_the_two_paths_differ_only_by_activation_rounding(comfy, pack_ops, scheme):
+    """Forcing the quantized path runs torchao's dynamic-activation matmul: a different (coarser) result than
+    weight-only, both close to the dense layer. Guards against one path silently running the other."""
+    lin, dense = _linear(pack_ops, scheme)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        lin.prequant_matmul = WO
+        wo = lin(x)
+        lin.prequant_matmul = Q
+        qu = lin(x)
+    ref = torch.nn.functional.linear(x.to(torch.bfloat16), qtensor.join(lin.weight, lin.weight_scale,
+                                     lin.prequant_spec), lin.bias).to(x.dtype)
+    assert torch.equal(qu, ref)
+    assert not torch.equal(wo, qu)
+
+
+def test_quantized_path_equals_torchao_quantize_(comfy, pack_ops):
+    """The quantized path computes exactly what torchao's ``quantize_`` with the scheme's config computes (int8 here:
+    torchao's fp8 module config asserts a CUDA GPU of compute capability >= 8.9, see bench/gpu_check.py)."""
+    from torchao.quantization import quantize_
+    lin, dense = _linear(pack_ops, "int8")
+    lin.prequant_matmul = Q
+    ref = torch.nn.Linear(64, 96, bias=True, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref.weight.copy_(dense)
+        ref.bias.copy_(lin.bias)
+    quantize_(ref, schemes.torchao_config("int8"))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(lin(x), ref(x))
+
+
+def test_unset_path_is_decided_on_first_call_and_kept(comfy, pack_ops):
+    lin, _ = _linear(pack_ops, "fp8")
+    assert lin.prequant_matmul is None
+    with torch.inference_mode():
+        lin(torch.randn(2, 64))
+    assert lin.prequant_matmul == WO  # fp8 on this CPU
+
+
+def test_choose_matmul_marks_every_quantized_linear(pack_ops, monkeypatch):
+    a, _ = _linear(pack_ops, "fp8", seed=1)
+    b, _ = _linear(pack_ops, "int8", seed=2)
+    c, _ = _linear(pack_ops, "int8-weight-only", seed=3)
+    m = torch.nn.Sequential(a, b, c, torch.nn.Linear(4, 4))
+    got = pack_ops.choose_matmul(m, torch.device("cpu"))
+    assert [x.path for x in got] == [WO, Q, WO] and (a.prequant_matmul, b.prequant_matmul) == (WO, Q)
+    assert c.prequant_matmul == WO and not hasattr(m[3], "prequant_matmul")
+    text = pack_ops.matmul_summary(got)
+    assert "fp8 on CPU" in text and "int8 matmul supported" in text and "int8-weight-only file" in text
+    monkeypatch.setenv(devices.ENV, "weight-only")
+    pack_ops.choose_matmul(m, torch.device("cpu"))
+    assert b.prequant_matmul == WO
+    monkeypatch.setenv(devices.ENV, "bogus")
+    with pytest.raises(ValidationError):
+        pack_ops.choose_matmul(m, torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Through the loader node: the path on the node's text is the path the model runs
+# ---------------------------------------------------------------------------------------------------------------
+
+def _load(comfy, path, scheme):
+    nodes, _ = comfy
+    with torch.inference_mode():
+        return nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(NONE, path=str(path), scheme=scheme,
+                                                                           base_model_id=BASE_ID)
+
+
+def _paths(model):
+    return {m.prequant_matmul for m in model.model.diffusion_model.modules() if getattr(m, "prequant_spec", None)}
+
+
+@pytest.mark.parametrize("scheme,expected", [("fp8", WO), ("int8", Q), ("fp8-weight-only", WO)])
+def test_node_states_the_path_it_runs(comfy, prequant_files, allow_dir, monkeypatch, scheme, expected):
+    monkeypatch.delenv(devices.ENV, raising=False)
+    path = prequant_files(scheme)
+    allow_dir(os.path.dirname(path))
+    res = _load(comfy, path, scheme)
+    model, text = res["result"][0], res["ui"]["text"][0]
+    assert _paths(model) == {expected}
+    assert f"matmul: {expected} matmul" in text and "on CPU" in text
+    assert res["ui"]["prequant"][0]["matmul"] == model.prequant_matmul
+    assert torch.isfinite(sample(model, steps=1)).all()
+
+
+def test_node_override_runs_the_forced_path(comfy, prequant_files, allow_dir, monkeypatch):
+    """PREQUANT_MATMUL=quantized on a CPU: the fp8 file runs torchao's (emulated) fp8 matmul, said on the node, and
+    its output differs from the default weight-only run of the same file."""
+    path = prequant_files("fp8")
+    allow_dir(os.path.dirname(path))
+    monkeypatch.delenv(devices.ENV, raising=False)
+    default = _load(comfy, path, "fp8")["result"][0]
+    monkeypatch.setenv(devices.ENV, "quantized")
+    res = _load(comfy, path, "fp8")
+    forced = res["result"][0]
+    assert _paths(forced) == {Q} and f"{devices.ENV}=quantized" in res["ui"]["text"][0]
+    a, b = sample(default, steps=1), sample(forced, steps=1)
+    assert not torch.equal(a, b)
+    assert ((a - b).norm() / a.norm()).item() < 0.1
