@@ -9,7 +9,7 @@ FOLDER = "prequant"
 EXTENSIONS = {".safetensors", ".pt"}
 DIFFUSION_PREFIX = "diffusion_models/"
 NONE_CHOICE = "(none: use path or hub_repo)"
-# Name patterns of pre-quantized files (FORMAT.md section 3); headers are read for .safetensors as well.
+# Name patterns of pre-quantized files (docs/FORMAT.md section 5); headers are read for .safetensors as well.
 _NAME_TOKENS = ("-int8", "-fp8", "_int8", "_fp8", "prequant")
 _header_cache: dict = {}
 

@@ -63,7 +63,7 @@ def _dist_version(name: str) -> str | None:
 
 def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_features: int, exclude: list[str],
                   tensors: Mapping, skipped: list[str]) -> dict:
-    """Every FORMAT.md metadata field. Version fields are plain ``str`` (``torch.__version__`` would pickle as
+    """Every docs/FORMAT.md metadata field. Version fields are plain ``str`` (``torch.__version__`` would pickle as
     ``TorchVersion``, which strict ``weights_only`` readers may refuse)."""
     import torchao
     rule = schemes.rules(scheme)
@@ -123,7 +123,7 @@ def container_for(dest: str, container: str | None) -> str:
 
 
 def default_filename(base_model_id: str, scheme: str, container: str) -> str:
-    """``<Model>-<SCHEME>.<ext>`` (FORMAT.md section 3), Model = last part of the base model id."""
+    """``<Model>-<SCHEME>.<ext>`` (docs/FORMAT.md section 5), Model = last part of the base model id."""
     model = str(base_model_id).rstrip("/").rsplit("/", 1)[-1] or "model"
     return f"{model}-{schemes.normalize(scheme).upper()}{EXTENSIONS[container]}"
 
@@ -132,7 +132,7 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
           min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str | None = None, overwrite: bool = False,
           key_map: KeyMapArg = None, layout: str | None = None, progress: BuildProgress | None = None,
           free_space: FreeSpaceFn | None = None) -> BuildResult:
-    """Dense model -> pre-quantized checkpoint at ``dest`` (diffusers key names, every FORMAT.md metadata field).
+    """Dense model -> pre-quantized checkpoint at ``dest`` (diffusers key names, every docs/FORMAT.md metadata field).
 
     ``input``: a state dict, a ``Source``, a dense ``.safetensors`` path or a diffusers folder.
     ``key_map``: ComfyUI's diffusers -> ComfyUI map (or ``fn(family, shapes) -> map``), needed for ComfyUI-layout

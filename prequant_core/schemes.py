@@ -8,7 +8,7 @@ import torch
 
 from .errors import ValidationError
 
-# FORMAT.md section 1: int8 files exclude these name tokens on every family; other schemes exclude none.
+# docs/FORMAT.md section 4: int8 files exclude these name tokens on every family; other schemes exclude none.
 INT8_BASE_EXCLUDE = ("norm", "_mod", "modulation", "timestep_embed", "guidance_embed", "time_text_embed",
                      "pooled", "time_embed")
 
@@ -50,7 +50,7 @@ def normalize(scheme: str) -> str:
 
 
 def torchao_config(scheme: str):
-    """The exact torchao config a scheme stands for (FORMAT.md)."""
+    """The exact torchao config a scheme stands for (docs/FORMAT.md section 4)."""
     from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig,
                                       Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, PerRow)
     from torchao.float8.inference import Float8MMConfig
@@ -104,7 +104,7 @@ def exclude_tokens(scheme: str, family_extra: tuple[str, ...] = ()) -> list[str]
 
 @dataclasses.dataclass(frozen=True)
 class LayerFilter:
-    """Which ``nn.Linear`` weights a scheme quantizes (FORMAT.md filter)."""
+    """Which ``nn.Linear`` weights a scheme quantizes (docs/FORMAT.md section 4, layer filter)."""
     scheme: str
     min_features: int = DEFAULT_MIN_FEATURES
     exclude: tuple[str, ...] = ()

@@ -9,7 +9,7 @@
    ``base_model_id``);
 4. nothing (an empty plan).
 
-Each Hub candidate carries the filename chain of FORMAT.md section 3, tried in order:
+Each Hub candidate carries the filename chain of docs/FORMAT.md section 5, tried in order:
 ``<Model>-<SCHEME>.safetensors``, ``<Model>-<SCHEME>.pt``, legacy ``transformer_<scheme>.pt``, where ``<Model>`` is
 the repo name minus a ``-FP8`` / ``-INT8`` / ``-NVFP4`` / ``-MXFP8`` / ``-quantized`` suffix and SCHEME is upper case.
 
@@ -33,7 +33,7 @@ from . import allowlist, families, schemes
 from .errors import HubError
 
 MODEL_SUFFIXES = ("-FP8", "-INT8", "-NVFP4", "-MXFP8", "-quantized")
-HOSTED_SCHEMES = ("int8", "fp8")  # what Unsloth's repos hold (FORMAT.md section 3)
+HOSTED_SCHEMES = ("int8", "fp8")  # what Unsloth's repos hold (docs/FORMAT.md section 5)
 PRESET_NONE = "none"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf://", "hf.co/",
@@ -111,7 +111,7 @@ def scheme_token(scheme: str) -> str:
 
 
 def filenames(repo: str, scheme: str) -> tuple[str, ...]:
-    """The names to try in ``repo`` for ``scheme``, in order (FORMAT.md section 3)."""
+    """The names to try in ``repo`` for ``scheme``, in order (docs/FORMAT.md section 5)."""
     s = schemes.normalize(scheme)
     model = model_name(repo)
     names = [f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]

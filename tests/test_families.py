@@ -155,7 +155,7 @@ def test_prequant_equals_load_time_quantization(comfy, prequant_dir, family, sch
 
 
 def test_int8_exclusions_follow_the_family(comfy, prequant_dir):
-    """qwen-image keeps its text-stream Linears dense in int8 files (FORMAT.md), and the loaded model agrees."""
+    """qwen-image keeps its text-stream Linears dense in int8 files (docs/FORMAT.md), and the loaded model agrees."""
     from prequant_core import formats
     name = prequant_file(prequant_dir, "qwen-image", "int8")
     import folder_paths

@@ -9,7 +9,7 @@ current torch in Python-only mode, so this script must run with 0.14.1 shadowing
         [--codes codes.safetensors]
 
 Input: a dense transformer state dict (safetensors, diffusers layout, bf16). Every Linear weight the int8 scheme's
-filter admits (FORMAT.md: in/out >= min_features, no excluded name token) is quantized with torchao 0.14.1's
+filter admits (docs/FORMAT.md section 4: in/out >= min_features, no excluded name token) is quantized with torchao 0.14.1's
 ``int8_dynamic_activation_int8_weight`` (the v1 ``AffineQuantizedTensor`` path) through ``quantize_`` on a Linear,
 exactly as a model quantized in place; the Unsloth container ``{"format", "metadata", "state_dict"}`` is then
 written with ``torch.save``. ``--codes`` also writes each quantized weight's int8 data and scale, as torchao 0.14.1

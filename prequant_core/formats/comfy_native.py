@@ -1,6 +1,6 @@
 """ComfyUI's own quantized safetensors (the ``-ComfyUI`` twins), read as torchao tensors without dequantizing.
 
-Layout (FORMAT.md section 4), ComfyUI key names (fused ``attention.qkv`` etc.), optionally under
+Layout (docs/FORMAT.md section 6), ComfyUI key names (fused ``attention.qkv`` etc.), optionally under
 ``model.diffusion_model.``:
 
 * per quantized layer ``<layer>.comfy_quant``: a uint8 tensor holding JSON such as ``{"format": "int8_tensorwise"}``

@@ -1,6 +1,6 @@
 """The ``.safetensors`` container (no pickle anywhere): torchao's flattened tensors plus Unsloth's header entries.
 
-Layout (FORMAT.md section 2):
+Layout (docs/FORMAT.md section 2):
   tensors   ``<fqn>._weight_qdata`` / ``_weight_scale`` (int8 also ``_weight_zero_point``), plain tensors as is,
             root-level keys (no dot) as ``unsloth_root::<key>``
   header    per tensor name the torchao JSON, ``tensor_names``, ``unsloth_format``, ``unsloth_metadata`` (JSON),
@@ -96,7 +96,7 @@ def json_entry(meta: dict, key: str, path: str, default):
 
 
 def is_comfy_native(index: dict, meta: dict) -> bool:
-    """ComfyUI's own quantized layout (FORMAT.md section 4), by any of its three markings."""
+    """ComfyUI's own quantized layout (docs/FORMAT.md section 6), by any of its three markings."""
     return (meta.get("unsloth_format") is None and any(k.endswith(".comfy_quant") for k in index)) \
         or "_quantization_metadata" in meta or any(k == "scaled_fp8" or k.endswith(".scaled_fp8") for k in index)
 
