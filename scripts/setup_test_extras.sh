@@ -19,3 +19,11 @@ if [ ! -f .cache/torchao014/torchao/__init__.py ]; then
   .venv/bin/python -m pip install -q --no-deps --no-cache-dir --target .cache/torchao014 torchao==0.14.1 2>&1 \
     | grep -v '^WARNING: Location' || true
 fi
+# The Comfy Registry's own tooling (comfy-cli: `comfy node validate` / `comfy node pack`) for tests/test_registry.py,
+# in its own venv inside the checkout (its pins must not move the dev env's packages).
+if [ ! -x .cache/comfy-cli/bin/comfy ] || ! .cache/comfy-cli/bin/python -m ruff --version >/dev/null 2>&1; then
+  echo "[setup] comfy-cli 1.23.0 into .cache/comfy-cli (Registry validator)"
+  python3 -m venv .cache/comfy-cli
+  .cache/comfy-cli/bin/python -m pip install -q --disable-pip-version-check comfy-cli==1.23.0 2>&1 \
+    | grep -v '^WARNING: Location' || true
+fi
