@@ -118,11 +118,16 @@ class PrequantBuildCheckpoint:
     CATEGORY = "loaders/prequant"
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("path",)
+    OUTPUT_TOOLTIPS = ("The full path of the written pre-quantized file (feed it to Prequant Info's path, or pick "
+                       "the file in Load Prequant Transformer's list).",)
     FUNCTION = "build"
     OUTPUT_NODE = True
+    SEARCH_ALIASES = ["int8", "fp8", "quantized", "quantize", "pre-quantized", "prequant", "unsloth", "torchao",
+                      "save quantized model"]
     DESCRIPTION = ("Quantizes a dense diffusion transformer (torchao int8 / fp8, per row) and writes a pre-quantized "
-                   "checkpoint into models/prequant. Connect a MODEL from any stock loader, or pick a dense file from "
-                   "diffusion_models. Returns the written path (feed it to Prequant Info).")
+                   "checkpoint into models/prequant, in the same format as Unsloth's quantized files. Connect a MODEL "
+                   "from any stock loader, or pick a dense file from diffusion_models. Returns the written path "
+                   "(feed it to Prequant Info).")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -138,12 +143,14 @@ class PrequantBuildCheckpoint:
                                                     "quantized."}),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Recorded in the file so loaders can check it "
                                   "(e.g. Tongyi-MAI/Z-Image-Turbo). Empty: the family's base model."}),
-                "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO}),
+                "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO, "tooltip": "The model family "
+                           "(auto: detected from the weights' keys and shapes)."}),
                 "filename": ("STRING", {"default": "", "tooltip": "File name inside models/prequant. Empty: "
                              "<Model>-<SCHEME>.<ext> from base_model_id."}),
                 "container": (list(core.CONTAINERS), {"default": "safetensors", "tooltip": "safetensors: no pickle, "
                               "safe to share. pt: torch.save container."}),
-                "overwrite": ("BOOLEAN", {"default": False}),
+                "overwrite": ("BOOLEAN", {"default": False, "tooltip": "Replace a file of the same name in "
+                              "models/prequant (off: an existing file is kept and the build stops)."}),
             },
             "optional": {
                 "model": ("MODEL", {"tooltip": "A dense MODEL from any loader (not one loaded pre-quantized)."}),

@@ -19,11 +19,15 @@ class PrequantInfo:
     CATEGORY = "loaders/prequant"
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("report",)
+    OUTPUT_TOOLTIPS = ("The same report as text (one line per field, the verdict first).",)
     FUNCTION = "inspect"
     OUTPUT_NODE = True
-    DESCRIPTION = ("Shows what a pre-quantized checkpoint is without loading it: format, scheme, family, base model, "
-                   "quantized and dense sizes, the saving, recorded versions, and whether it matches the base model "
-                   "and scheme you give. Reads only the file's header / index.")
+    SEARCH_ALIASES = ["int8", "fp8", "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "inspect",
+                      "checkpoint info", "verify"]
+    DESCRIPTION = ("Shows what a pre-quantized (int8 / fp8; Unsloth's quantized files or this pack's) checkpoint is "
+                   "without loading it: format, scheme, family, base model, quantized and dense sizes, the saving, "
+                   "recorded versions, and whether it matches the base model and scheme you give. Reads only the "
+                   "file's header / index.")
 
     @classmethod
     def INPUT_TYPES(cls):
