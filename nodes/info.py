@@ -6,6 +6,7 @@ import os
 
 from prequant_core import allowlist, schemes
 from prequant_core.errors import PrequantError
+from prequant_core.formats import open_file
 from prequant_core.info import info
 from prequant_core.metadata import Request
 
@@ -62,8 +63,10 @@ class PrequantInfo:
         real = allowlist.check(target, paths.model_dirs())
         req = Request(scheme=None if scheme in (ANY, "", None) else scheme,
                       base_model_id=(base_model_id or "").strip() or None)
-        report = info(real, None if req.scheme is None and req.base_model_id is None else req,
-                      verify_fingerprint=bool(verify_fingerprint))
+        with open_file(real) as f:  # the allowlist judges the file that is then read, not a name
+            allowlist.check_opened(f, paths.model_dirs())
+            report = info(f, None if req.scheme is None and req.base_model_id is None else req,
+                          verify_fingerprint=bool(verify_fingerprint))
         text = report.to_text()
         log.info("[prequant] %s", text)
         return {"ui": {"prequant_info": [report.to_dict()], "text": [text]}, "result": (text,)}

@@ -39,7 +39,24 @@ def check(path: str, model_dirs: Iterable[str] = (), env: Mapping[str, str] | No
     except ValueError:  # an embedded NUL character: no file has that name
         raise PathNotAllowedError("Refused a path that contains a NUL character.", path=repr(str(path))[:300],
                                   fix="Pick the file from the list, or type its path again.") from None
-    roots = [os.path.realpath(d) for d in model_dirs] + allowed_roots(env)
+    except OSError as e:  # a symlink loop on some platforms, a name too long, an unreadable folder
+        raise PathNotAllowedError("Refused a path that cannot be resolved.", path=str(path)[:300],
+                                  found=f"{type(e).__name__}: {e.strerror or e}",
+                                  fix="Pick the file from the list, or check the path.") from None
+    return _judge(str(path), real, model_dirs, env)
+
+
+def check_opened(f, model_dirs: Iterable[str] = (), env: Mapping[str, str] | None = None) -> str:
+    """``check`` for a file already opened (``formats.OpenedFile``): judges the real path of what was opened, so
+    a name swapped after ``check`` cannot redirect the read."""
+    return _judge(f.path, f.real, model_dirs, env)
+
+
+def _judge(path: str, real: str, model_dirs: Iterable[str], env: Mapping[str, str] | None) -> str:
+    try:
+        roots = [os.path.realpath(d) for d in model_dirs] + allowed_roots(env)
+    except (OSError, ValueError):
+        roots = []
     if any(_inside(real, r) for r in roots):
         return real
     shown = str(path) if real == os.path.abspath(str(path)) else f"{path} (resolves to {real})"

@@ -5,6 +5,8 @@ so the ComfyUI node, the command line and the log all show the same actionable s
 """
 from __future__ import annotations
 
+from .safe_text import escape
+
 
 class PrequantError(Exception):
     """Base class. ``str(err)`` is the full user-facing message."""
@@ -22,17 +24,19 @@ class PrequantError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        parts = [self.message]
+        # Messages quote names and values from files: each part is escaped, so one line stays one line and no
+        # terminal escape from a file reaches the log, the CLI or the UI.
+        parts = [escape(self.message)]
         if self.path:
-            parts.append(f"File: {self.path}")
+            parts.append(f"File: {escape(self.path)}")
         if self.expected is not None:
-            parts.append(f"Expected: {self.expected}")
+            parts.append(f"Expected: {escape(self.expected)}")
         if self.found is not None:
-            parts.append(f"Found: {self.found}")
+            parts.append(f"Found: {escape(self.found)}")
         for r in self.reasons:
-            parts.append(f"- {r}")
+            parts.append(f"- {escape(r)}")
         if self.fix:
-            parts.append(f"Fix: {self.fix}")
+            parts.append(f"Fix: {escape(self.fix)}")
         return "\n".join(parts)
 
 
@@ -83,3 +87,8 @@ class BuildError(PrequantError):
 
 class MemoryBudgetError(PrequantError):
     kind = "memory"
+
+
+class DependencyError(PrequantError):
+    """An optional extra the call needs is not installed (e.g. diffusers / accelerate for the diffusers loader)."""
+    kind = "dependency"

@@ -6,6 +6,7 @@ import hashlib
 import torch
 
 from . import qtensor
+from .errors import PrequantError
 
 ALGO = "md5-packed-v1"
 
@@ -26,7 +27,7 @@ def compute(tensors: dict, skipped: list[str] | None = None) -> dict:
 def verify(tensors: dict, fp: dict) -> list[str]:
     """Reasons the fingerprint does not match (empty when it does)."""
     if not isinstance(fp, dict) or fp.get("algo") != ALGO:
-        return [f"fingerprint algorithm {fp.get('algo') if isinstance(fp, dict) else fp!r} is not {ALGO}"]
+        return [f"fingerprint algorithm {str(fp.get('algo'))[:40] if isinstance(fp, dict) else type(fp).__name__} is not {ALGO}"]
     mods = fp.get("modules") or {}
     if not isinstance(mods, dict):
         return [f"fingerprint 'modules' is {type(mods).__name__}, expected an object"]
@@ -35,8 +36,10 @@ def verify(tensors: dict, fp: dict) -> list[str]:
         if qtensor.is_quantized(v):
             try:
                 got[k] = of_tensor(v)
-            except ValueError as e:  # e.g. a non-zero int8 zero point: not a weight this pack reads
-                out.append(f"weight '{k}' cannot be fingerprinted: {e}")
+            except PrequantError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a non-zero zero point, a tensor torch cannot view as bytes ...
+                out.append(f"weight '{k[:80]}' cannot be fingerprinted: {type(e).__name__}: {str(e)[:160]}")
     bad = [k for k, h in mods.items() if got.get(k) != h]
     missing = [k for k in got if k not in mods]
     if bad:

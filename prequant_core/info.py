@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Iterator, Mapping
 
@@ -27,6 +28,7 @@ from . import families, fingerprint, formats, metadata, qtensor
 from .checkpoint import Checkpoint
 from .errors import CorruptCheckpointError, UnknownFamilyError
 from .formats.safetensors_container import is_comfy_native
+from .safe_text import escape
 from .units import human_bytes
 
 READ_HEADER = "header"  # safetensors: length + JSON header only
@@ -129,7 +131,7 @@ class Report:
         ex = self.exclude_tokens
         ex_text = "-" if ex is None else (", ".join(map(str, ex)) if isinstance(ex, list) and ex else
                                           "none" if isinstance(ex, list) else str(ex))
-        return [
+        rows = [
             ["File", f"{self.file} ({human_bytes(self.file_size)})"],
             ["Format", f"{opt(self.format_tag)} [{self.container}, read: {READ_MODE_TEXT.get(self.read_mode, self.read_mode)}]"],
             ["Scheme", scheme],
@@ -146,6 +148,7 @@ class Report:
             ["Excluded names", ex_text],
             ["Fingerprint", fp],
         ]
+        return [[k, escape(v)] for k, v in rows]  # names and values come from the file: no control characters
 
     def to_dict(self) -> dict:
         d = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -159,14 +162,16 @@ class Report:
     def to_text(self) -> str:
         rows = self.rows()
         width = max(len(k) for k, _ in rows)
-        lines = [f"Prequant Info: {self.file}", f"  {'Verdict'.ljust(width)}  {self.verdict_line()}"]
-        lines += [f"  {' ' * width}  - {r}" for r in self.reasons]
+        lines = [f"Prequant Info: {escape(self.file)}", f"  {'Verdict'.ljust(width)}  {escape(self.verdict_line())}"]
+        lines += [f"  {' ' * width}  - {escape(r)}" for r in self.reasons]
         lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  note: {escape(n)}" for n in self.notes]
         return "\n".join(lines)
 
 
 def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # strict JSON has no NaN / Infinity
     if v is None or isinstance(v, (bool, int, float)):
         return v
     if isinstance(v, str):
@@ -193,10 +198,11 @@ def _meta_tensor(info: dict) -> torch.Tensor:
     return torch.empty(info["shape"], dtype=ST_TORCH_DTYPES[info["dtype"]], device="meta")
 
 
-def _safetensors_light(path: str) -> _Light | None:
+def _safetensors_light(fh) -> _Light | None:
     """Header-only read, mirroring ``read_safetensors`` key for key. None: not a layout this path understands."""
     from .formats import safetensors_container as sc
-    index, meta, _ = sc.read_header(path)
+    path = fh.path
+    index, meta, _ = sc.read_header(fh)
     if is_comfy_native(index, meta):
         return None
     tag = meta.get("unsloth_format")
@@ -204,29 +210,47 @@ def _safetensors_light(path: str) -> _Light | None:
     if not isinstance(md, dict):
         raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
     tensors, qparts = sc.assemble(path, index, meta, lambda k: _meta_tensor(index[k]), read_data=False)
+    _check_scales(fh, qparts)
     ck = Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=md, tensors=tensors)
     return _Light(ck, READ_HEADER, qparts)
 
 
-def _pt_light(path: str) -> _Light | None:
+def _check_scales(fh, qparts: dict) -> None:
+    """Per-row scales are a few bytes per row: read them (not the codes) so a NaN scale is refused here too."""
+    from safetensors import safe_open
+    from .formats.validate_tensors import check_scale_finite
+    keys = [(name, stored["scale"]) for name, (_, stored) in qparts.items() if "scale" in stored]
+    if not keys:
+        return
+    try:
+        handle = safe_open(fh.io_path, framework="pt", device="cpu")
+    except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
+        raise CorruptCheckpointError("The safetensors file could not be read.", path=fh.path,
+                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
+    with handle as f:
+        for name, key in keys:
+            check_scale_finite(name, f.get_tensor(key), fh.path)
+
+
+def _pt_light(fh) -> _Light | None:
     """torch.load(mmap=True, weights_only=True); container checks as ``read_pt``; no tensor byte touched.
 
     None: a legacy torchao-v1 file (the full reader knows how to convert it).
     """
     from .formats import pt as ptf
     try:
-        obj = ptf.load_weights_only(path, mmap=True)
+        obj = ptf.load_weights_only(fh, mmap=True)
     except ptf._LegacyV1:  # noqa: SLF001 - the .pt reader's own signal for torchao-v1 pickles
         return None
-    return _Light(ptf.container(obj, path, read_data=False), READ_MMAP)
+    return _Light(ptf.container(obj, fh.path, read_data=False), READ_MMAP)
 
 
-def _open(path: str) -> _Light:
-    kind = formats.sniff(path)
-    light = _safetensors_light(path) if kind == "safetensors" else _pt_light(path)
+def _open(fh) -> _Light:
+    kind = formats.sniff(fh)
+    light = _safetensors_light(fh) if kind == "safetensors" else _pt_light(fh)
     if light is not None:
         return light
-    return _Light(formats.read(path), READ_FULL)
+    return _Light(formats.read(fh), READ_FULL)
 
 
 class _StreamedWeights(Mapping):
@@ -251,13 +275,13 @@ class _StreamedWeights(Mapping):
                                          found=f"{type(e).__name__}: {str(e)[:200]}") from None
 
 
-def _verify_fingerprint(light: _Light, fp: dict) -> list[str]:
+def _verify_fingerprint(light: _Light, fp: dict, fh) -> list[str]:
     ck = light.checkpoint
     if light.quantized_parts is None:
         return fingerprint.verify(ck.tensors, fp)
     from safetensors import safe_open
     try:
-        handle = safe_open(ck.path, framework="pt", device="cpu")
+        handle = safe_open(fh.io_path, framework="pt", device="cpu")
     except Exception as e:  # noqa: BLE001
         raise CorruptCheckpointError("The safetensors file could not be read.", path=ck.path,
                                      found=f"{type(e).__name__}: {str(e)[:200]}") from None
@@ -293,10 +317,15 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
     Raises the ``PrequantError`` family (not found, corrupt, unsafe, unsupported, unknown family/scheme in the
     request). A file that reads but does not fit (wrong base, v2 tag, dense) is a report with ``valid=False``.
     """
-    path = os.fspath(path)
     if isinstance(request, Mapping):
         request = metadata.Request(**request)
-    light = _open(path)
+    with formats.opened(path) as fh:
+        return _info(fh, request, verify_fingerprint)
+
+
+def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Report:
+    path = fh.path
+    light = _open(fh)
     ck = light.checkpoint
     md = ck.metadata
     notes: list[str] = []
@@ -312,7 +341,7 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
     if layout is None and req_fam is not None:
         layout = req_fam.layout_of(keys)
 
-    verdict = metadata.validate(ck, request or metadata.Request(), exclude_extra)
+    verdict = metadata.validate(ck, request or metadata.Request(), exclude_extra, family=req_fam or fam)
     reasons = list(verdict.reasons)
     notes += list(getattr(verdict, "notes", None) or [])  # accepted but worth saying (e.g. per-tensor twins)
 
@@ -335,7 +364,7 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
         if not fp_present:
             notes.append("no fingerprint recorded: nothing to verify")
         else:
-            fp_reasons = _verify_fingerprint(light, fp)
+            fp_reasons = _verify_fingerprint(light, fp, fh)
             fp_verified = not fp_reasons
             reasons += [f"fingerprint: {r}" for r in fp_reasons]
     elif fp_present:
@@ -343,7 +372,7 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
 
     scheme = md.get("scheme") if md.get("scheme") is not None else (",".join(found) or None)
     return Report(
-        path=os.path.abspath(path), file_size=os.path.getsize(path), container=ck.container, read_mode=light.read_mode,
+        path=os.path.abspath(path), file_size=fh.size, container=ck.container, read_mode=light.read_mode,
         format_tag=ck.format_tag, scheme=scheme, schemes_found=found,
         family=md.get("family") if isinstance(md.get("family"), str) else (fam.name if fam else None),
         layout=layout, base_model_id=md.get("base_model_id"), component=md.get("component"),
@@ -401,7 +430,7 @@ def add_cli(subparsers) -> None:
 
 def _cmd_info(args) -> int:
     r = info(args.file, verify_fingerprint=args.verify_fingerprint)
-    print(json.dumps(r.to_dict(), indent=2, sort_keys=True) if args.json else r.to_text())
+    print(json.dumps(r.to_dict(), indent=2, sort_keys=True, allow_nan=False) if args.json else r.to_text())
     return 0
 
 
@@ -410,10 +439,10 @@ def _cmd_verify(args) -> int:
                            family=args.family)
     r = info(args.file, req, verify_fingerprint=args.verify_fingerprint)
     if args.json:
-        print(json.dumps(r.to_dict(), indent=2, sort_keys=True))
+        print(json.dumps(r.to_dict(), indent=2, sort_keys=True, allow_nan=False))
     else:
-        print(f"{r.file}: {r.verdict_line()}")
+        print(f"{escape(r.file)}: {escape(r.verdict_line())}")
         for reason in r.reasons:
-            print(f"  - {reason}")
+            print(f"  - {escape(reason)}")
     return 0 if r.valid else 1
 

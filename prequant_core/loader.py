@@ -23,19 +23,29 @@ def open_checkpoint(path: str, request: metadata.Request | None = None, *, model
     """``memory_guard``: True checks host memory against the file's declared size before reading it (see
     ``memory``); a ``memory.Guard`` also names the load device etc.; False skips the check."""
     request = request or metadata.Request()
+    guard = memory_guard if isinstance(memory_guard, memory.Guard) else None
     real = allowlist.check(path, model_dirs)
-    if memory_guard is not False:
-        memory.check_file(real, memory_guard if isinstance(memory_guard, memory.Guard) else None)
-    ckpt = formats.read(real)
+    # Opened once: the allowlist, the guard and every read judge this handle, whatever happens to the name now.
+    with formats.open_file(real) as f:
+        allowlist.check_opened(f, model_dirs)
+        if memory_guard is not False:
+            memory.check_file(f, guard)
+        ckpt = formats.read(f)
+        if memory_guard is not False:
+            # the stored bytes passed; now what the tensors declare, before any of their bytes is touched
+            memory.check_declared(ckpt, guard)
+    real = f.real
     if request.family:
         fam = families.get(request.family)
         layout = fam.layout_of(ckpt.tensors.keys()) or families.detect(ckpt.tensors.keys(), ckpt.metadata, real)[1]
     else:
         fam, layout = families.detect(ckpt.tensors.keys(), ckpt.metadata, real)
-    verdict = metadata.validate(ckpt, request, fam.int8_exclude_extra)
+    verdict = metadata.validate(ckpt, request, family=fam)
     if strict and not verdict.ok:
         raise ValidationError("The checkpoint does not match what was asked for; it was not loaded.", path=real,
                               reasons=verdict.reasons,
                               fix="Pick the file built for this base model and scheme, or change the node's "
                                   "base_model_id / scheme inputs.")
+    # Unsloth's rule: every fp8 weight runs torchao's TORCH kernels (the same as load-time quantization)
+    metadata.pin_fp8_kernels(ckpt.tensors)
     return Opened(ckpt, fam, layout, verdict)

@@ -100,23 +100,42 @@ class Budget:
     device_available: int | None = None
 
 
-def declared_bytes(path: str) -> int | None:
+def declared_bytes(src) -> int | None:
     """Bytes of tensor data the checkpoint declares, from its index only; None when the index cannot be read
-    cheaply (the reader then reports what is wrong with the file)."""
+    cheaply (the reader then reports what is wrong with the file). ``src``: a path or an ``OpenedFile``."""
     from . import formats
-    kind = formats.sniff(path)  # missing / empty / not a checkpoint: the same errors the reader raises
-    if kind == "safetensors":
-        from .formats.safetensors_container import read_header
-        index, _, _ = read_header(path)
-        names = list(index)
-        if any(n.startswith(COMFY_PREFIX) for n in names):
-            names = [n for n in names if n.startswith(COMFY_PREFIX) or n == "scaled_fp8"]
-        return sum(index[n]["data_offsets"][1] - index[n]["data_offsets"][0] for n in names)
-    try:
-        with zipfile.ZipFile(path) as z:
-            return sum(i.file_size for i in z.infolist() if _DATA_RECORD.search(i.filename))
-    except Exception:  # noqa: BLE001 - a damaged zip index: no estimate; the reader names what is wrong
-        return None
+    with formats.opened(src) as f:
+        kind = formats.sniff(f)  # missing / empty / not a checkpoint: the same errors the reader raises
+        if kind == "safetensors":
+            from .formats.safetensors_container import read_header
+            index, _, _ = read_header(f)
+            names = list(index)
+            if any(n.startswith(COMFY_PREFIX) for n in names):
+                names = [n for n in names if n.startswith(COMFY_PREFIX) or n == "scaled_fp8"]
+            return sum(index[n]["data_offsets"][1] - index[n]["data_offsets"][0] for n in names)
+        from .formats import pickle_guard
+        try:
+            with open(f.io_path, "rb") as raw:
+                pickle_guard.check_zip_index(raw, f.path)  # bounds the entry count before listing entries
+                raw.seek(0)
+                with zipfile.ZipFile(raw) as z:
+                    return sum(i.file_size for i in z.infolist() if _DATA_RECORD.search(i.filename))
+        except Exception:  # noqa: BLE001 - a damaged zip index: no estimate; the reader names what is wrong
+            return None
+
+
+def logical_bytes(ckpt) -> int:
+    """What the read checkpoint's tensors declare (shape x dtype, scales as used). Views that share storage
+    count once per view: moving the model to a device or copying it materialises every view."""
+    from . import qtensor
+    total = 0
+    for t in ckpt.tensors.values():
+        if qtensor.is_quantized(t):
+            q, s = t.qdata, t.scale
+            total += q.numel() * q.element_size() + max(s.numel(), q.shape[0] if q.ndim else 1) * 4
+        else:
+            total += t.numel() * t.element_size()
+    return total
 
 
 def _is_cuda(device) -> bool:
@@ -161,11 +180,19 @@ def check(path: str, declared: int, guard: Guard | None = None) -> Budget:
     return budget
 
 
-def check_file(path: str, guard: Guard | None = None, env: Mapping[str, str] | None = None) -> Budget | None:
+def check_file(src, guard: Guard | None = None, env: Mapping[str, str] | None = None) -> Budget | None:
     """``check`` with the file's declared bytes. None: check disabled, or the index unreadable (left to the reader)."""
     if not enabled(env):
         return None
-    declared = declared_bytes(path)
+    declared = declared_bytes(src)
     if declared is None:
         return None
-    return check(path, declared, guard)
+    return check(getattr(src, "path", src), declared, guard)
+
+
+def check_declared(ckpt, guard: Guard | None = None, env: Mapping[str, str] | None = None) -> Budget | None:
+    """``check`` with what the read tensors declare (``logical_bytes``), before any of their bytes is used: a
+    ``.pt`` index counts stored bytes, and views can declare more than is stored."""
+    if not enabled(env):
+        return None
+    return check(ckpt.path, logical_bytes(ckpt), guard)

@@ -9,6 +9,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import time
 from typing import Callable, Mapping
 
@@ -18,6 +19,7 @@ from . import schemes
 from .errors import BuildError
 from .dense_sources import TensorInfo
 from .quantize import is_linear_weight
+from .safe_text import is_clean
 from .units import human_bytes
 
 
@@ -129,12 +131,57 @@ def clean_stale_temps(folder: str, *, now: float | None = None) -> list[str]:
     return removed
 
 
+# Names Windows reserves in every folder (with any extension), whatever the disk.
+_WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
+def check_output_name(name: str, *, origin: str = "filename") -> str:
+    """A bare file name safe to create in the output folder on any OS, else ``BuildError``. One check for every
+    name, typed or derived (``origin`` says which, for the message)."""
+    problem = None
+    if not name or not name.strip():
+        problem = "it is empty"
+    elif any(sep in name for sep in ("/", "\\", os.sep, os.altsep or "/")) or os.path.isabs(name) or ":" in name:
+        problem = "it contains a folder or drive part"
+    elif name in (".", "..") or ".." in name:
+        problem = "it contains '..'"
+    elif name.startswith("."):
+        problem = "it is a hidden name (starts with '.')"
+    elif not is_clean(name) or any(c in name for c in '<>"|?*'):
+        problem = "it contains control or reserved characters"
+    elif name != name.rstrip(" ."):
+        problem = "it ends with a space or a dot (Windows drops them)"
+    elif name.split(".")[0].strip().upper() in _WINDOWS_RESERVED:
+        problem = "it is a name Windows reserves for a device"
+    elif len(name.encode("utf-8")) > 240:
+        problem = "it is longer than file systems allow"
+    if problem:
+        raise BuildError(f"The output file name is not a plain file name: {problem}.", found=repr(name)[:200],
+                         expected="e.g. Z-Image-Turbo-INT8.safetensors (no folders, no '..', not hidden, no control "
+                                  "characters)",
+                         fix="Type a plain name in 'filename'." if origin == "filename" else
+                             f"The name was derived from {origin}; type a plain name in 'filename' instead.")
+    return name
+
+
 def _refuse_existing(dest: str, overwrite: bool) -> None:
     if os.path.isdir(dest):
         raise BuildError("The output path is a folder.", path=dest, fix="Give a file name.")
-    if os.path.lexists(dest) and not overwrite:
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise BuildError("The output path cannot be checked.", path=dest, found=f"{type(e).__name__}: {e.strerror}",
+                         fix="Check the folder's permissions, or choose another filename.") from None
+    if not overwrite:
         raise BuildError("The output file already exists; it was left untouched.", path=dest,
                          fix="Choose another filename, or allow overwriting.")
+    if not stat.S_ISREG(st.st_mode):
+        # overwriting means replacing a checkpoint, never a pipe, a device node or a link to somewhere else
+        raise BuildError("The output path exists and is not a regular file; it was left untouched, even with "
+                         "overwriting allowed.", path=dest, found="a symbolic link" if stat.S_ISLNK(st.st_mode) else
+                         "a pipe, socket or device", fix="Choose another filename.")
 
 
 @contextlib.contextmanager

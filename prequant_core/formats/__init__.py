@@ -1,37 +1,24 @@
 """Readers, one module per container. ``read`` picks by content (magic bytes), not by file name."""
 from __future__ import annotations
 
-import os
-import stat
-
+from .. import safe_text
 from ..checkpoint import Checkpoint
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+from ..errors import CorruptCheckpointError
+from .opened import OpenedFile, open_file, opened  # noqa: F401 - the readers' shared entry points
 
 ZIP_MAGIC = b"PK\x03\x04"
 
 
-def sniff(path: str) -> str:
-    """'pt' (torch.save zip), 'safetensors', or raise."""
-    try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(path)
-        if not stat.S_ISREG(st.st_mode):  # a pipe would block the reader forever, a device never ends
-            raise CorruptCheckpointError("Expected a checkpoint file but this is not a regular file (a pipe, socket "
-                                         "or device).", path=path, fix="Point at the .safetensors or .pt file.")
-        size = st.st_size
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError("Checkpoint file not found.", path=path,
-                                      fix="Check the file name, or put the file into ComfyUI/models/prequant/.") from None
-    except IsADirectoryError:
-        raise CorruptCheckpointError("Expected a checkpoint file but this is a folder.", path=path,
-                                     fix="Point at the .safetensors or .pt file inside it.") from None
-    except (OSError, ValueError) as e:  # permission denied, a symlink loop, a name too long, an embedded NUL ...
-        raise CorruptCheckpointError("The checkpoint file cannot be opened.", path=path,
-                                     found=f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}",
-                                     fix="Check the file's name and permissions.") from None
+def sniff(src) -> str:
+    """'pt' (torch.save zip), 'safetensors', or raise. ``src``: a path or an ``OpenedFile``."""
+    with opened(src) as f:
+        path, size = f.path, f.size
+        try:
+            head = f.read_at(0, 16)
+        except OSError as e:
+            raise CorruptCheckpointError("The checkpoint file cannot be read.", path=path,
+                                         found=f"{type(e).__name__}: {e.strerror or e}",
+                                         fix="Check the file's permissions and the disk.") from None
     if head.startswith(ZIP_MAGIC):
         return "pt"
     if len(head) >= 9:
@@ -43,14 +30,16 @@ def sniff(path: str) -> str:
                                      fix="Download or build it again.")
     raise CorruptCheckpointError(
         "Not a pre-quantized checkpoint: the file is neither a torch.save archive nor a safetensors file.",
-        path=path, expected="a .safetensors or .pt pre-quantized transformer", found=f"{size} bytes starting {head[:8]!r}",
+        path=path, expected="a .safetensors or .pt pre-quantized transformer",
+        found=f"{size} bytes starting {safe_text.escape(repr(head[:8]))}",
         fix="Download the file again (it may be truncated or an HTML error page), or pick another file.")
 
 
-def read(path: str, *, mmap: bool = True) -> Checkpoint:
-    kind = sniff(path)
-    if kind == "pt":
-        from .pt import read_pt
-        return read_pt(path, mmap=mmap)
-    from .safetensors_container import read_safetensors
-    return read_safetensors(path)
+def read(src, *, mmap: bool = True) -> Checkpoint:
+    """The whole checkpoint. ``src``: a path (opened here, once) or an ``OpenedFile`` (read through it)."""
+    with opened(src) as f:
+        if sniff(f) == "pt":
+            from .pt import read_pt
+            return read_pt(f, mmap=mmap)
+        from .safetensors_container import read_safetensors
+        return read_safetensors(f)

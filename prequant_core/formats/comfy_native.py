@@ -26,6 +26,8 @@ import torch
 from .. import qtensor
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from . import plain_data
+from .opened import OpenedFile
 
 PREFIX = "model.diffusion_model."
 QUANT_SUFFIX = ".comfy_quant"
@@ -71,11 +73,7 @@ def _layer_configs(path: str, index: dict, meta: dict, strip) -> tuple[dict, str
     raw = meta.get("_quantization_metadata")
     if raw is not None:
         style = "_quantization_metadata"
-        try:
-            qm = json.loads(raw)
-        except json.JSONDecodeError:
-            raise CorruptCheckpointError("Header entry '_quantization_metadata' is not valid JSON.",
-                                         path=path) from None
+        qm = plain_data.loads(raw, path, "header entry '_quantization_metadata'")
         if not isinstance(qm, dict) or not isinstance(qm.get("layers"), dict):
             raise CorruptCheckpointError("Header entry '_quantization_metadata' has no 'layers' object.", path=path,
                                          found=str(raw)[:160])
@@ -89,9 +87,10 @@ def _read_quant_json(t: torch.Tensor, layer: str, path: str):
         raise CorruptCheckpointError(f"'{layer[:80]}.comfy_quant' is not a short uint8 JSON tensor.", path=path,
                                      found=f"{t.dtype} {tuple(t.shape)}")
     try:
-        return json.loads(bytes(t.tolist()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        text = t.numpy().tobytes().decode("utf-8")
+    except UnicodeDecodeError:
         raise CorruptCheckpointError(f"'{layer[:80]}.comfy_quant' does not hold valid JSON.", path=path) from None
+    return plain_data.loads(text, path, f"'{layer[:80]}.comfy_quant' entry")
 
 
 def _scale_rows(scale: torch.Tensor | None, rows: int, layer: str, path: str, default_one: bool) -> tuple:
@@ -115,8 +114,9 @@ def _scale_rows(scale: torch.Tensor | None, rows: int, layer: str, path: str, de
                                  found=str(tuple(s.shape)))
 
 
-def read_comfy_native(path: str, index: dict, meta: dict) -> Checkpoint:
+def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
     from safetensors import safe_open
+    path = fh.path
     names = list(index)
     prefixed = any(n.startswith(PREFIX) for n in names)
 
@@ -128,7 +128,7 @@ def read_comfy_native(path: str, index: dict, meta: dict) -> Checkpoint:
     layers, style = _layer_configs(path, index, meta, strip)
     marker = next((n for n in names if strip(n) == "scaled_fp8"), None)
     try:
-        f = safe_open(path, framework="pt", device="cpu")
+        f = safe_open(fh.io_path, framework="pt", device="cpu")
     except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
         raise CorruptCheckpointError("The safetensors file could not be read.", path=path,
                                      found=f"{type(e).__name__}: {str(e)[:200]}") from None
@@ -178,10 +178,10 @@ def read_comfy_native(path: str, index: dict, meta: dict) -> Checkpoint:
             if wkey is None:
                 raise CorruptCheckpointError(f"Quantized layer '{layer[:80]}' has no weight tensor.", path=path)
             w = get(wkey)
-            if w.dtype != storage or w.ndim != 2:
+            if w.dtype != storage or w.ndim != 2 or 0 in w.shape:
                 raise CorruptCheckpointError(f"Layer '{layer[:80]}' is marked {fmt} but its weight is "
                                              f"{w.dtype} {tuple(w.shape)}.", path=path,
-                                             expected=f"2-D {storage}")
+                                             expected=f"2-D {storage} with rows and columns")
             skey = by_stripped.get(layer + legacy_scale_key) or by_stripped.get(layer + ".weight_scale")
             scale, gran = _scale_rows(get(skey) if skey else None, w.shape[0], layer, path,
                                       default_one=(style == "scaled_fp8"))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
-import os
 import pickle
 import sys
 
@@ -32,7 +31,9 @@ import torch
 from .. import qtensor
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, PrequantError, UnsafeCheckpointError, UnsupportedFormatError
-from .validate_tensors import check_state_dict
+from . import pickle_guard, plain_data
+from .opened import OpenedFile, opened
+from .validate_tensors import MAX_DIM, check_state_dict, dense_layout_problem
 
 V1_TENSORS = {
     ("torchao.quantization.linear_activation_quantized_tensor", "LinearActivationQuantizedTensor"): "LAQT",
@@ -125,7 +126,7 @@ _PARAMETER = _TypeMarker("torch.nn.Parameter")
 
 def _ints(v, what, n=None):
     if not isinstance(v, (tuple, list)) or (n is not None and len(v) != n) or \
-            not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
+            not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_DIM for i in v):
         raise _Bad(f"{what} is not a tuple of non-negative integers: {str(v)[:60]}")
     return tuple(v)
 
@@ -140,6 +141,8 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, bac
         raise _Bad("a tensor carries backward hooks")
     if metadata:
         raise _Bad("a tensor carries extra tensor metadata")
+    if storage_offset > MAX_DIM:
+        raise _Bad("tensor offset is beyond any storage")
     itemsize = torch.empty((), dtype=storage.dtype).element_size()
     capacity = storage.untyped.nbytes() // itemsize
     if all(s > 0 for s in size):
@@ -148,6 +151,9 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, bac
             raise _Bad(f"a tensor of size {size} reaches past the end of its storage")
     t = torch.empty((0,), dtype=storage.dtype)
     t.set_(storage.untyped, storage_offset, size, stride)
+    problem = dense_layout_problem(t)
+    if problem:
+        raise _Bad(f"a tensor is not stored densely: {problem}")
     return t
 
 
@@ -361,19 +367,27 @@ class _Unpickler(pickle._Unpickler):
 
 # ---- the archive ---------------------------------------------------------------------------------------------------
 
-def _open_archive(path: str, mmap: bool):
+def _open_archive(fh: OpenedFile, mmap: bool):
+    path = fh.path
+    with open(fh.io_path, "rb") as raw:
+        pickle_guard.check_zip_index(raw, path)
     try:
-        reader = torch._C.PyTorchFileReader(path)
+        reader = torch._C.PyTorchFileReader(fh.io_path)
     except RuntimeError as e:
-        raise CorruptCheckpointError("The .pt archive cannot be opened.", path=path, found=str(e).splitlines()[0][:200],
+        raise CorruptCheckpointError("The .pt archive cannot be opened.", path=path,
+                                     found=(str(e).splitlines() or ["RuntimeError"])[0][:200],
                                      fix="Download the file again.") from None
-    if not reader.has_record("data.pkl"):
-        raise CorruptCheckpointError("The .pt archive has no data.pkl.", path=path)
-    order = reader.get_record("byteorder").decode("utf-8", "replace") if reader.has_record("byteorder") else "little"
+    data = pickle_guard.read_pickle_record(reader, path)
+    pickle_guard.scan(data, path)
+    order = "little"
+    if reader.has_record("byteorder"):
+        if reader.get_record_size("byteorder") > 16:
+            raise CorruptCheckpointError("The .pt archive declares an unknown byte order.", path=path)
+        order = bytes(reader.get_record("byteorder")).decode("utf-8", "replace")
     if order not in ("little", "big"):
         raise CorruptCheckpointError("The .pt archive declares an unknown byte order.", path=path, found=order[:20])
-    size = os.path.getsize(path)
-    whole = torch.UntypedStorage.from_file(path, False, size) if mmap else None
+    size = fh.size
+    whole = torch.UntypedStorage.from_file(fh.io_path, False, size) if mmap else None
 
     def load_record(key: str, nbytes: int, dtype) -> torch.UntypedStorage:
         name = f"data/{key}"
@@ -393,12 +407,18 @@ def _open_archive(path: str, mmap: bool):
             st.byteswap(dtype)
         return st
 
-    return reader.get_record("data.pkl"), load_record
+    return data, load_record
 
 
-def unpickle(path: str, *, mmap: bool = True):
+def unpickle(src, *, mmap: bool = True):
     """The container object, with v1 tensors as inert records. Refuses any name outside the allowlist."""
-    data, load_record = _open_archive(path, mmap)
+    with opened(src) as fh:
+        return _unpickle(fh, mmap)
+
+
+def _unpickle(fh: OpenedFile, mmap: bool):
+    path = fh.path
+    data, load_record = _open_archive(fh, mmap)
     try:
         return _Unpickler(data, load_record).load()
     except _Refused as e:
@@ -503,8 +523,14 @@ def decode_weight(rec: _Subclass, key: str):
     return qtensor.join(q, s, _spec("int8-weight-only", rec.dtype))
 
 
-def read_legacy_v1(path: str, *, mmap: bool = True) -> Checkpoint:
-    obj = unpickle(path, mmap=mmap)
+def read_legacy_v1(src, *, mmap: bool = True) -> Checkpoint:
+    with opened(src) as fh:
+        return _read(fh, mmap)
+
+
+def _read(fh: OpenedFile, mmap: bool) -> Checkpoint:
+    path = fh.path
+    obj = unpickle(fh, mmap=mmap)
     if not isinstance(obj, dict) or "state_dict" not in obj:
         raise CorruptCheckpointError("This legacy .pt file is not a pre-quantized transformer container.", path=path,
                                      expected="a dict with 'format', 'metadata' and 'state_dict'",
@@ -526,5 +552,5 @@ def read_legacy_v1(path: str, *, mmap: bool = True) -> Checkpoint:
         e.path = path
         raise UnsupportedFormatError(e.message, path=path, found=e.found, fix=e.fix or
                                      "Use the .safetensors variant of the repo, or rebuild the file.") from None
-    return Checkpoint(path=path, container="legacy-pt", format_tag=tag, metadata=dict(meta),
+    return Checkpoint(path=path, container="legacy-pt", format_tag=tag, metadata=plain_data.plain(meta, path),
                       tensors=check_state_dict(tensors, path))

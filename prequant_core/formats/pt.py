@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import pickle
+import pickletools
+import re
 
 import torch
 
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
+from . import pickle_guard, plain_data
+from .opened import opened
 from .validate_tensors import check_state_dict
 
 LEGACY_V1_MARKERS = ("LinearActivationQuantizedTensor", "AffineQuantizedTensor", "PlainAQTTensorImpl")
@@ -18,28 +22,66 @@ def _safe_globals():
     return [TorchVersion]
 
 
-def load_weights_only(path: str, *, mmap: bool = True):
-    """``torch.load`` that never executes code, with errors mapped to our types."""
-    try:
-        with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        msg = str(e)
-        if any(m in msg for m in LEGACY_V1_MARKERS):
-            raise _LegacyV1(msg) from None
-        if "Unsupported global" in msg or "Unsupported operand" in msg or "GLOBAL" in msg or "global" in msg:
-            raise UnsafeCheckpointError(
-                "Refused to load: the file asks Python to import or call something that is not a tensor type "
-                "(a pickle that could run code). Nothing from it was executed.",
-                path=path, expected="only tensors, torchao quantized tensors and plain containers",
-                found=_first_line(msg), fix="Only load checkpoints from sources you trust; prefer .safetensors.") from None
-        raise CorruptCheckpointError("The .pt file could not be unpickled safely.", path=path,
-                                     found=_first_line(msg), fix="Download or build the file again.") from None
-    except Exception as e:  # noqa: BLE001 - torch.load on a stranger's bytes fails in many ways (zipfile, struct,
-        # RuntimeError from the zip reader, ...); every one of them means the same thing to the user
-        raise CorruptCheckpointError("The .pt file is damaged or truncated.", path=path,
-                                     found=f"{type(e).__name__}: {_first_line(str(e))}",
-                                     fix="Download or build the file again.") from None
+def load_weights_only(src, *, mmap: bool = True):
+    """``torch.load`` that never executes code, after the archive passed ``pickle_guard``'s bounds, with errors
+    mapped to our types. ``src``: a path or an ``OpenedFile`` (then this very file is read)."""
+    with opened(src) as f:
+        path = f.path
+        with open(f.io_path, "rb") as raw:
+            pickle_guard.check_zip_index(raw, path)
+        try:
+            reader = torch._C.PyTorchFileReader(f.io_path)
+        except RuntimeError as e:
+            raise CorruptCheckpointError("The .pt file is damaged or truncated.", path=path,
+                                         found=f"RuntimeError: {_first_line(str(e))}",
+                                         fix="Download or build the file again.") from None
+        pickle_guard.scan(pickle_guard.read_pickle_record(reader, path), path)
+        del reader
+        try:
+            with torch.serialization.safe_globals(_safe_globals()):
+                return torch.load(f.io_path, map_location="cpu", weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError as e:
+            raise _translate(str(e), path) from None
+        except Exception as e:  # noqa: BLE001 - torch.load on a stranger's bytes fails in many ways (zipfile, struct,
+            # RuntimeError from the zip reader, ...); every one of them means the same thing to the user
+            raise CorruptCheckpointError("The .pt file is damaged or truncated.", path=path,
+                                         found=f"{type(e).__name__}: {_first_line(str(e))}",
+                                         fix="Download or build the file again.") from None
+
+
+# torch's message wraps the reason in advice to reload with weights_only=False; that advice is never shown here.
+_TORCH_BOILERPLATE = re.compile(r"Weights only load failed\..*?trusted source\.|Please file an issue.*?WeightsUnpickler "
+                                r"error:|Check the documentation of torch\.load.*$", re.S)
+_GLOBAL = re.compile(r"(?:unsupported GLOBAL|Unsupported global: GLOBAL)\s+([\w.]+)", re.I)
+_OPERAND = re.compile(r"Unsupported operand (\d+)")
+
+
+def _reason(msg: str) -> str:
+    return " ".join(_TORCH_BOILERPLATE.sub(" ", msg).split())[:300]
+
+
+def _translate(msg: str, path: str) -> Exception:
+    if any(m in msg for m in LEGACY_V1_MARKERS):
+        return _LegacyV1(msg)
+    g = _GLOBAL.search(msg)
+    if g:
+        return UnsafeCheckpointError(
+            "Refused to load: the file asks Python to import something that is not a tensor type (a pickle that "
+            "could run code). Nothing from it was executed.",
+            path=path, expected="only tensors, torchao quantized tensors and plain containers",
+            found=f"the pickle names '{g.group(1)[:120]}'",
+            fix="Only load checkpoints from sources you trust; prefer .safetensors.")
+    op = _OPERAND.search(msg)
+    if op:
+        code = int(op.group(1))
+        info = pickletools.code2op.get(chr(code)) if code < 256 else None
+        name = info.name if info else f"byte {code}"
+        return CorruptCheckpointError(
+            "The .pt file uses a pickle opcode that torch.save never writes and torch's safe loader does not read; "
+            "nothing from it was loaded.", path=path, expected="a pickle written by torch.save",
+            found=f"opcode {name}", fix="Download or build the file again.")
+    return CorruptCheckpointError("The .pt file could not be unpickled safely.", path=path,
+                                  found=_reason(msg) or "an unreadable pickle", fix="Download or build the file again.")
 
 
 class _LegacyV1(Exception):
@@ -47,17 +89,18 @@ class _LegacyV1(Exception):
 
 
 def _first_line(s: str) -> str:
-    s = s.strip().splitlines()
+    s = _reason(s).strip().splitlines()
     return s[0][:300] if s else ""
 
 
-def read_pt(path: str, *, mmap: bool = True) -> Checkpoint:
-    try:
-        obj = load_weights_only(path, mmap=mmap)
-    except _LegacyV1:
-        from .legacy_v1 import read_legacy_v1
-        return read_legacy_v1(path, mmap=mmap)
-    return container(obj, path)
+def read_pt(src, *, mmap: bool = True) -> Checkpoint:
+    with opened(src) as f:
+        try:
+            obj = load_weights_only(f, mmap=mmap)
+        except _LegacyV1:
+            from .legacy_v1 import read_legacy_v1
+            return read_legacy_v1(f, mmap=mmap)
+        return container(obj, f.path)
 
 
 def container(obj, path: str, *, read_data: bool = True) -> Checkpoint:
@@ -78,5 +121,6 @@ def container(obj, path: str, *, read_data: bool = True) -> Checkpoint:
     if not isinstance(meta, dict):
         raise CorruptCheckpointError("The container's 'metadata' entry is not a dict.", path=path,
                                      found=type(meta).__name__)
+    meta = plain_data.plain(meta, path)
     sd = check_state_dict(obj["state_dict"], path, read_data=read_data)
-    return Checkpoint(path=path, container="pt", format_tag=tag, metadata=dict(meta), tensors=sd)
+    return Checkpoint(path=path, container="pt", format_tag=tag, metadata=meta, tensors=sd)

@@ -17,39 +17,49 @@ import torch
 from .. import qtensor
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError
-from . import torchao_json
+from . import plain_data, torchao_json
+from .opened import opened
+from ..units import human_bytes
 from .validate_tensors import check_quantized
 
 ROOT_PREFIX = "unsloth_root::"
-MAX_HEADER = 100 * 1024 * 1024
+# A real header is a few KB per hundred tensors (torchao's JSON per quantized weight included); parsing costs
+# about 25x its size in memory, so the bound keeps a hostile header's cost small.
+MAX_HEADER = 16 * 2**20
+MAX_DIMS = 8
+MAX_DIM = 2**40
+MAX_EMPTY_DIM = 2**32
 ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
              "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
-def read_header(path: str) -> tuple[dict, dict, int]:
+def read_header(src) -> tuple[dict, dict, int]:
     """(tensor index, __metadata__, header length) after checking every offset against the file size.
 
-    Reads only the 8-byte length and the header itself: no tensor bytes.
+    Reads only the 8-byte length and the header itself: no tensor bytes. ``src``: a path or an ``OpenedFile``.
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw = f.read(8)
+    with opened(src) as f:
+        path, size = f.path, f.size
+        raw = f.read_at(0, 8)
         if len(raw) < 8:
             raise CorruptCheckpointError("The safetensors file is truncated before its header.", path=path)
         n = int.from_bytes(raw, "little")
         if n > MAX_HEADER:
-            raise CorruptCheckpointError("The safetensors header is larger than the 100 MB limit.", path=path,
-                                         found=f"{n} bytes declared")
+            raise CorruptCheckpointError(
+                f"The safetensors header is larger than the {human_bytes(MAX_HEADER)} this pack reads (a real "
+                "checkpoint's header is well under 1 MB per thousand tensors).", path=path,
+                found=f"{n} bytes declared", fix="Download the file again, or pick another file.")
         if n > size - 8:
             raise CorruptCheckpointError("The safetensors header runs past the end of the file (truncated).",
                                          path=path, found=f"header {n} bytes, file {size} bytes",
                                          fix="Download or build the file again.")
-        blob = f.read(n)
+        blob = f.read_at(8, n)
     try:
-        header = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        header = json.loads(blob.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CorruptCheckpointError("The safetensors header is not valid UTF-8 JSON.", path=path,
                                      found=f"{type(e).__name__}") from None
+    del blob
     if not isinstance(header, dict):
         raise CorruptCheckpointError("The safetensors header is not a JSON object.", path=path)
     meta = header.pop("__metadata__", None) or {}
@@ -59,13 +69,13 @@ def read_header(path: str) -> tuple[dict, dict, int]:
     spans = []
     for name, info in header.items():
         ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str) and info["dtype"] in ST_DTYPES
-              and isinstance(info.get("shape"), list)
-              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])
+              and isinstance(info.get("shape"), list) and len(info["shape"]) <= MAX_DIMS
+              and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in info["shape"])
               and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
               and all(isinstance(o, int) and not isinstance(o, bool) for o in info["data_offsets"]))
         if not ok:
             raise CorruptCheckpointError(f"Tensor entry '{name[:80]}' in the safetensors header is malformed.",
-                                         path=path, found=json.dumps(info)[:200])
+                                         path=path, found=json.dumps(info, default=str)[:200])
         a, b = info["data_offsets"]
         numel = 1
         for d in info["shape"]:
@@ -76,6 +86,11 @@ def read_header(path: str) -> tuple[dict, dict, int]:
                                          found=f"offsets {a}..{b}, data section {data_len} bytes, "
                                                f"{info['dtype']} {info['shape']}",
                                          fix="Download or build the file again.")
+        if numel == 0 and any(d > MAX_EMPTY_DIM for d in info["shape"]):
+            # holds nothing, but a reader that allocates by shape would overflow; no real tensor looks like this
+            raise CorruptCheckpointError(f"Tensor '{name[:80]}' declares an empty shape with a huge dimension.",
+                                         path=path, found=f"{info['dtype']} {info['shape']}",
+                                         fix="Download or build the file again.")
         spans.append((a, b, name))
     spans.sort()
     for (a1, b1, n1), (a2, b2, n2) in zip(spans, spans[1:]):
@@ -85,14 +100,15 @@ def read_header(path: str) -> tuple[dict, dict, int]:
     return header, meta, n
 
 
+def _no_constant(name: str):
+    raise ValueError(f"non-finite number {name}")
+
+
 def json_entry(meta: dict, key: str, path: str, default):
     raw = meta.get(key)
     if raw is None:
         return default
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        raise CorruptCheckpointError(f"Header entry '{key}' is not valid JSON.", path=path) from None
+    return plain_data.loads(raw, path, f"header entry '{key}'")
 
 
 def is_comfy_native(index: dict, meta: dict) -> bool:
@@ -101,18 +117,24 @@ def is_comfy_native(index: dict, meta: dict) -> bool:
         or "_quantization_metadata" in meta or any(k == "scaled_fp8" or k.endswith(".scaled_fp8") for k in index)
 
 
-def read_safetensors(path: str) -> Checkpoint:
+def read_safetensors(src) -> Checkpoint:
     from safetensors import safe_open
-    index, meta, _ = read_header(path)
+    with opened(src) as fh:
+        return _read(fh, safe_open)
+
+
+def _read(fh, safe_open) -> Checkpoint:
+    path = fh.path
+    index, meta, _ = read_header(fh)
     tag = meta.get("unsloth_format")
     metadata = json_entry(meta, "unsloth_metadata", path, {})
     if not isinstance(metadata, dict):
         raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
     if is_comfy_native(index, meta):
         from .comfy_native import read_comfy_native
-        return read_comfy_native(path, index, meta)
+        return read_comfy_native(fh, index, meta)
     try:
-        with safe_open(path, framework="pt", device="cpu") as f:
+        with safe_open(fh.io_path, framework="pt", device="cpu") as f:
             raw = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
         raise CorruptCheckpointError("The safetensors file could not be read.", path=path,
