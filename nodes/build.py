@@ -46,15 +46,8 @@ def check_filename(filename: str, container: str, base_model_id: str, scheme: st
     """A bare file name for models/prequant: no folders, no '..', extension matching the container."""
     name = (filename or "").strip()
     if not name:
-        return core.default_filename(base_model_id, scheme, container)
-    bad = ("/" in name or "\\" in name or (os.sep in name) or (os.altsep and os.altsep in name) or ".." in name
-           or name.startswith(".") or ":" in name or any(ord(c) < 32 or ord(c) == 127 for c in name)
-           or os.path.isabs(name))
-    if bad:
-        raise BuildError("The filename must be a plain file name inside models/prequant.", found=repr(name),
-                         expected="e.g. Z-Image-Turbo-INT8.safetensors (no folders, no '..', not hidden, no control "
-                                  "characters)",
-                         fix="Remove the folder part; the file is always written into models/prequant.")
+        return core.default_filename(base_model_id, scheme, container)  # derived names pass the same check
+    core.check_output_name(name)
     ext = os.path.splitext(name)[1].lower()
     if ext in core.EXTENSIONS.values():
         if ext != core.EXTENSIONS[container]:

@@ -39,7 +39,7 @@ EXTENSIONS = {"safetensors": ".safetensors", "pt": ".pt"}
 from .dense_sources import (INDEX_NAME, KNOWN_PREFIXES, KeyMapArg, MemorySource, RemappedSource,  # noqa: E402,F401
                             SafetensorsSource, Source, TensorInfo, file_source, open_input)
 from .output_file import (HEADER_SLACK, TEMP_PREFIX, TEMP_SUFFIX, FreeSpaceFn, _host_tag,  # noqa: E402,F401
-                          _refuse_existing, atomic_output, check_free_space, clean_stale_temps,
+                          _refuse_existing, atomic_output, check_free_space, check_output_name, clean_stale_temps,
                           estimate_output_bytes, human_bytes, temp_name)
 from .quantize import (ProgressFn, is_linear_weight, linear_weight_keys, quantize_items,  # noqa: E402,F401
                        quantize_one, quantize_rows, quantize_tensors, release_free_memory)
@@ -69,7 +69,7 @@ def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_featur
     rule = schemes.rules(scheme)
     return {
         "base_model_id": str(base_model_id), "family": family.name, "scheme": rule.name, "component": "transformer",
-        "min_features": int(min_features), "exclude_name_tokens": sorted(exclude),
+        "min_features": int(min_features), "exclude_name_tokens": list(exclude),  # Unsloth's order
         "require_bf16": rule.require_bf16, "require_divisible": rule.require_divisible,
         "fast_accum": rule.fast_accum, "fp8_granularity": rule.fp8_granularity,
         "fingerprint": fingerprint.compute(tensors, skipped), "torch_dtype": "bfloat16", "quant_backend": "torchao",
@@ -124,8 +124,9 @@ def container_for(dest: str, container: str | None) -> str:
 
 def default_filename(base_model_id: str, scheme: str, container: str) -> str:
     """``<Model>-<SCHEME>.<ext>`` (docs/FORMAT.md section 5), Model = last part of the base model id."""
-    model = str(base_model_id).rstrip("/").rsplit("/", 1)[-1] or "model"
-    return f"{model}-{schemes.normalize(scheme).upper()}{EXTENSIONS[container]}"
+    model = str(base_model_id).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or "model"
+    return check_output_name(f"{model}-{schemes.normalize(scheme).upper()}{EXTENSIONS[container]}",
+                             origin=f"base_model_id '{str(base_model_id)[:80]}'")
 
 
 def build(input, dest: str, *, scheme: str, family: str | Family | None = None, base_model_id: str | None = None,
