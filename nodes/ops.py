@@ -20,13 +20,28 @@ from prequant_core import devices, qtensor
 def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``codes * scale`` per row in float32, then ``dtype``: the same numbers as ``qtensor.dequantize`` (tested), in
     fewer passes over the weight (int8 promotes inside the multiply; fp8 widens exactly to fp16 first, as fp8 takes
-    part in no type promotion)."""
+    part in no type promotion). ``uint8`` codes are fp8 codes kept as bytes (devices without a float8 dtype)."""
     s = scale.to(torch.float32)
     if qdata.dtype == torch.int8:
         w = qdata * s
+    elif qdata.dtype == torch.uint8:
+        table = _fp8_table(qdata.device)
+        w = torch.index_select(table, 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape) * s
     else:
         w = qdata.to(torch.float16) * s  # every e4m3 value is exact in fp16; the product is computed in fp32
     return w if dtype == torch.float32 else w.to(dtype)
+
+
+_FP8_TABLES: dict = {}
+
+
+def _fp8_table(device) -> torch.Tensor:
+    """The float32 value of each of the 256 e4m3 bit patterns, on ``device`` (built on the CPU, copied once)."""
+    key = str(device)
+    if key not in _FP8_TABLES:
+        _FP8_TABLES[key] = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32) \
+            .to(device)
+    return _FP8_TABLES[key]
 
 
 def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None) -> torch.Tensor:
@@ -55,6 +70,8 @@ def choose_matmul(module: torch.nn.Module, device) -> list:
         if key not in choices:
             choices[key] = devices.choose(spec.kind, key[1], dev, override)
         m.prequant_matmul = choices[key].path
+        if choices[key].codes_as_bytes:
+            m.prequant_keep_bytes()
     return list(choices.values())
 
 
@@ -80,8 +97,27 @@ def make_ops(base):
         class Linear(base.Linear):
             prequant_spec = None
             prequant_matmul = None  # devices.QUANTIZED / devices.WEIGHT_ONLY, set at load by choose_matmul
+            prequant_bytes = False  # fp8 codes held as uint8 (a device without a float8 dtype)
+
+            def prequant_keep_bytes(self):
+                """Hold fp8 codes as their raw bytes from now on (same storage, a uint8 view)."""
+                self.prequant_bytes = True
+                self.prequant_assign(self.weight, self.weight_scale, self.prequant_spec)
+
+            def prequant_typed(self, q):
+                """The codes with their real dtype (CPU / CUDA only when kept as bytes)."""
+                return q.view(torch.float8_e4m3fn) if q.dtype == torch.uint8 else q
+
+            def prequant_requantize(self, dense):
+                """``qtensor.requantize`` (on the CPU for bytes-kept codes: torchao's fp8 needs a float8 dtype)."""
+                if not self.prequant_bytes:
+                    return qtensor.requantize(dense, self.prequant_spec)
+                q, s = qtensor.requantize(dense.cpu(), self.prequant_spec)
+                return q.view(torch.uint8).to(dense.device), s.to(dense.device)
 
             def prequant_assign(self, qdata, scale, spec):
+                if self.prequant_bytes and qdata.dtype != torch.uint8:
+                    qdata = qdata.view(torch.uint8)
                 # New Parameters, never in-place writes: ModelPatcher backups keep pointing at the originals.
                 self._parameters["weight"] = torch.nn.Parameter(qdata, requires_grad=False)
                 self._parameters["weight_scale"] = torch.nn.Parameter(scale, requires_grad=False)
@@ -91,13 +127,13 @@ def make_ops(base):
                 q, s = self.weight, self.weight_scale
                 if device is not None:
                     q, s = q.to(device), s.to(device)
-                return qtensor.dequantize(q, s, dtype)
+                return dequantize_rows(q, s, dtype)
 
             def prequant_assign_dense(self, dense, before=None):
                 """Requantize a patched dense weight per row. Rows equal to ``before`` (the dequantized weight
                 the patch started from) keep their original codes and scale: a LoRA on to_k must not move the
                 q and v rows of a fused qkv through a needless dequantize/requantize round trip."""
-                q, s = qtensor.requantize(dense, self.prequant_spec)
+                q, s = self.prequant_requantize(dense)
                 if before is not None:
                     same = (dense == before).all(dim=1)
                     if bool(same.any()):
@@ -119,10 +155,10 @@ def make_ops(base):
                     q = q.to(dev, non_blocking=True)
                     s = s.to(dev, non_blocking=True)
                 if self.weight_function:  # LoRA in low-VRAM mode patches per call on the dense weight
-                    w = qtensor.dequantize(q, s, spec.dtype)
+                    w = dequantize_rows(q, s, spec.dtype)
                     for f in self.weight_function:
                         w = f(w)
-                    q, s = qtensor.requantize(w, spec)
+                    q, s = self.prequant_requantize(w)
                 path = self.prequant_matmul
                 if path is None:  # built outside the loader: decide once, for the device it first runs on
                     self.prequant_matmul = path = devices.choose(spec.kind, spec_is_dynamic(spec),
@@ -135,7 +171,7 @@ def make_ops(base):
                         for f in self.bias_function:
                             bias = f(bias)
                     return weight_only_linear(input, q, s, bias)
-                weight = qtensor.join(q, s, spec)
+                weight = qtensor.join(self.prequant_typed(q), s, spec)
                 if bias is not None:
                     bias = bias.to(device=dev, dtype=spec.dtype)
                     for f in self.bias_function:

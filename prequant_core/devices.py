@@ -7,7 +7,9 @@ Two paths, same file, same weights:
   int8 GEMM support, which CUDA GPUs have from compute capability 7.5 and x86 CPUs have through oneDNN
   (``torch._int_mm``).
 * ``weight-only``: each Linear's rows are dequantized (``codes * scale``) to the compute dtype at matmul time and a
-  dense ``F.linear`` runs. Works on every device torch runs on.
+  dense ``F.linear`` runs. Works on every device torch runs on. Where a device has no float8 dtype at all (Apple
+  MPS, and other non-CUDA accelerators to be safe), fp8 codes are kept as their raw bytes (uint8) and decoded through
+  a 256-entry table: exact, since every e4m3 value is one table entry.
 
 ``choose`` is a pure function of what the weight is and what the device is; ``describe`` reads the device once.
 Nothing here imports ComfyUI.
@@ -25,6 +27,7 @@ AUTO = "auto"
 PATHS = (QUANTIZED, WEIGHT_ONLY)
 ENV = "PREQUANT_MATMUL"
 
+FP8_STORAGE_TYPES = ("cpu", "cuda")  # device types whose torch kernels take float8 tensors (copies, casts)
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper / Blackwell: fp8 tensor cores, what torchao's fp8 config asserts
 INT8_MIN_CAPABILITY = (7, 5)  # Turing onwards: int8 tensor cores behind torch._int_mm
 
@@ -36,6 +39,9 @@ class Device:
     capability: tuple[int, int] | None = None  # CUDA compute capability (NVIDIA only)
     hip: bool = False  # a ROCm build: AMD GPUs also report the device type "cuda"
     name: str = ""
+
+    def holds_float8(self) -> bool:
+        return self.type in FP8_STORAGE_TYPES
 
     def label(self) -> str:
         if self.type == "cuda" and self.hip:
@@ -52,9 +58,11 @@ class MatmulChoice:
     kind: str  # "int8" | "float8"
     dynamic: bool  # the weight carries dynamic activation quantization (int8 / fp8 schemes)
     reason: str
+    codes_as_bytes: bool = False  # fp8 codes stored as uint8 (the device has no float8 dtype)
 
     def text(self) -> str:
-        return f"{self.path} matmul ({self.reason})"
+        extra = "; fp8 codes kept as bytes, decoded by table" if self.codes_as_bytes else ""
+        return f"{self.path} matmul ({self.reason}{extra})"
 
 
 def _scheme(kind: str, dynamic: bool) -> str:
@@ -73,6 +81,9 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
         raise ValueError(f"unknown quantized weight kind {kind!r}")
     scheme = _scheme(kind, dynamic)
     where = device.label()
+    if kind == "float8" and not device.holds_float8():  # nothing fp8 can run or even sit there
+        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: no float8 dtype on {device.type}",
+                            codes_as_bytes=True)
     if not dynamic:
         return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} file: weights only, on {where}")
     if override == WEIGHT_ONLY:

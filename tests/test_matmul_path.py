@@ -50,8 +50,18 @@ def test_choice_per_device(device, fp8, int8):
 @pytest.mark.parametrize("kind", ["int8", "float8"])
 def test_weight_only_schemes_always_run_weight_only(device, kind):
     c = devices.choose(kind, False, device)
-    assert c.path == WO and "weight-only file" in c.reason
+    assert c.path == WO and ("weight-only file" in c.reason or "no float8 dtype" in c.reason)
     assert devices.choose(kind, False, device, override=Q).path == WO  # nothing to quantize activations with
+
+
+@pytest.mark.parametrize("device,as_bytes", [(MPS, True), (XPU, True), (CPU, False), (H100, False), (ROCM, False)])
+def test_fp8_codes_kept_as_bytes_where_no_float8_dtype(device, as_bytes):
+    for dynamic in (True, False):
+        c = devices.choose("float8", dynamic, device, override=Q)
+        assert c.codes_as_bytes is as_bytes and ("kept as bytes" in c.text()) is as_bytes
+        if as_bytes:
+            assert c.path == WO  # not even a forced quantized path can run without the dtype
+    assert devices.choose("int8", True, device).codes_as_bytes is False
 
 
 def test_override_both_ways_and_said_so():
@@ -157,6 +167,47 @@ def test_quantized_path_equals_torchao_quantize_(comfy, pack_ops):
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     with torch.inference_mode():
         assert torch.equal(lin(x), ref(x))
+
+
+def test_fp8_as_bytes_is_the_same_layer(comfy, pack_ops):
+    """fp8 codes kept as uint8 (Apple MPS has no float8 dtype; exercised here on the CPU): same output, same bytes,
+    same dequantized weight, and a LoRA-style patch round trip keeps the byte form and equals the fp8 form."""
+    a, _ = _linear(pack_ops, "fp8", seed=4)
+    b, _ = _linear(pack_ops, "fp8", seed=4)
+    a.prequant_matmul = b.prequant_matmul = WO
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5))
+    fp8_bytes = b.weight.numel() * b.weight.element_size()
+    b.prequant_keep_bytes()
+    assert b.weight.dtype == torch.uint8 and b.weight.numel() * b.weight.element_size() == fp8_bytes
+    assert torch.equal(b.weight, a.weight.view(torch.uint8))
+    with torch.inference_mode():
+        assert torch.equal(a(x), b(x))
+        b.prequant_matmul = a.prequant_matmul = Q  # a forced quantized path still finds typed codes
+        assert torch.equal(a(x), b(x))
+    da, db = a.prequant_dense(torch.float32), b.prequant_dense(torch.float32)
+    assert torch.equal(da, db)
+    patched = da.clone()
+    patched[5] += 0.01
+    a.prequant_assign_dense(patched, before=da)
+    b.prequant_assign_dense(patched, before=db)
+    assert b.weight.dtype == torch.uint8 and torch.equal(b.weight, a.weight.view(torch.uint8))
+    assert torch.equal(a.weight_scale, b.weight_scale)
+
+
+def test_choose_matmul_for_an_apple_gpu_keeps_fp8_as_bytes(comfy, pack_ops, monkeypatch):
+    monkeypatch.delenv(devices.ENV, raising=False)
+    a, _ = _linear(pack_ops, "fp8", seed=6)
+    b, _ = _linear(pack_ops, "int8", seed=7)
+    ref = torch.nn.functional.linear
+    got = pack_ops.choose_matmul(torch.nn.Sequential(a, b), torch.device("mps"))
+    assert [c.path for c in got] == [WO, WO] and [c.codes_as_bytes for c in got] == [True, False]
+    assert a.weight.dtype == torch.uint8 and b.weight.dtype == torch.int8
+    assert "kept as bytes" in pack_ops.matmul_summary(got)
+    x = torch.randn(2, 64)
+    with torch.inference_mode():  # the layer runs (here on the CPU) from its bytes, exactly as the fp8 reference
+        out = a(x)
+    w = qtensor.dequantize(a.weight.view(torch.float8_e4m3fn), a.weight_scale, torch.float32)
+    assert torch.equal(out, ref(x, w, a.bias.float()))
 
 
 def test_unset_path_is_decided_on_first_call_and_kept(comfy, pack_ops):
