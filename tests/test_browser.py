@@ -145,3 +145,96 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     os.makedirs(SCREENSHOT_COPY, exist_ok=True)
     shutil.copy(shot, os.path.join(SCREENSHOT_COPY, "prequant_info.png"))
+
+
+# --- every shipped workflow, and workflows saved with the loader's earlier input orders -------------------------
+
+TOKEN = "hf_oldWorkflowToken0123456789abcdef"
+SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "example_workflows")) if f.endswith(".json"))
+
+
+def _loader_only(values) -> dict:
+    return {"last_node_id": 1, "last_link_id": 0, "links": [], "groups": [], "config": {}, "extra": {}, "version": 0.4,
+            "nodes": [{"id": 1, "type": "PrequantLoadTransformer", "pos": [20, 20], "size": [420, 360], "flags": {},
+                       "order": 0, "mode": 0, "inputs": [], "outputs": [{"name": "model", "type": "MODEL",
+                                                                         "links": None}],
+                       "properties": {"Node name for S&R": "PrequantLoadTransformer"}, "widgets_values": values}]}
+
+
+DEFAULTS = {"preset": "none", "hub_repo": "", "scheme": "auto", "family": "auto", "base_model_id": "",
+            "policy": "prequant only", "dense_fallback": "none", "download_to": "models/prequant", "revision": "",
+            "min_features": 512, "path": ""}
+# (widgets_values as saved by an earlier version of the node, the values by name the node must show)
+OLD_LAYOUTS = {
+    "five inputs": (["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", "z-image"],
+                    {**DEFAULTS, "checkpoint": "Z-Image-Turbo-INT8.safetensors", "base_model_id": BASE_ID,
+                     "scheme": "int8", "family": "z-image"}),
+    "hub inputs with a token": (
+        ["(none: use path or hub_repo)", "", BASE_ID, "fp8", "z-image", "unsloth/Z-Image-Turbo-FP8",
+         "Z-Image-Turbo / fp8", "v1.0", TOKEN],
+        {**DEFAULTS, "checkpoint": "(none: use path or hub_repo)", "base_model_id": BASE_ID, "scheme": "fp8",
+         "family": "z-image", "hub_repo": "unsloth/Z-Image-Turbo-FP8", "preset": "Z-Image-Turbo / fp8",
+         "revision": "v1.0"}),
+    "fallback inputs with a token": (
+        ["Qwen-Image-FP8.safetensors", "/some/where/file.safetensors", "Qwen/Qwen-Image", "fp8", "qwen-image", "",
+         "none", "refs/pr/1", TOKEN, 1024, "prequant, else quantize dense", "none"],
+        {**DEFAULTS, "checkpoint": "Qwen-Image-FP8.safetensors", "path": "/some/where/file.safetensors",
+         "base_model_id": "Qwen/Qwen-Image", "scheme": "fp8", "family": "qwen-image", "revision": "refs/pr/1",
+         "min_features": 1024, "policy": "prequant, else quantize dense"}),
+}
+
+
+def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end(tmp_path):
+    chromium, node = _chromium(), _node()
+    base = tmp_path / "comfy"
+    (base / "models" / "prequant").mkdir(parents=True)
+    out = tmp_path / "load.json"
+    shipped = {}
+    for f in SHIPPED:
+        with open(os.path.join(ROOT, "example_workflows", f)) as fh:
+            shipped[f] = json.load(fh)
+    workflows = [{"name": f, "workflow": wf} for f, wf in shipped.items()]
+    workflows += [{"name": k, "workflow": _loader_only(v)} for k, (v, _) in OLD_LAYOUTS.items()]
+    with ComfyServer(str(base)) as server:
+        server.post("/settings/Comfy.TutorialCompleted", True)
+        server.post("/settings/Comfy.Validation.Workflows", True)
+        server.post("/settings/Comfy.Workflow.ShowMissingModelsWarning", True)
+        server.post("/settings/Comfy.Workflow.ShowMissingNodesWarning", True)
+        loader_inputs = server.get("/object_info/PrequantLoadTransformer")["PrequantLoadTransformer"]["input"]
+        cfg = {"url": server.url, "workflows": workflows, "out": str(out), "chromium": chromium,
+               "userDataDir": str(tmp_path / "chromium-profile"), "timeoutMs": 120000}
+        proc = subprocess.run([node, os.path.join(BROWSER_DIR, "load_workflows.mjs"), json.dumps(cfg)],
+                              cwd=BROWSER_DIR, capture_output=True, text=True, timeout=600)
+        server_log = server.log_tail()
+    res = json.loads(out.read_text()) if out.exists() else {}
+    assert proc.returncode == 0 and res.get("ok"), (
+        f"browser run failed (rc {proc.returncode}): {res.get('error') or proc.stderr[-3000:]}\n"
+        f"console: {res.get('console', [])[-30:]}\nserver log:\n{server_log}")
+    order = list(loader_inputs["required"]) + list(loader_inputs["optional"])
+
+    for f, wf in shipped.items():
+        r = res["workflows"][f]
+        assert r["missingNodes"] == [], (f, r["missingNodes"])
+        assert not [n for n in r["nodes"] if n["hasErrors"] or not n["registered"]], (f, r["nodes"])
+        assert r["toasts"] == [], (f, r["toasts"])  # a schema error would show as an alert
+        # (the front end asks huggingface.co for the missing files' sizes; this machine has no internet: net::ERR_*)
+        bad = [m for m in r["console"] if (m.startswith(("error", "pageerror")) or "nvalid workflow" in m)
+               and "net::ERR_" not in m]
+        assert not bad, (f, bad)
+        # the front end read the declared text encoders / VAE (none is on this server) with their URLs and folders
+        declared = {(m["name"], m["url"], m["directory"]) for n in wf["nodes"]
+                    for m in n.get("properties", {}).get("models", [])}
+        assert declared and {(m["name"], m["url"], m["directory"]) for m in r["missingModels"]} == declared, f
+        # the loader shows the shipped values under the right names
+        loader = next(n for n in wf["nodes"] if n["type"] == "PrequantLoadTransformer")
+        shown = next(n for n in r["nodes"] if n["type"] == "PrequantLoadTransformer")["widgets"]
+        assert list(shown) == order and list(shown.values()) == loader["widgets_values"], (f, shown)
+        assert [n for n in r["nodes"] if n["type"] == "MarkdownNote"], f
+
+    for name, (values, expected) in OLD_LAYOUTS.items():
+        r = res["workflows"][name]
+        shown = r["nodes"][0]["widgets"]
+        assert shown == expected, (name, shown)
+        for blob in (r["saved"], r["prompt"], r["promptWorkflow"]):
+            assert TOKEN not in blob, f"{name}: the old hf_token value survives in what the front end saves/queues"
+        assert "hf_token" not in r["prompt"]

@@ -1,0 +1,78 @@
+// Loads workflows into the real ComfyUI front end in headless Chromium (Debian's /usr/bin/chromium), for
+// tests/test_browser.py, and reports what the front end made of each: missing node types and missing models it
+// would warn about (its own hooks, app.showMissingNodesError / app.showMissingModelsError), toasts (workflow schema
+// validation alerts), every node's widget values by name, and the workflow and prompt it would save / queue.
+//
+//   node load_workflows.mjs '<json>'   with {url, workflows: [{name, workflow}], out, chromium, userDataDir, timeoutMs}
+import fs from "node:fs";
+import { chromium } from "playwright-core";
+
+const cfg = JSON.parse(process.argv[2]);
+const timeout = cfg.timeoutMs ?? 90000;
+const log = [];
+const result = { ok: false, console: log, workflows: {} };
+
+const context = await chromium.launchPersistentContext(cfg.userDataDir, {
+  executablePath: cfg.chromium,
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  viewport: { width: 1600, height: 1000 },
+  timeout,
+});
+try {
+  const page = context.pages()[0] ?? await context.newPage();
+  page.setDefaultTimeout(timeout);
+  page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
+  page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`.slice(0, 500)));
+  await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
+  await page.waitForFunction(() => {
+    const app = window.comfyAPI?.app?.app;
+    return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
+      app.extensionManager?.workflow?.activeWorkflow);
+  });
+  await page.evaluate(() => {
+    const app = window.comfyAPI.app.app;
+    window.__pq = { missingNodes: [], missingModels: [] };
+    app.showMissingNodesError = (types) => window.__pq.missingNodes.push(...types);
+    app.showMissingModelsError = (models) => window.__pq.missingModels.push(...models);
+  });
+  for (const { name, workflow } of cfg.workflows) {
+    const start = log.length;
+    await page.evaluate(async (wf) => {
+      window.__pq.missingNodes = [];
+      window.__pq.missingModels = [];
+      document.querySelectorAll(".p-toast-message").forEach((e) => e.remove());
+      await window.comfyAPI.app.app.loadGraphData(wf);
+    }, workflow);
+    await page.waitForFunction((n) => window.comfyAPI.app.app.graph.nodes.length === n, workflow.nodes.length);
+    await page.waitForTimeout(300);
+    const r = await page.evaluate(async () => {
+      const app = window.comfyAPI.app.app;
+      const nodes = app.graph.nodes.map((n) => ({
+        id: n.id, type: n.type, comfyClass: n.comfyClass ?? null, hasErrors: !!n.has_errors,
+        registered: !!window.LiteGraph?.registered_node_types?.[n.type] || !!n.constructor?.nodeData || !!n.isVirtualNode,
+        widgets: Object.fromEntries((n.widgets ?? []).filter((w) => w.serialize !== false).map((w) => [w.name, w.value])),
+      }));
+      const p = await app.graphToPrompt();
+      return {
+        nodes,
+        missingNodes: window.__pq.missingNodes.map((t) => (typeof t === "string" ? t : t?.type ?? JSON.stringify(t))),
+        missingModels: window.__pq.missingModels.map((m) => ({ name: m.name, url: m.url, directory: m.directory })),
+        toasts: [...document.querySelectorAll(".p-toast-message")].map((e) => e.innerText),
+        saved: JSON.stringify(app.graph.serialize()),
+        prompt: JSON.stringify(p.output),
+        promptWorkflow: JSON.stringify(p.workflow),
+      };
+    });
+    r.console = log.slice(start);
+    result.workflows[name] = r;
+  }
+  result.ok = true;
+} catch (e) {
+  result.error = String(e?.stack || e).slice(0, 4000);
+} finally {
+  fs.writeFileSync(cfg.out, JSON.stringify(result, null, 2));
+  await context.close();
+}
+process.exit(result.ok ? 0 : 1);
