@@ -42,12 +42,29 @@ class Family:
     # a str names a function in comfy.utils taking the unet config (ComfyUI's own map), a callable is our own map in
     # prequant_core.keymaps, None means the diffusers names already are ComfyUI's.
     comfy_key_map: str | Callable[[Mapping], dict] | None
-    comfy_unet_config: Callable[[Shapes, dict], dict]  # ComfyUI unet config from the file's shapes (either layout)
+    # ComfyUI unet config from the file's shapes (either layout); None: no ComfyUI version this pack can test has the
+    # family's class, so the loader node refuses it naming ``min_comfy`` (Info, verify, build, Hub resolution and the
+    # diffusers loader still work).
+    comfy_unet_config: Callable[[Shapes, dict], dict] | None
     # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them.
     fill_missing: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Oldest ComfyUI that runs the family end to end (model class and the text encoder its workflow needs); named in
     # the error when the running ComfyUI lacks the class or key map (the loader refuses only then).
     min_comfy: str = "0.3.75"
+    # Bases that must never get this family's hosted files (another model of the same name family, e.g. the
+    # non-Turbo Z-Image), compared exactly or by last path part, case-insensitively (newer Unsloth releases).
+    excluded_bases: tuple[str, ...] = ()
+    # Hub file names a hosted repo declares, tried before the generic chain: {repo: {scheme: filename}}.
+    hub_filenames: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+
+    def excluded_base(self, wanted: str | None) -> str | None:
+        """The excluded base ``wanted`` names, else None."""
+        if not wanted:
+            return None
+        for ex in self.excluded_bases:
+            if normalize_base(ex) == normalize_base(wanted) or base_tail(ex) == base_tail(wanted):
+                return ex
+        return None
 
     @property
     def comfy_models(self) -> tuple[str, ...]:
@@ -60,6 +77,16 @@ class Family:
         if any(_has(keys, m) for m in self.comfy_markers):
             return "comfyui"
         return None
+
+
+def normalize_base(s: str) -> str:
+    """Lower-case, backslashes as slashes, no trailing slash (Unsloth's rule: a Windows folder path such as
+    ``C:\\models\\Z-Image-Turbo`` compares by its last part like a repo id)."""
+    return str(s).strip().replace("\\", "/").rstrip("/").lower()
+
+
+def base_tail(s: str) -> str:
+    return normalize_base(s).rsplit("/", 1)[-1]
 
 
 def first(shapes: Shapes, *keys: str) -> tuple:
@@ -232,7 +259,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         comfy_markers=(("x_embedder.weight", "layers.0.adaLN_modulation.0.weight"),
                        ("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.0.weight")),
         comfy_model="ZImage", comfy_key_map="z_image_to_diffusers", comfy_unet_config=_z_image_config,
-        fill_missing={"norm_final.weight": "ones"},
+        fill_missing={"norm_final.weight": "ones"}, excluded_bases=("tongyi-mai/z-image",),
     ),
     Family(
         name="flux.1", title="FLUX.1", diffusers_class="FluxTransformer2DModel",
@@ -287,6 +314,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         diffusers_markers=(("caption_projection.0.linear.weight", "double_stream_blocks.0.block.attn1.to_q.weight"),),
         comfy_markers=(),  # ComfyUI's HiDream uses the diffusers names
         comfy_model="HiDream", comfy_key_map=None, comfy_unet_config=_hidream_config,
+        excluded_bases=("hidream-ai/hidream-i1-dev", "hidream-ai/hidream-i1-fast"),
     ),
     Family(
         name="hunyuanimage-2.1", title="HunyuanImage 2.1", diffusers_class="HunyuanImageTransformer2DModel",
@@ -301,7 +329,51 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         comfy_model="HunyuanImage21", comfy_key_map=keymaps.hunyuan_image_to_diffusers,
         comfy_unet_config=_hunyuan_image_config,
     ),
+    # Newer families (diffusers >= 0.41): no ComfyUI version testable here has their classes (Krea2 and QwenImage21
+    # arrive in ComfyUI 0.38.1), so the ComfyUI loader refuses them naming that version; Info, verify, build, Hub
+    # resolution and the diffusers loader (prequant_core.diffusers_loader) handle them. No int8 extras: FORMAT.md
+    # lists family tokens only for qwen-image(-edit), hunyuanvideo-1.5 and ltx-2.
+    Family(
+        name="krea-2", title="Krea 2", diffusers_class="Krea2Transformer2DModel",
+        base_repos=("krea/Krea-2-Turbo",), hosted_repos=("unsloth/Krea-2-Turbo-FP8",),
+        int8_exclude_extra=(),
+        diffusers_markers=(("text_fusion.projector.weight", "time_mod_proj.weight"),), comfy_markers=(),
+        comfy_model="Krea2", comfy_key_map=None, comfy_unet_config=None, min_comfy="0.38.1",
+        excluded_bases=("krea/krea-2-raw",),
+    ),
+    Family(
+        name="qwen-image-2.1", title="Qwen-Image 2.1", diffusers_class="QwenImage21Transformer2DModel",
+        base_repos=("Qwen/Qwen-Image-2.1", "Qwen/Qwen-Image-2.1-Turbo"),
+        hosted_repos=("unsloth/Qwen-Image-2.1-FP8", "unsloth/Qwen-Image-2.1-Turbo-FP8"),
+        int8_exclude_extra=(),
+        diffusers_markers=(("modulation.1.weight", "txt_in.in_layer.weight", "txt_in.text_norm.weight"),),
+        comfy_markers=(),
+        comfy_model="QwenImage21", comfy_key_map=None, comfy_unet_config=None, min_comfy="0.38.1",
+        # the Turbo base has its own variant repo, which a matching base picks first (sources.hosted_repo)
+        excluded_bases=("qwen/qwen-image-2.1-turbo",),
+        hub_filenames={"unsloth/Qwen-Image-2.1-FP8": {"fp8": "Qwen-Image-2.1-FP8.safetensors",
+                                                      "int8": "Qwen-Image-2.1-INT8.safetensors"}},
+    ),
 ]}
+
+
+def declared_filenames(repo: str, scheme: str) -> tuple[str, ...]:
+    """File names the family hosting ``repo`` declares for ``scheme`` (tried first), else ()."""
+    low = str(repo).strip().lower()
+    for fam in FAMILIES.values():
+        for r, by_scheme in fam.hub_filenames.items():
+            if r.lower() == low and scheme in by_scheme:
+                return (by_scheme[scheme],)
+    return ()
+
+
+def hosting_family(repo: str) -> Family | None:
+    """The family whose hosted repos include ``repo``, else None."""
+    low = str(repo).strip().lower()
+    for fam in FAMILIES.values():
+        if any(r.lower() == low for r in fam.hosted_repos):
+            return fam
+    return None
 
 CLASS_TO_FAMILY: dict[str, str] = {}
 for _f in FAMILIES.values():  # a class shared by several families (FLUX.2 klein / dev) names the first listed

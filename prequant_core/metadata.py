@@ -1,13 +1,16 @@
 """The metadata record and its validation against what the caller asked for.
 
-Rules (FORMAT.md): a missing field is accepted (older files), a present one must match; every mismatch is
-collected, so the user sees all reasons at once rather than one per attempt.
+Rules (FORMAT.md, and Unsloth Studio's loader as of late 2026; docs/FORMAT.md "Validation rules"): a missing field
+is accepted (older files), a present one must match; every mismatch is collected, so the user sees all reasons at once
+rather than one per attempt. Where Unsloth is stricter, so are we: a requested base needs a recorded base, and a
+``.pt`` container needs its format tag.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from . import qtensor, schemes
+from .families import base_tail, normalize_base
 from .checkpoint import FORMAT_V1, REFUSED_FORMATS, Checkpoint
 
 FIELDS = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
@@ -23,6 +26,8 @@ class Request:
     exclude_tokens: list[str] | None = None  # None: the scheme's defaults for the file's family
     family: str | None = None
     component: str = "transformer"
+    # None: not checked (Unsloth checks the recorded fast_accum only when the caller forces a value)
+    fast_accum: bool | None = None
 
 
 @dataclasses.dataclass
@@ -43,10 +48,74 @@ def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
 
 
 def base_matches(found: str, wanted: str) -> bool:
-    if found == wanted:
+    """Exact match, or the same last path part (case-insensitive, either slash)."""
+    if found == wanted or normalize_base(found) == normalize_base(wanted):
         return True
-    tail = lambda s: s.rstrip("/").rsplit("/", 1)[-1].lower()  # noqa: E731
-    return tail(found) == tail(wanted)
+    return base_tail(found) == base_tail(wanted)
+
+
+def as_int(v) -> int | None:
+    """``int(v)`` for an int or a string of one (Unsloth compares ``int()`` values), else None. Never a bool."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
+# The fp8 activation floor torchao's config records (schemes.torchao_config: activation_value_lb=1e-12).
+FP8_ACTIVATION_LB = 1e-12
+
+
+def _fp8_weights(ckpt: Checkpoint):
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+    return [(k, v) for k, v in ckpt.tensors.items() if isinstance(v, Float8Tensor)]
+
+
+def _fp8_activation_reasons(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
+    """(reasons, notes) for the fp8 activation floor: a recorded floor must be 1e-12; a missing one is supplied."""
+    reasons, missing = [], 0
+    for k, t in _fp8_weights(ckpt):
+        act = t.act_quant_kwargs
+        if act is None:
+            continue
+        lb = getattr(act, "hp_value_lb", None)
+        if lb is None:
+            missing += 1
+        elif float(lb) != FP8_ACTIVATION_LB:
+            reasons.append(f"fp8 weight '{k}' records activation_value_lb {lb}, expected {FP8_ACTIVATION_LB} "
+                           "(a different activation floor would not match load-time quantization)")
+            break
+    notes = [f"{missing} fp8 weights record no activation floor; {FP8_ACTIVATION_LB} is supplied at load"] \
+        if missing else []
+    return reasons, notes
+
+
+def pin_fp8_kernels(tensors: dict) -> int:
+    """Every fp8 weight gets torchao's TORCH kernels (and the 1e-12 activation floor where none is recorded), as
+    Unsloth pins them at load: published fp8 files record AUTO, which picks other kernels on some GPUs and breaks
+    identity with load-time quantization. Replaces the entries in ``tensors``; returns how many changed."""
+    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+    changed = 0
+    for k, t in list(tensors.items()):
+        if not isinstance(t, Float8Tensor):
+            continue
+        act = t.act_quant_kwargs
+        if act is not None and (act.kernel_preference != KernelPreference.TORCH or act.hp_value_lb is None):
+            act = dataclasses.replace(act, kernel_preference=KernelPreference.TORCH,
+                                      hp_value_lb=FP8_ACTIVATION_LB if act.hp_value_lb is None else act.hp_value_lb)
+        elif t.kernel_preference == KernelPreference.TORCH:
+            continue
+        tensors[k] = Float8Tensor(t.qdata, t.scale, t.block_size, mm_config=t.mm_config, act_quant_kwargs=act,
+                                  kernel_preference=KernelPreference.TORCH, dtype=t.dtype)
+        changed += 1
+    return changed
 
 
 def _type_reason(field, value, types, what):
@@ -55,10 +124,17 @@ def _type_reason(field, value, types, what):
     return None
 
 
-def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ...] = ()) -> Verdict:
+def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ...] = (), *, family=None) -> Verdict:
+    """``family`` (a ``families.Family``): supplies its int8 exclude tokens and its excluded bases."""
+    if family is not None and not family_exclude_extra:
+        family_exclude_extra = family.int8_exclude_extra
     m = ckpt.metadata
     reasons: list[str] = []
+    notes: list[str] = []
     tag = ckpt.format_tag
+    if tag is None and ckpt.container == "pt":
+        reasons.append(f"the .pt container has no 'format' tag (expected '{FORMAT_V1}'): an untagged or foreign "
+                       "artifact is not trusted")
     if tag in REFUSED_FORMATS:
         reasons.append(f"format '{tag}' uses {REFUSED_FORMATS[tag]}, which this pack does not support")
     elif tag is not None and tag != FORMAT_V1 and ckpt.container in ("pt", "safetensors"):
@@ -66,12 +142,14 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
 
     for field, types, what in (("scheme", (str,), "a string"), ("base_model_id", (str,), "a string"),
                                ("family", (str,), "a string"), ("component", (str,), "a string"),
-                               ("min_features", (int,), "an integer"), ("require_bf16", (bool,), "true/false"),
+                               ("min_features", (int, str), "an integer"), ("require_bf16", (bool,), "true/false"),
                                ("require_divisible", (int,), "an integer"), ("fast_accum", (bool,), "true/false/null"),
-                               ("fp8_granularity", (str,), "a string"), ("exclude_name_tokens", (list,), "a list"),
+                               ("fp8_granularity", (str,), "a string"), ("exclude_name_tokens", (list, tuple), "a list"),
                                ("fingerprint", (dict,), "an object"), ("quant_backend", (str,), "a string"),
                                ("torch_dtype", (str,), "a string")):
         r = _type_reason(field, m.get(field), types, what)
+        if r is None and field == "min_features" and m.get(field) is not None and as_int(m[field]) is None:
+            r = f"metadata 'min_features' is {str(m[field])[:60]!r}, expected an integer"
         if r:
             reasons.append(r)
     if reasons and any("metadata '" in r for r in reasons):
@@ -104,13 +182,25 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
         reasons.append(f"{len(per_tensor)} fp8 weights use one scale per tensor (e.g. '{per_tensor[0]}'): "
                        "per-tensor fp8 files are stale; use a per-row file")
 
-    if req.base_model_id and m.get("base_model_id") is not None and not base_matches(m["base_model_id"], req.base_model_id):
-        reasons.append(f"built from base '{m['base_model_id']}', requested '{req.base_model_id}'")
+    # A family's excluded base (Tongyi-MAI/Z-Image for Z-Image-Turbo files) is another model: only a file recorded as
+    # built from it may serve it, never the hosted file of its namesake.
+    excluded = family.excluded_base(req.base_model_id) if family is not None else None
+    if req.base_model_id and m.get("base_model_id") is None:
+        if native:
+            notes.append("ComfyUI-native file: it records no base model, so the requested base is not checked")
+        else:
+            reasons.append(f"the file records no base_model_id, requested '{req.base_model_id}' (a file without "
+                           "its base cannot be trusted for a named base)")
+    elif req.base_model_id and not base_matches(m["base_model_id"], req.base_model_id):
+        reasons.append(f"built from base '{m['base_model_id']}', requested '{req.base_model_id}'" + (
+            f" ('{excluded}' is listed as excluded for {family.title}: a different model, never served its "
+            "namesake's hosted file)" if excluded else ""))
     if req.family and m.get("family") is not None and m["family"].lower() != req.family.lower():
         reasons.append(f"family is '{m['family']}', requested '{req.family}'")
     if m.get("component") is not None and m["component"] != req.component:
         reasons.append(f"component is '{m['component']}', expected '{req.component}'")
-    if req.min_features is not None and m.get("min_features") is not None and m["min_features"] != req.min_features:
+    if req.min_features is not None and m.get("min_features") is not None and \
+            as_int(m["min_features"]) != as_int(req.min_features):
         reasons.append(f"min_features is {m['min_features']}, requested {req.min_features}")
     if m.get("quant_backend") is not None and m["quant_backend"] != "torchao":
         reasons.append(f"quant_backend is '{m['quant_backend']}', expected 'torchao'")
@@ -121,15 +211,21 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
             reasons.append(f"require_bf16 is {m['require_bf16']}, scheme {scheme} needs {rule.require_bf16}")
         if m.get("require_divisible") is not None and m["require_divisible"] != rule.require_divisible:
             reasons.append(f"require_divisible is {m['require_divisible']}, scheme {scheme} needs {rule.require_divisible}")
-        if "fast_accum" in m and m["fast_accum"] is not None and m["fast_accum"] != rule.fast_accum:
-            reasons.append(f"fast_accum is {m['fast_accum']}, scheme {scheme} needs {rule.fast_accum}")
+        if req.fast_accum is not None and m.get("fast_accum") is not None and m["fast_accum"] != req.fast_accum:
+            reasons.append(f"fast_accum is {m['fast_accum']}, requested {req.fast_accum}")
         gran = m.get("fp8_granularity")
         if scheme.startswith("fp8") and gran is not None and gran != "per_row" and not native:
             reasons.append(f"fp8_granularity is '{gran}': per-tensor fp8 files are stale; rebuild per_row")
         expected_ex = req.exclude_tokens if req.exclude_tokens is not None else \
             schemes.exclude_tokens(scheme, family_exclude_extra)
         found_ex = m.get("exclude_name_tokens")
-        if found_ex is not None and sorted(set(map(str, found_ex))) != sorted(set(expected_ex)):
-            reasons.append(f"exclude_name_tokens {sorted(map(str, found_ex))} differ from the expected "
-                           f"{sorted(map(str, expected_ex))}")
-    return Verdict(not reasons, reasons, _comfy_native_notes(ckpt) if native else [])
+        # Unsloth's newer loaders accept a recorded list that is a superset of today's (more layers kept dense);
+        # the order does not matter here (older Unsloth loaders compare ordered tuples: the builder writes their order)
+        if found_ex is not None and not set(map(str, found_ex)) >= set(expected_ex):
+            missing = [t for t in expected_ex if t not in set(map(str, found_ex))]
+            reasons.append(f"exclude_name_tokens {list(map(str, found_ex))} lack {missing} (expected at least "
+                           f"{list(expected_ex)})")
+    fp8_reasons, fp8_notes = _fp8_activation_reasons(ckpt)
+    reasons += fp8_reasons
+    notes += fp8_notes
+    return Verdict(not reasons, reasons, notes + (_comfy_native_notes(ckpt) if native else []))

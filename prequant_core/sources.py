@@ -111,13 +111,14 @@ def scheme_token(scheme: str) -> str:
 
 
 def filenames(repo: str, scheme: str) -> tuple[str, ...]:
-    """The names to try in ``repo`` for ``scheme``, in order (docs/FORMAT.md section 5)."""
+    """The names to try in ``repo`` for ``scheme``, in order (docs/FORMAT.md section 5): the names the hosting
+    family declares for this repo, then ``<Model>-<SCHEME>.safetensors``, ``.pt``, legacy ``transformer_<scheme>.pt``."""
     s = schemes.normalize(scheme)
     model = model_name(repo)
-    names = [f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
+    names = [*families.declared_filenames(repo, s), f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
     if s in HOSTED_SCHEMES:
         names.append(f"transformer_{s}.pt")
-    return tuple(names)
+    return tuple(dict.fromkeys(names))
 
 
 def scheme_from_repo(repo: str) -> str | None:
@@ -131,7 +132,7 @@ def scheme_from_repo(repo: str) -> str | None:
 
 
 def _tail(s: str) -> str:
-    return s.strip().rstrip("/").rsplit("/", 1)[-1].lower()
+    return families.base_tail(s)  # backslashes count as slashes (a Windows folder as base_model_id)
 
 
 def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str | None = None) -> str | None:
@@ -142,9 +143,18 @@ def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str |
     repos = list(fam.hosted_repos)
     if not repos:
         return None
+    by_model = {model_name(r).lower(): r for r in repos}
+    excluded = fam.excluded_base(base_model_id)
+    if excluded and not variant and _tail(base_model_id) not in by_model:
+        # a base listed as excluded (Tongyi-MAI/Z-Image vs Z-Image-Turbo) never gets its namesake's file; a variant
+        # repo built from that very base (Qwen-Image-2.1-Turbo) is picked below
+        raise HubError(f"Family '{fam.name}' hosts no file for base '{base_model_id}'.",
+                       expected=f"a base the hosted repos were built from: {', '.join(fam.base_repos)}",
+                       found=f"'{base_model_id}', listed as excluded ('{excluded}'): a different model",
+                       fix="Build a pre-quantized file from that base with Build Prequant Checkpoint, or use the "
+                           "dense fallback.")
     if len(repos) == 1 and not variant:
         return repos[0]
-    by_model = {model_name(r).lower(): r for r in repos}
     if variant and variant.strip():
         v = _tail(variant)
         if v in by_model:
@@ -240,6 +250,10 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
             notes.append(f"family '{fam.name}': no scheme chosen, so its hosted repo is not planned")
         elif scheme not in HOSTED_SCHEMES:
             notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(HOSTED_SCHEMES)} only, not {scheme}")
+        elif fam.excluded_base(base_model_id) and not variant and \
+                _tail(base_model_id) not in {model_name(r).lower() for r in fam.hosted_repos}:
+            notes.append(f"family '{fam.name}': base '{base_model_id}' is listed as excluded "
+                         f"('{fam.excluded_base(base_model_id)}', a different model), so no hosted repo is planned")
         else:
             repo = hosted_repo(fam.name, variant=variant, base_model_id=base_model_id)
             if repo is None:

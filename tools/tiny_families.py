@@ -197,6 +197,88 @@ REAL: dict[str, dict] = {
 }
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Families whose ComfyUI class no ComfyUI testable here has (registered with comfy_unet_config=None): their diffusers
+# classes need diffusers >= 0.41 (tests run them with diffusers 0.42.1 from .cache/diffusers042, see
+# tests/test_diffusers_loader.py). Hidden 512 with 128-wide heads, one block of each kind, as above.
+
+def _krea2_forward(m, g, dtype):
+    n_txt, h, w = 6, 4, 4
+    pos = torch.zeros(n_txt + h * w, 3)
+    pos[n_txt:, 1] = torch.arange(h).repeat_interleave(w)
+    pos[n_txt:, 2] = torch.arange(w).repeat(h)
+    cfg = m.config
+    return m(hidden_states=_randn(g, 1, h * w, cfg.in_channels).to(dtype),
+             encoder_hidden_states=_randn(g, 1, n_txt, cfg.num_text_layers, cfg.text_hidden_dim).to(dtype),
+             timestep=torch.tensor([0.7]), position_ids=pos, return_dict=False)[0]
+
+
+def _qwen21_forward(m, g, dtype):
+    n_txt, h, w = 6, 4, 4  # one target image of 4x4 latent tokens: 4 image slots of 2x2 tokens after the text
+    cfg = m.config
+    return m(hidden_states=_randn(g, 1, h * w, cfg.in_channels).to(dtype),
+             encoder_hidden_states=_randn(g, 1, n_txt, cfg.context_in_dim).to(dtype), timestep=torch.tensor([0.7]),
+             img_shapes=[[(1, h, w)]], img_mask=torch.tensor([[False] * n_txt + [True] * (h * w // 4)]),
+             return_dict=False)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyDiffusersOnly:
+    family: str
+    base_model_id: str
+    diffusers_class: str
+    kwargs: dict
+    forward: Callable  # (diffusers model, generator, dtype) -> output
+    file_stem: str = ""
+
+
+DIFFUSERS_ONLY: dict[str, TinyDiffusersOnly] = {t.family: t for t in [
+    TinyDiffusersOnly("krea-2", "krea/Krea-2-Turbo", "Krea2Transformer2DModel",
+                      dict(in_channels=64, num_layers=1, attention_head_dim=128, num_attention_heads=4,
+                           num_key_value_heads=4, intermediate_size=1024, text_hidden_dim=512, num_text_layers=2,
+                           text_num_attention_heads=4, text_num_key_value_heads=4, text_intermediate_size=1024,
+                           num_layerwise_text_blocks=1, num_refiner_text_blocks=1),
+                      _krea2_forward, "Krea-2-Turbo"),
+    TinyDiffusersOnly("qwen-image-2.1", "Qwen/Qwen-Image-2.1", "QwenImage21Transformer2DModel",
+                      dict(in_channels=64, num_layers=1, attention_head_dim=128, num_attention_heads=4,
+                           context_in_dim=512),
+                      _qwen21_forward, "Qwen-Image-2.1"),
+]}
+
+
+def diffusers_forward(family: str, model, seed: int = 0, dtype=torch.bfloat16):
+    """One forward pass of the family's diffusers class on seeded inputs (cast to ``dtype``), for any registered
+    family: the sampler-shaped inputs of ``TINY`` through its reference, or the ``DIFFUSERS_ONLY`` forward."""
+    g = torch.Generator().manual_seed(seed)
+    if family in DIFFUSERS_ONLY:
+        return DIFFUSERS_ONLY[family].forward(model, g, dtype)
+    if family == "z-image":
+        x = _randn(g, 16, 1, 16, 16).to(dtype)
+        cap = _randn(g, 12, model.config.cap_feat_dim).to(dtype)
+        return model([x], torch.tensor([0.3]), [cap], return_dict=False)[0][0]
+    t = TINY[family]
+    ctx, extra = t.cond(g)
+    cast = lambda v: v.to(dtype) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    x = _randn(g, *t.latent).to(dtype)
+    return t.reference(model, x, torch.tensor([0.7], dtype=dtype), cast(ctx), {k: cast(v) for k, v in extra.items()})
+
+
+def tiny_kwargs(family: str) -> dict:
+    """The tiny diffusers config of any registered family (Z-Image's lives in tools.tiny_models)."""
+    if family == "z-image":
+        from .tiny_models import ZIMAGE_TINY
+        return dict(ZIMAGE_TINY)
+    return dict((DIFFUSERS_ONLY.get(family) or TINY[family]).kwargs)
+
+
+def any_diffusers_model(family: str, seed: int = 0, dtype=torch.float32):
+    """Seeded tiny diffusers model of any registered family (including Z-Image and the diffusers-only ones)."""
+    import diffusers
+    from prequant_core import families
+    cls = getattr(diffusers, families.get(family).diffusers_class)
+    return randomize_(cls(**tiny_kwargs(family)), seed).to(dtype).eval()
+
+
 def meta_state_dict(family: str, real: bool = True, dtype=torch.bfloat16, **overrides) -> dict:
     """The family's diffusers state dict on the meta device (shapes and dtypes only, no memory)."""
     import diffusers

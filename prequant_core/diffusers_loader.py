@@ -1,0 +1,206 @@
+"""Pre-quantized transformers straight into diffusers' own classes, for people who script diffusers pipelines.
+
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+    from prequant_core.diffusers_loader import load_transformer
+    transformer = load_transformer(FluxTransformer2DModel, "black-forest-labs/FLUX.1-dev",
+                                   "unsloth/FLUX.1-dev-FP8", scheme="fp8", device="cuda")
+    pipe = FluxPipeline.from_pretrained("black-forest-labs/FLUX.1-dev", transformer=transformer, ...)
+
+The same steps as Unsloth Studio's loader: the skeleton is built on ``meta`` with accelerate's ``init_empty_weights``
++ ``from_config`` (no dense allocation), the file's tensors go in with ``load_state_dict(strict=True, assign=True)``,
+non-persistent buffers (computed, not stored, e.g. rotary or timestep frequencies) are made real on the CPU, then
+``eval()`` and the device. Where the file comes from and whether it fits are decided exactly as for the ComfyUI node:
+the same allowlist for local files, the same Hub filename chain and fallback (``sources`` / ``hub``), the same
+validation (``metadata.validate``, fp8 kernels pinned to TORCH). Every failure is a typed ``PrequantError`` naming
+the file, what was expected, what was found and what to do; nothing returns None.
+
+``diffusers`` and ``accelerate`` are an optional extra (``requirements-diffusers.txt``); they are imported here only,
+when a function of this module is called, and never by the ComfyUI nodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Iterable
+
+import torch
+
+from . import families, hub, loader, metadata, sources
+from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DependencyError, PrequantError,
+                     UnknownFamilyError, UnsupportedFormatError)
+
+EXTRA = "pip install -r requirements-diffusers.txt  (diffusers and accelerate)"
+
+
+@dataclasses.dataclass
+class Loaded:
+    """What ``load`` returns: the model plus where it came from and what validation said."""
+    model: torch.nn.Module
+    path: str
+    family: str
+    scheme: str | None
+    source: str  # "local" or "hub:<repo>@<revision>/<filename>"
+    notes: list[str]
+
+
+def _need(module: str):
+    try:
+        return __import__(module)
+    except ImportError as e:
+        raise DependencyError(f"The diffusers loader needs the '{module}' package.", expected=f"{module} installed",
+                              found=f"ImportError: {e}", fix=EXTRA) from None
+
+
+def _transformer_class(transformer_class) -> type:
+    if isinstance(transformer_class, type):
+        return transformer_class
+    diffusers = _need("diffusers")
+    cls = getattr(diffusers, str(transformer_class), None)
+    if not isinstance(cls, type):
+        raise UnsupportedFormatError(f"diffusers {diffusers.__version__} has no class '{transformer_class}'.",
+                                     expected="a diffusers transformer class, e.g. FluxTransformer2DModel",
+                                     found=str(transformer_class),
+                                     fix="Pass the class itself, or update diffusers (Krea2Transformer2DModel and "
+                                         "QwenImage21Transformer2DModel need diffusers 0.41 or newer).")
+    return cls
+
+
+def _family_for(cls: type, family: str | None, base_id: str) -> families.Family:
+    """The family to plan Hub sources with. Several share a class (FLUX.2 klein / dev): the one whose base repo names
+    the same model as ``base_id``, else the first. Validation uses the family the file records, unless ``family``
+    is given."""
+    if family:
+        fam = families.get(family)
+        if fam.diffusers_class != cls.__name__:
+            raise UnknownFamilyError(f"Family '{fam.name}' loads into {fam.diffusers_class}, not {cls.__name__}.",
+                                     expected=fam.diffusers_class, found=cls.__name__,
+                                     fix="Pass the family's diffusers class, or leave family empty.")
+        return fam
+    cands = [f for f in families.FAMILIES.values() if f.diffusers_class == cls.__name__]
+    if not cands:
+        raise UnknownFamilyError(f"No registered family loads into {cls.__name__}.",
+                                 expected=", ".join(sorted({f.diffusers_class for f in families.FAMILIES.values()})),
+                                 found=cls.__name__, fix="Use one of the listed classes.")
+    if len(cands) == 1:
+        return cands[0]
+    for f in cands:
+        if any(families.base_tail(b) == families.base_tail(base_id) for b in f.base_repos):
+            return f
+    return cands[0]
+
+
+def _config(cls: type, base: str, subfolder: str | None, revision: str | None, token: str | None) -> dict:
+    """The transformer's config from a local folder (``<base>/<subfolder>/config.json`` or ``<base>/config.json``) or a
+    Hub repo id (diffusers' own download of config.json only)."""
+    local = os.path.isdir(os.path.expanduser(str(base)))
+    try:
+        if local:
+            root = os.path.expanduser(str(base))
+            sub = subfolder if subfolder and os.path.isfile(os.path.join(root, subfolder, "config.json")) else None
+            if sub is None and not os.path.isfile(os.path.join(root, "config.json")):
+                raise CheckpointNotFoundError(
+                    "The base folder has no transformer config.", path=root,
+                    expected=f"{os.path.join(root, subfolder or '', 'config.json')} or {os.path.join(root, 'config.json')}",
+                    found="neither file", fix="Point base at the model folder (the one holding transformer/config.json).")
+            return cls.load_config(root, subfolder=sub)
+        return cls.load_config(str(base), subfolder=subfolder, revision=revision, token=token)
+    except PrequantError:
+        raise
+    except Exception as e:  # noqa: BLE001 - diffusers raises OSError / EnvironmentError / HTTP errors alike
+        raise CheckpointNotFoundError(f"Could not read the transformer config of base '{base}'.",
+                                      expected=f"{'a folder' if local else 'a Hub repo'} with "
+                                               f"{(subfolder + '/') if subfolder else ''}config.json",
+                                      found=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}",
+                                      fix="Check the base repo id / folder (and HF_TOKEN for gated repos).") from None
+
+
+def _looks_like_repo(source: str) -> bool:
+    try:
+        sources.normalize_repo(source)
+        return True
+    except PrequantError:
+        return False
+
+
+def _locate(source: str | None, fam: families.Family, *, scheme, base_id, variant, revision, token, allow_dirs,
+            progress) -> tuple[hub.Located, list[str]]:
+    """A local file (allowlist applies, never replaced by a download), else a Hub repo, else the family's hosted repo
+    for ``scheme`` (with the base picking the variant): the ComfyUI node's order."""
+    src = None if source is None else os.fspath(source)
+    is_file = src is not None and (os.path.exists(os.path.expanduser(src)) or src.endswith((".safetensors", ".pt"))
+                                   or not _looks_like_repo(src))
+    plan = sources.plan(path=src if is_file else None, hub_repo=None if is_file else src, family=fam.name,
+                        scheme=scheme, variant=variant, base_model_id=base_id, revision=revision)
+    return hub.locate(plan, model_dirs=list(allow_dirs), token=token, progress=progress), list(plan.notes)
+
+
+def _rebuild_non_persistent_buffers(model: torch.nn.Module, path: str) -> None:
+    """Non-persistent buffers are not in the file: they must be what the class computed. ``init_empty_weights``
+    (include_buffers=False) computes them on the CPU; anything still on ``meta`` cannot be rebuilt and is refused."""
+    persistent = set(model.state_dict(keep_vars=True))
+    left = [n for n, b in model.named_buffers() if b.is_meta and n not in persistent]
+    left += [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise CorruptCheckpointError(f"{len(left)} model tensors are neither in the file nor computed by the class: "
+                                     f"{', '.join(left[:5])}", path=path,
+                                     fix="Update diffusers to the version the file was built with.")
+
+
+def load(transformer_class, base: str, source: str | os.PathLike | None = None, *, scheme: str | None = None,
+         device: str | torch.device = "cpu", family: str | None = None, base_model_id: str | None = None,
+         min_features: int | None = None, component: str = "transformer", fast_accum: bool | None = None,
+         subfolder: str | None = "transformer", variant: str | None = None, revision: str | None = None,
+         token: str | None = None, allow_dirs: Iterable[str] = (), memory_guard: bool = True,
+         progress: Any = None) -> Loaded:
+    """Load a pre-quantized transformer into ``transformer_class`` (the class or its name in ``diffusers``).
+
+    ``base``: the base model (Hub repo id or local folder) whose transformer config builds the skeleton; its id (or
+    the folder's last part) is the base the file must record, unless ``base_model_id`` names it. ``source``: a local
+    file (inside ``allow_dirs`` or ``PREQUANT_ALLOW_LOCAL_PATH`` / ``UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH``), a Hub repo
+    id (``unsloth/FLUX.1-dev-FP8``), or None for the family's hosted repo for ``scheme``.
+    """
+    cls = _transformer_class(transformer_class)
+    accelerate = _need("accelerate")
+    base_id = base_model_id or str(base)
+    fam = _family_for(cls, family, base_id)
+    located, notes = _locate(source, fam, scheme=scheme, base_id=base_id, variant=variant, revision=revision,
+                             token=token, allow_dirs=allow_dirs, progress=progress)
+    request = metadata.Request(scheme=scheme, base_model_id=base_id, min_features=min_features,
+                               family=fam.name if family else None, component=component, fast_accum=fast_accum)
+    opened = loader.open_checkpoint(located.path, request, model_dirs=located.model_dirs, memory_guard=memory_guard)
+    ck = opened.checkpoint
+    fam = opened.family
+    if fam.diffusers_class != cls.__name__:
+        raise UnknownFamilyError(f"This file is {fam.title}, which loads into {fam.diffusers_class}, not "
+                                 f"{cls.__name__}.", path=ck.path, expected=cls.__name__, found=fam.diffusers_class,
+                                 fix=f"Use {fam.diffusers_class} (and its base) for this file.")
+    if opened.layout != "diffusers":
+        raise UnsupportedFormatError("This file uses ComfyUI's key names; a diffusers class needs diffusers names.",
+                                     path=ck.path, expected="a diffusers-layout file (Unsloth's main files, or one "
+                                     "written by Build Prequant Checkpoint)", found=f"{opened.layout} layout",
+                                     fix="Use the repo's main file, not its -ComfyUI twin.")
+    config = _config(cls, str(base), subfolder, revision, token)
+    with accelerate.init_empty_weights():  # parameters on meta; buffers computed for real on the CPU
+        model = cls.from_config(config)
+    try:
+        model.load_state_dict(ck.tensors, strict=True, assign=True)
+    except RuntimeError as e:
+        raise CorruptCheckpointError(f"The file's tensors do not fit {cls.__name__} built from base '{base}'.",
+                                     path=ck.path, expected=f"exactly the state dict of {cls.__name__}",
+                                     found=" ".join(str(e).split())[:600],
+                                     fix="Check that base and file are the same model and size.") from None
+    _rebuild_non_persistent_buffers(model, ck.path)
+    model = model.eval().to(device)
+    f = located.fetched
+    where = f"hub:{f.repo}@{f.revision}/{f.filename}" if f else "local"
+    return Loaded(model, ck.path, fam.name, metadata_scheme(ck), where, notes + list(opened.verdict.notes))
+
+
+def metadata_scheme(ck) -> str | None:
+    s = ck.metadata.get("scheme")
+    return s if isinstance(s, str) else (next(iter(ck.schemes_found())) if len(ck.schemes_found()) == 1 else None)
+
+
+def load_transformer(transformer_class, base: str, source: str | os.PathLike | None = None, **kw) -> torch.nn.Module:
+    """``load(...).model``: the transformer, ready for a diffusers pipeline."""
+    return load(transformer_class, base, source, **kw).model
