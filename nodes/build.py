@@ -131,15 +131,16 @@ class PrequantBuildCheckpoint:
                                "Leave on '(none)' to build from the model input."}),
                 "scheme": (list(schemes.SCHEMES), {"default": "int8", "tooltip": "int8 / fp8 quantize weights and "
                            "activations; the weight-only variants keep activations in bf16."}),
-                "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 1, "max": 65536,
-                                         "tooltip": "Only Linear layers with in and out features >= this are "
-                                                    "quantized."}),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Recorded in the file so loaders can check it "
                                   "(e.g. Tongyi-MAI/Z-Image-Turbo). Empty: the family's base model."}),
                 "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO, "tooltip": "The model family "
                            "(auto: detected from the weights' keys and shapes)."}),
                 "filename": ("STRING", {"default": "", "tooltip": "File name inside models/prequant. Empty: "
                              "<Model>-<SCHEME>.<ext> from base_model_id."}),
+                # Expert inputs last (web/prequant.js maps workflows saved with the earlier order by name).
+                "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 1, "max": 65536,
+                                         "tooltip": "Only Linear layers with in and out features >= this are "
+                                                    "quantized."}),
                 "container": (list(core.CONTAINERS), {"default": "safetensors", "tooltip": "safetensors: no pickle, "
                               "safe to share. pt: torch.save container."}),
                 "overwrite": ("BOOLEAN", {"default": False, "tooltip": "Replace a file of the same name in "

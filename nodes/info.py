@@ -37,13 +37,14 @@ class PrequantInfo:
                 "checkpoint": paths.checkpoint_input(),
             },
             "optional": {
-                "path": paths.path_input(" (e.g. the output of Build Prequant Checkpoint)"),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Judge the file against this base model "
                                              "(e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough)."}),
                 "scheme": ([ANY] + list(schemes.SCHEMES), {"default": ANY,
                                                            "tooltip": "Judge the file against this scheme."}),
                 "verify_fingerprint": ("BOOLEAN", {"default": False, "tooltip": "Also hash every quantized weight "
                                                    "against the recorded fingerprint (reads the whole file)."}),
+                # Expert input last (web/prequant.js maps workflows saved with the earlier order by name).
+                "path": paths.path_input(" (e.g. the output of Build Prequant Checkpoint)"),
             },
         }
 

@@ -153,12 +153,13 @@ TOKEN = "hf_oldWorkflowToken0123456789abcdef"
 SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "example_workflows")) if f.endswith(".json"))
 
 
-def _loader_only(values) -> dict:
+def _single(values, node_type="PrequantLoadTransformer") -> dict:
+    out = {"PrequantLoadTransformer": ("model", "MODEL"), "PrequantInfo": ("report", "STRING"),
+           "PrequantBuildCheckpoint": ("path", "STRING")}[node_type]
     return {"last_node_id": 1, "last_link_id": 0, "links": [], "groups": [], "config": {}, "extra": {}, "version": 0.4,
-            "nodes": [{"id": 1, "type": "PrequantLoadTransformer", "pos": [20, 20], "size": [420, 360], "flags": {},
-                       "order": 0, "mode": 0, "inputs": [], "outputs": [{"name": "model", "type": "MODEL",
-                                                                         "links": None}],
-                       "properties": {"Node name for S&R": "PrequantLoadTransformer"}, "widgets_values": values}]}
+            "nodes": [{"id": 1, "type": node_type, "pos": [20, 20], "size": [420, 360], "flags": {},
+                       "order": 0, "mode": 0, "inputs": [], "outputs": [{"name": out[0], "type": out[1], "links": None}],
+                       "properties": {"Node name for S&R": node_type}, "widgets_values": values}]}
 
 
 DEFAULTS = {"preset": "none", "hub_repo": "", "scheme": "auto", "family": "auto", "base_model_id": "",
@@ -181,6 +182,14 @@ OLD_LAYOUTS = {
         {**DEFAULTS, "checkpoint": "Qwen-Image-FP8.safetensors", "path": "/some/where/file.safetensors",
          "base_model_id": "Qwen/Qwen-Image", "scheme": "fp8", "family": "qwen-image", "revision": "refs/pr/1",
          "min_features": 1024, "policy": "prequant, else quantize dense"}),
+    # the other two nodes: expert inputs moved last as well
+    "info": (["Z-Image-Turbo-INT8.safetensors", "/x/y.safetensors", BASE_ID, "int8", True],
+             {"checkpoint": "Z-Image-Turbo-INT8.safetensors", "base_model_id": BASE_ID, "scheme": "int8",
+              "verify_fingerprint": True, "path": "/x/y.safetensors"}, "PrequantInfo"),
+    "build": (["dense.safetensors", "fp8", 768, BASE_ID, "z-image", "mine.safetensors", "pt", True],
+              {"dense_file": "dense.safetensors", "scheme": "fp8", "base_model_id": BASE_ID, "family": "z-image",
+               "filename": "mine.safetensors", "min_features": 768, "container": "pt", "overwrite": True},
+              "PrequantBuildCheckpoint"),
 }
 
 
@@ -194,7 +203,7 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         with open(os.path.join(ROOT, "example_workflows", f)) as fh:
             shipped[f] = json.load(fh)
     workflows = [{"name": f, "workflow": wf} for f, wf in shipped.items()]
-    workflows += [{"name": k, "workflow": _loader_only(v)} for k, (v, _) in OLD_LAYOUTS.items()]
+    workflows += [{"name": k, "workflow": _single(v[0], *v[2:])} for k, v in OLD_LAYOUTS.items()]
     with ComfyServer(str(base)) as server:
         server.post("/settings/Comfy.TutorialCompleted", True)
         server.post("/settings/Comfy.Validation.Workflows", True)
@@ -231,10 +240,12 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         assert list(shown) == order and list(shown.values()) == loader["widgets_values"], (f, shown)
         assert [n for n in r["nodes"] if n["type"] == "MarkdownNote"], f
 
-    for name, (values, expected) in OLD_LAYOUTS.items():
+    for name, (values, expected, *_) in OLD_LAYOUTS.items():
         r = res["workflows"][name]
         shown = r["nodes"][0]["widgets"]
         assert shown == expected, (name, shown)
+        if name in ("info", "build"):
+            assert list(shown) == list(expected), "expert inputs are last on the node now"
         for blob in (r["saved"], r["prompt"], r["promptWorkflow"]):
             assert TOKEN not in blob, f"{name}: the old hf_token value survives in what the front end saves/queues"
         assert "hf_token" not in r["prompt"]

@@ -145,21 +145,33 @@ function setupLoader(node) {
   };
 }
 
-// Workflows saved before the loader's inputs were reordered (expert inputs last) and hf_token was removed store
-// widgets_values in an older order; the front end assigns them by position, so map them back by name here.
-// The old hf_token value is dropped: it is copied into no widget, so it is never saved or queued again.
+// Workflows saved before the nodes' inputs were reordered (expert inputs last) and the loader's hf_token was removed
+// store widgets_values in an older order; the front end assigns them by position, so map them back by name here.
+// An old hf_token value is dropped: it is copied into no widget, so it is never saved or queued again.
 const POLICIES = ["prequant only", "prequant, else quantize dense", "quantize dense"];
 const OLD_5 = ["checkpoint", "path", "base_model_id", "scheme", "family"];
 const OLD_9 = [...OLD_5, "hub_repo", "preset", "revision", "hf_token"];
 const OLD_12 = [...OLD_9, "min_features", "policy", "dense_fallback"];
+const OLD_LAYOUTS = {
+  [LOADER_CLASS]: (v) => {
+    if (v.length === 5) return OLD_5;
+    if (v.length === 9) return OLD_9;
+    // The current layout also has 12 values, but min_features (a number) sits at index 10 and revision at 9.
+    if (v.length === 12 && typeof v[9] === "number" && POLICIES.includes(v[10])) return OLD_12;
+    return null;
+  },
+  // now: checkpoint, base_model_id, scheme, verify_fingerprint, path
+  [INFO_CLASS]: (v) => (v.length === 5 && typeof v[4] === "boolean"
+    ? ["checkpoint", "path", "base_model_id", "scheme", "verify_fingerprint"] : null),
+  // now: dense_file, scheme, base_model_id, family, filename, min_features, container, overwrite
+  PrequantBuildCheckpoint: (v) => (v.length === 8 && typeof v[2] === "number"
+    ? ["dense_file", "scheme", "min_features", "base_model_id", "family", "filename", "container", "overwrite"]
+    : null),
+};
 
-export function legacyLayout(values) {
-  if (!Array.isArray(values)) return null;
-  if (values.length === 5) return OLD_5;
-  if (values.length === 9) return OLD_9;
-  // The current layout also has 12 values, but min_features (a number) sits at index 10 and revision at 9.
-  if (values.length === 12 && typeof values[9] === "number" && POLICIES.includes(values[10])) return OLD_12;
-  return null;
+export function legacyLayout(cls, values) {
+  if (!Array.isArray(values) || !OLD_LAYOUTS[cls]) return null;
+  return OLD_LAYOUTS[cls](values);
 }
 
 function inputDefault(node, name) {
@@ -171,9 +183,9 @@ function inputDefault(node, name) {
   return spec[1]?.options?.[0];
 }
 
-function remapLegacy(node, info) {
+function remapLegacy(node, cls, info) {
   const values = info?.widgets_values;
-  const names = legacyLayout(values);
+  const names = legacyLayout(cls, values);
   if (!names) return false;
   const byName = new Map(names.map((n, i) => [n, values[i]]));
   byName.delete("hf_token");
@@ -187,11 +199,11 @@ function remapLegacy(node, info) {
   return true;
 }
 
-function setupLegacyInputs(node) {
+function setupLegacyInputs(node, cls) {
   const onConfigure = node.onConfigure;
   node.onConfigure = function (info) {
     const r = onConfigure?.apply(this, arguments);
-    remapLegacy(this, info);
+    remapLegacy(this, cls, info);
     return r;
   };
 }
@@ -200,10 +212,8 @@ app.registerExtension({
   name: "ComfyUI-Prequant.Info",
   async nodeCreated(node) {
     const cls = node.comfyClass || node.constructor?.comfyClass;
+    if (OLD_LAYOUTS[cls]) setupLegacyInputs(node, cls);
     if (cls === INFO_CLASS) setupInfo(node);
-    else if (cls === LOADER_CLASS) {
-      setupLegacyInputs(node);
-      setupLoader(node);
-    }
+    else if (cls === LOADER_CLASS) setupLoader(node);
   },
 });
