@@ -51,6 +51,13 @@ def model_class_for(family: Family, unet_config: dict):
 
 
 def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16):
+    if family.comfy_unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
+        model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"
+        raise ComfyVersionError(f"This ComfyUI ({comfy_version()}) has the {family.title} class, but this version of "
+                                f"ComfyUI-Prequant cannot load {family.title} into it yet.",
+                                expected=f"a ComfyUI-Prequant release that maps {family.title}",
+                                found=f"ComfyUI {comfy_version()}",
+                                fix="Update ComfyUI-Prequant, or load the repo's -ComfyUI twin with ComfyUI's own loader.")
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     unet_config = family.comfy_unet_config(shapes, metadata)
     cls = model_class_for(family, unet_config)

@@ -345,3 +345,41 @@ def test_stock_shift_and_guidance_nodes_reach_the_prequant_model(comfy, prequant
                                             disable_pbar=True))
     assert torch.equal(outs[0], sample(flux, "flux.1")), "guidance 4.0 set by the node = the tiny conditioning's 4.0"
     assert not torch.equal(outs[0], outs[1]), "the guidance value must reach the guidance embedder"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Families no ComfyUI here has a class for (Krea 2, Qwen-Image 2.1): built with diffusers 0.42.1's real classes (in a
+# subprocess, .cache/diffusers042), then Info / verify accept them and the loader node names the ComfyUI they need.
+
+@pytest.mark.parametrize("family", list(tf.DIFFUSERS_ONLY))
+def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy, prequant_dir, family):
+    import json
+    import subprocess
+    import sys
+    from conftest import ROOT
+    from prequant_core.info import info
+    side = os.path.join(ROOT, ".cache", "diffusers042")
+    if not os.path.isfile(os.path.join(side, "diffusers", "__init__.py")):
+        pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_dev.sh --with-test-extras")
+    t = tf.DIFFUSERS_ONLY[family]
+    fam = families.get(family)
+    name = f"{t.file_stem}-INT8.safetensors"
+    path = os.path.join(prequant_dir, name)
+    p = subprocess.run([sys.executable, "-m", "tools.diffusers_check", "build", family, "int8", path], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT])), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["path"] == path
+
+    r = info(path, {"base_model_id": t.base_model_id, "scheme": "int8"})
+    assert r.valid, r.reasons
+    assert r.family == family and r.quantized_count >= 4
+    assert not info(path, {"base_model_id": "someone/Other-Model", "scheme": "int8"}).valid
+
+    with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
+        nodes_, _ = comfy
+        nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("families/" + name, base_model_id=t.base_model_id,
+                                                                     scheme="int8")
+    msg = str(e.value)
+    assert "0.38.1" in msg and fam.title in msg and fam.comfy_models[0] in msg
+    assert comfy_model(comfy).comfy_version() in msg

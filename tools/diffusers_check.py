@@ -92,6 +92,17 @@ def check(family: str, scheme: str, container: str, folder: str) -> dict:
     }
 
 
+def build_file(family: str, scheme: str, path: str) -> str:
+    """The family's tiny model built into a pre-quantized file at ``path`` (container from the extension)."""
+    dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
+    return build.build_from_tensors(path, dense, family=families.get(family), scheme=scheme,
+                                    base_model_id=base_model_id(family), container=path.rsplit(".", 1)[-1],
+                                    overwrite=True)
+
+
 if __name__ == "__main__":
-    fam_, scheme_, container_, out = sys.argv[1:5]
-    print(json.dumps(check(fam_, scheme_, container_, out)))
+    if sys.argv[1] == "build":  # build FAMILY SCHEME PATH
+        print(json.dumps({"path": build_file(*sys.argv[2:5])}))
+    else:  # FAMILY SCHEME CONTAINER OUT_DIR
+        fam_, scheme_, container_, out = sys.argv[1:5]
+        print(json.dumps(check(fam_, scheme_, container_, out)))

@@ -1,0 +1,265 @@
+"""Files move both ways with Unsloth Studio: what this builder writes passes Unsloth's loader rules (older releases:
+the recorded exclude list compared as an ordered tuple; newer: the rules of docs/FORMAT.md "Validation rules"), and
+this pack validates as Unsloth does, except where it is deliberately safer (README "Unsloth parity").
+
+``unsloth_v1_accepts`` is the older Unsloth rule set written out from its documented behaviour (../shared/FORMAT.md,
+sections 1 and 6); the real files are this pack's builder output, read by this pack's readers.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import BASE_ID
+from prequant_core import build, families, formats, loader, metadata, schemes, sources
+from prequant_core.checkpoint import FORMAT_V1
+from prequant_core.errors import HubError, ValidationError
+from prequant_core.formats.pt import load_weights_only
+from tools import tiny_families as tf
+
+# Unsloth's order, written out (../shared/FORMAT.md sections 1 and 6), not derived from our code
+UNSLOTH_INT8_BASE = ("norm", "_mod", "modulation", "timestep_embed", "guidance_embed", "time_text_embed", "pooled",
+                     "time_embed")
+UNSLOTH_FAMILY_EXTRA = {"qwen-image": ("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp")}
+
+
+def unsloth_v1_accepts(fmt, m: dict, *, scheme: str, family: str, base: str) -> list[str]:
+    """Older Unsloth loader's checks on a v1 file (reasons; empty = accepted)."""
+    r = []
+    if fmt != FORMAT_V1:
+        r.append("format")
+    tail = lambda s: s.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()  # noqa: E731
+    if m.get("base_model_id") is None or (m["base_model_id"] != base and tail(m["base_model_id"]) != tail(base)):
+        r.append("base")
+    if m.get("scheme") != scheme:
+        r.append("scheme")
+    if int(m.get("min_features")) != 512:
+        r.append("min_features")
+    want = (UNSLOTH_INT8_BASE + UNSLOTH_FAMILY_EXTRA.get(family, ())) if scheme == "int8" else ()
+    if tuple(m.get("exclude_name_tokens") or ()) != want:
+        r.append("exclude_name_tokens (ordered tuple)")
+    if m.get("require_bf16") != (scheme == "fp8") or m.get("require_divisible") != (16 if scheme == "fp8" else 0):
+        r.append("require_bf16/require_divisible")
+    if scheme == "fp8" and m.get("fp8_granularity") != "per_row":
+        r.append("fp8_granularity")
+    if m.get("component", "transformer") != "transformer":
+        r.append("component")
+    return r
+
+
+@pytest.mark.parametrize("container", ["safetensors", "pt"])
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+@pytest.mark.parametrize("family", ["qwen-image", "flux.1"])
+def test_builder_files_pass_unsloths_older_ordered_rules(tmp_path, family, scheme, container):
+    t = tf.TINY[family]
+    path = str(tmp_path / f"{t.file_stem}-{scheme.upper()}.{container}")
+    build.build_from_tensors(path, tf.dense(family), family=families.get(family), scheme=scheme,
+                             base_model_id=t.base_model_id, container=container)
+    ck = formats.read(path)
+    m = ck.metadata
+    assert unsloth_v1_accepts(ck.format_tag, m, scheme=scheme, family=family, base=t.base_model_id) == []
+    if scheme == "int8":  # written in Unsloth's order, not sorted
+        assert m["exclude_name_tokens"] == list(UNSLOTH_INT8_BASE + UNSLOTH_FAMILY_EXTRA.get(family, ()))
+        assert m["exclude_name_tokens"] != sorted(m["exclude_name_tokens"])
+    # and this pack's own validation accepts it for the same request
+    v = metadata.validate(ck, metadata.Request(scheme=scheme, base_model_id=t.base_model_id, min_features=512),
+                          family=families.get(family))
+    assert v.ok, v.reasons
+
+
+def test_sorted_list_is_what_the_older_rule_refused():
+    """Control: the list as this pack used to write it (sorted) fails the ordered comparison above."""
+    m = {"base_model_id": BASE_ID, "scheme": "int8", "min_features": 512, "require_bf16": False,
+         "require_divisible": 0, "exclude_name_tokens": sorted(UNSLOTH_INT8_BASE)}
+    assert unsloth_v1_accepts(FORMAT_V1, m, scheme="int8", family="z-image", base=BASE_ID) == \
+        ["exclude_name_tokens (ordered tuple)"]
+    m["exclude_name_tokens"] = list(UNSLOTH_INT8_BASE)
+    assert unsloth_v1_accepts(FORMAT_V1, m, scheme="int8", family="z-image", base=BASE_ID) == []
+    assert schemes.exclude_tokens("int8", families.get("qwen-image").int8_exclude_extra) == \
+        list(UNSLOTH_INT8_BASE + UNSLOTH_FAMILY_EXTRA["qwen-image"])
+
+
+# --- validation rules, one by one, on real files --------------------------------------------------------------------
+
+def _pt_with(src: str, dst, edit) -> str:
+    obj = load_weights_only(src, mmap=False)
+    edit(obj)
+    torch.save(obj, dst)
+    return str(dst)
+
+
+def _verdict(path, **req) -> metadata.Verdict:
+    o = loader.open_checkpoint(path, metadata.Request(**req), model_dirs=[str(path.rsplit("/", 1)[0])], strict=False)
+    return o.verdict
+
+
+@pytest.fixture
+def pt_int8(prequant_files):
+    return prequant_files("int8", "pt")
+
+
+@pytest.fixture
+def pt_fp8(prequant_files):
+    return prequant_files("fp8", "pt")
+
+
+def test_requested_base_needs_a_recorded_base(pt_int8, tmp_path):
+    p = _pt_with(pt_int8, tmp_path / "nobase.pt", lambda o: o["metadata"].pop("base_model_id"))
+    assert _verdict(p).ok  # nothing requested: accepted (older files)
+    v = _verdict(p, base_model_id=BASE_ID)
+    assert not v.ok and any("records no base_model_id" in r for r in v.reasons)
+
+
+def test_untagged_pt_dict_is_refused(pt_int8, tmp_path):
+    p = _pt_with(pt_int8, tmp_path / "untagged.pt", lambda o: o.pop("format"))
+    v = _verdict(p)
+    assert not v.ok and any("no 'format' tag" in r for r in v.reasons)
+    with pytest.raises(ValidationError):
+        loader.open_checkpoint(p, metadata.Request(), model_dirs=[str(tmp_path)])
+
+
+@pytest.mark.parametrize("base,ok", [("C:\\models\\Z-Image-Turbo", True), ("C:\\models\\Z-Image-Turbo\\", True),
+                                     ("D:\\Z-IMAGE-TURBO", True), ("/models/Z-Image-Turbo/", True),
+                                     ("C:\\models\\Z-Image", False), ("Tongyi-MAI/Z-Image-Turbo-2", False)])
+def test_base_ids_compare_by_last_part_with_either_slash(pt_int8, base, ok):
+    v = _verdict(pt_int8, base_model_id=base)
+    assert v.ok is ok, v.reasons
+
+
+@pytest.mark.parametrize("recorded,requested,ok", [("512", 512, True), (" 512 ", 512, True), ("1024", 512, False),
+                                                   (512, "512", True), ("lots", None, False)])
+def test_min_features_compared_as_integers(pt_int8, tmp_path, recorded, requested, ok):
+    p = _pt_with(pt_int8, tmp_path / "mf.pt", lambda o: o["metadata"].__setitem__("min_features", recorded))
+    v = _verdict(p, min_features=requested)
+    assert v.ok is ok, v.reasons
+    if recorded == "lots":
+        assert any("expected an integer" in r for r in v.reasons)
+
+
+def test_fast_accum_checked_only_when_forced(pt_fp8, tmp_path):
+    p = _pt_with(pt_fp8, tmp_path / "fa.pt", lambda o: o["metadata"].__setitem__("fast_accum", False))
+    assert _verdict(p, scheme="fp8").ok  # an older fp8 file that recorded false: accepted, as Unsloth does
+    v = _verdict(p, scheme="fp8", fast_accum=True)
+    assert not v.ok and any("fast_accum is False, requested True" in r for r in v.reasons)
+    assert _verdict(pt_fp8, scheme="fp8", fast_accum=True).ok
+
+
+@pytest.mark.parametrize("tokens,ok", [
+    (list(UNSLOTH_INT8_BASE), True),  # today's list in Unsloth's order
+    (sorted(UNSLOTH_INT8_BASE), True),  # order does not matter to this pack (newer Unsloth: set rules)
+    (list(UNSLOTH_INT8_BASE) + ["proj_out", "context_embedder"], True),  # a superset: more layers kept dense
+    (list(UNSLOTH_INT8_BASE[:-1]), False),  # lacks time_embed
+    (["norm"], False),
+])
+def test_exclude_list_superset_rule(pt_int8, tmp_path, tokens, ok):
+    p = _pt_with(pt_int8, tmp_path / "ex.pt", lambda o: o["metadata"].__setitem__("exclude_name_tokens", tokens))
+    v = _verdict(p, scheme="int8")
+    assert v.ok is ok, v.reasons
+
+
+def test_require_divisible_and_component(pt_fp8, tmp_path):
+    p = _pt_with(pt_fp8, tmp_path / "div.pt", lambda o: o["metadata"].__setitem__("require_divisible", 32))
+    v = _verdict(p, scheme="fp8")
+    assert not v.ok and any("require_divisible is 32" in r for r in v.reasons)
+    p = _pt_with(pt_fp8, tmp_path / "comp.pt", lambda o: o["metadata"].__setitem__("component", "transformer_2"))
+    v = _verdict(p, scheme="fp8")
+    assert not v.ok and any("component is 'transformer_2'" in r for r in v.reasons)
+    assert _verdict(p, scheme="fp8", component="transformer_2").ok
+
+
+def test_excluded_base_never_gets_the_turbo_file(pt_int8):
+    v = _verdict(pt_int8, base_model_id="Tongyi-MAI/Z-Image", family="z-image")
+    assert not v.ok and any("listed as excluded for Z-Image" in r for r in v.reasons)
+    assert _verdict(pt_int8, base_model_id="Tongyi-MAI/Z-Image-Turbo", family="z-image").ok
+
+
+def _with_fp8_kwargs(src, dst, **act_changes):
+    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+
+    def edit(o):
+        sd = o["state_dict"]
+        for k, t in list(sd.items()):
+            if isinstance(t, Float8Tensor):
+                act = dataclasses.replace(t.act_quant_kwargs, kernel_preference=KernelPreference.AUTO, **act_changes)
+                sd[k] = Float8Tensor(t.qdata, t.scale, t.block_size, mm_config=t.mm_config, act_quant_kwargs=act,
+                                     kernel_preference=KernelPreference.AUTO, dtype=t.dtype)
+    return _pt_with(src, dst, edit)
+
+
+def test_fp8_kernels_pinned_to_torch_and_activation_floor_supplied(pt_fp8, tmp_path):
+    """Unsloth's published fp8 files record AUTO kernels; loaded weights run torchao's TORCH kernels (as load-time
+    quantization does) and a missing activation floor is supplied; a different floor is refused."""
+    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+    auto = _with_fp8_kwargs(pt_fp8, tmp_path / "auto.pt", hp_value_lb=None)
+    raw = formats.read(auto)
+    fp8 = [t for t in raw.tensors.values() if isinstance(t, Float8Tensor)]
+    assert fp8 and all(t.kernel_preference == KernelPreference.AUTO and t.act_quant_kwargs.hp_value_lb is None
+                       for t in fp8)
+    o = loader.open_checkpoint(auto, metadata.Request(scheme="fp8"), model_dirs=[str(tmp_path)])
+    loaded = [t for t in o.checkpoint.tensors.values() if isinstance(t, Float8Tensor)]
+    assert len(loaded) == len(fp8)
+    assert all(t.kernel_preference == KernelPreference.TORCH for t in loaded)
+    assert all(t.act_quant_kwargs.kernel_preference == KernelPreference.TORCH for t in loaded)
+    assert all(t.act_quant_kwargs.hp_value_lb == 1e-12 for t in loaded)
+    assert any("1e-12 is supplied" in n for n in o.verdict.notes)
+    # the pinned weights are the builder's own (same codes, scales, settings) as quantizing at load time
+    ref = formats.read(pt_fp8)
+    k = next(k for k, t in ref.tensors.items() if isinstance(t, Float8Tensor))
+    a, b = o.checkpoint.tensors[k], ref.tensors[k]
+    assert torch.equal(a.qdata.view(torch.uint8), b.qdata.view(torch.uint8)) and torch.equal(a.scale, b.scale)
+    assert a.act_quant_kwargs == b.act_quant_kwargs and a.kernel_preference == b.kernel_preference
+    other = _with_fp8_kwargs(pt_fp8, tmp_path / "lb.pt", hp_value_lb=1e-6)
+    v = _verdict(other, scheme="fp8")
+    assert not v.ok and any("activation_value_lb 1e-06" in r for r in v.reasons)
+
+
+# --- Hub: family-declared names first, excluded bases, the new families -----------------------------------------------
+
+def test_filename_order_declared_names_first():
+    assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8") == (
+        "Qwen-Image-2.1-INT8.safetensors", "Qwen-Image-2.1-INT8.pt", "transformer_int8.pt")
+    fam = dataclasses.replace(families.get("krea-2"), hub_filenames={"unsloth/Krea-2-Turbo-FP8": {
+        "fp8": "krea2_turbo_fp8.safetensors"}})
+    try:
+        families.FAMILIES["krea-2"] = fam
+        assert sources.filenames("unsloth/Krea-2-Turbo-FP8", "fp8") == (
+            "krea2_turbo_fp8.safetensors", "Krea-2-Turbo-FP8.safetensors", "Krea-2-Turbo-FP8.pt", "transformer_fp8.pt")
+        assert sources.filenames("unsloth/Krea-2-Turbo-FP8", "int8")[0] == "Krea-2-Turbo-INT8.safetensors"
+    finally:
+        families.FAMILIES["krea-2"] = dataclasses.replace(fam, hub_filenames={})
+
+
+@pytest.mark.parametrize("family,base,repo", [
+    ("krea-2", "krea/Krea-2-Turbo", "unsloth/Krea-2-Turbo-FP8"),
+    ("qwen-image-2.1", "Qwen/Qwen-Image-2.1", "unsloth/Qwen-Image-2.1-FP8"),
+    ("qwen-image-2.1", "Qwen/Qwen-Image-2.1-Turbo", "unsloth/Qwen-Image-2.1-Turbo-FP8"),  # the variant wins first
+    ("z-image", "Tongyi-MAI/Z-Image-Turbo", "unsloth/Z-Image-Turbo-FP8"),
+    ("z-image", "Tongyi-MAI/Z-Image", None), ("krea-2", "krea/krea-2-raw", None),
+    ("hidream-i1", "HiDream-ai/HiDream-I1-Dev", None), ("hidream-i1", "hidream-ai/hidream-i1-fast", None),
+    ("hidream-i1", "HiDream-ai/HiDream-I1-Full", "unsloth/HiDream-I1-Full-FP8"),
+])
+def test_hosted_repo_for_base(family, base, repo):
+    p = sources.plan(None, None, family, "fp8", base_model_id=base)
+    got = [c.repo for c in p]
+    if repo is None:
+        assert got == [] and any("excluded" in n for n in p.notes), p.notes
+        with pytest.raises(HubError) as e:
+            sources.hosted_repo(family, base_model_id=base)
+        assert "excluded" in str(e.value)
+    else:
+        assert got == [repo]
+
+
+def test_new_families_have_presets_and_need_newer_comfyui():
+    labels = sources.preset_labels()
+    for label in ("Krea-2-Turbo / fp8", "Qwen-Image-2.1 / int8", "Qwen-Image-2.1-Turbo / fp8"):
+        assert label in labels
+    for name in ("krea-2", "qwen-image-2.1"):
+        fam = families.get(name)
+        assert fam.min_comfy == "0.38.1" and fam.comfy_unet_config is None
+    assert families.get("qwen-image-2.1").comfy_models == ("QwenImage21",)
+    assert families.get("krea-2").comfy_models == ("Krea2",)
