@@ -27,3 +27,11 @@ if [ ! -x .cache/comfy-cli/bin/comfy ] || ! .cache/comfy-cli/bin/python -m ruff 
   .cache/comfy-cli/bin/python -m pip install -q --disable-pip-version-check comfy-cli==1.23.0 2>&1 \
     | grep -v '^WARNING: Location' || true
 fi
+# diffusers 0.42.1 (Krea2Transformer2DModel, QwenImage21Transformer2DModel) beside the pinned 0.38.0, with the
+# huggingface_hub / transformers / tokenizers it needs, for the diffusers-loader tests of those two families only
+# (run in a subprocess with this folder first on PYTHONPATH; see tests/test_diffusers_loader.py).
+if [ ! -f .cache/diffusers042/diffusers/__init__.py ] || [ ! -f .cache/diffusers042/transformers/__init__.py ]; then
+  echo "[setup] diffusers 0.42.1 into .cache/diffusers042 (Krea 2 / Qwen-Image 2.1 diffusers classes, tests only)"
+  .venv/bin/python -m pip install -q --no-deps --no-cache-dir --upgrade --target .cache/diffusers042 diffusers==0.42.1 \
+    huggingface_hub==1.32.0 click==8.4.2 transformers==5.24.0 tokenizers==0.23.1 2>&1 | grep -v '^WARNING: Location' || true
+fi
