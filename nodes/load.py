@@ -9,6 +9,7 @@ import torch
 from prequant_core import families, hub, plan as planning, schemes, sources
 from prequant_core.errors import PrequantError
 from prequant_core.metadata import Request
+from prequant_core.safe_text import escape
 from prequant_core.units import human_bytes
 
 from . import paths
@@ -54,7 +55,7 @@ def summary_text(s: dict) -> str:
     if s["path"] != "pre-quantized":
         why = "; ".join(s.get("why") or []) or "forced by policy"
         text += f" (pre-quantized file skipped: {why})"
-    return text
+    return escape(text)  # file names and reasons come from files: no control characters reach the UI or the log
 
 
 def _progress_bar():
