@@ -502,6 +502,10 @@ def _transfer_to_folder(repo, fn, rev, meta, dest_dir, cache, ep, token, progres
         raise HubDownloadError(f"Could not move the downloaded {fn} to {final} ({type(e).__name__}: {_short(e)}).",
                                path=final, fix="Check permissions and free space in the folder.") from e
     shutil.rmtree(staging, ignore_errors=True)  # the client's metadata for the file we just moved out
+    try:
+        os.rmdir(os.path.dirname(staging))  # and the staging folder itself once no other download is in it
+    except OSError:
+        pass
     log.info("[prequant] stored %s/%s as %s", repo, fn, final)
     return dataclasses.replace(f, path=final, storage_folder=dest_dir)
 

@@ -39,6 +39,7 @@ def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_en
     assert f.path == str(dest / PRIMARY) and f.downloaded and f.storage_folder == str(dest)
     assert sha256(f.path) == sha256(files["int8.safetensors"])
     assert model_files(dest) == [PRIMARY], tree(dest)  # staging emptied, nothing else offered
+    assert os.listdir(dest) == [PRIMARY], "the hidden staging folder is gone after a completed download"
     assert not any("/snapshots/" in p for p in tree(hf_env)), "nothing goes to the Hugging Face cache"
     n = len(hub.log)
     again = h.download(REPO, NAMES, dest_dir=str(dest))
