@@ -360,3 +360,25 @@ def test_every_input_and_output_has_a_tooltip_and_the_nodes_can_be_found(server,
     for cls in (pack.nodes.load.PrequantLoadTransformer, pack.nodes.build.PrequantBuildCheckpoint,
                 pack.nodes.info.PrequantInfo):
         assert {"int8", "fp8", "quantized", "unsloth"} <= set(cls.SEARCH_ALIASES), cls.__name__
+
+
+def test_the_list_check_is_replaced_not_dropped(env, server):
+    """The loader's own validation still refuses what is not a model file name, before anything runs; an API-format
+    prompt saved with the removed hf_token input still runs, and the value is neither used nor logged."""
+    from tools.comfy_server import PromptRejected, execution_error
+    wf = load_wf(os.path.join(WF_DIR, "z_image_turbo_prequant.json"))
+    prompt = wfmod.to_api(wf, server.object_info)
+    lid = str(loader_node(wf)["id"])
+    preview = {"class_type": "PreviewAny", "inputs": {"source": [lid, 0]}}
+    with pytest.raises(PromptRejected) as e:
+        server.queue({lid: {"class_type": LOADER, "inputs": {**prompt[lid]["inputs"], "checkpoint": "notes.txt"}},
+                      "999": preview})
+    assert "'notes.txt' is not a .safetensors or .pt file name" in str(e.value)
+    secret = "hf_legacyPromptValue0123456789"
+    n = len(env["hub"].log)
+    entry = server.run({lid: {"class_type": LOADER, "inputs": {**prompt[lid]["inputs"], "hf_token": secret}},
+                        "999": preview}, timeout=300)
+    assert execution_error(entry) is None, execution_error(entry)
+    assert entry["outputs"][lid]["prequant"][0]["file"] == "Z-Image-Turbo-FP8.safetensors"
+    assert secret not in server.log_tail(10**7)
+    assert all(not r["auth"] for r in env["hub"].log[n:]), "the old token value was sent to the Hub"
