@@ -45,7 +45,22 @@ def _fp8_table(device) -> torch.Tensor:
 
 
 def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None) -> torch.Tensor:
-    """The weight-only path: dequantize the rows to the input's (compute) dtype and run a dense linear."""
+    """The weight-only path: the rows dequantized to the input's (compute) dtype, then a dense linear.
+
+    float32 compute (ComfyUI on a CPU) scales the output columns instead of the weight rows,
+    ``(x @ codes^T) * scale^T``: the same product, one pass less over the weight (which dominates at small sizes);
+    the rounding differs at float32 level. Half-precision compute dequantizes the rows first (``codes`` times a
+    large activation sum could overflow fp16 before the scale brings it down)."""
+    if input.dtype == torch.float32:
+        if qdata.dtype == torch.uint8:
+            w = torch.index_select(_fp8_table(qdata.device), 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape)
+        else:
+            w = qdata.to(torch.float32)
+        out = torch.nn.functional.linear(input, w)
+        out.mul_(scale.reshape(-1).to(torch.float32))
+        if bias is not None:
+            out.add_(bias.to(device=input.device, dtype=torch.float32))
+        return out
     w = dequantize_rows(qdata, scale, input.dtype)
     if bias is not None:
         bias = bias.to(device=input.device, dtype=input.dtype)

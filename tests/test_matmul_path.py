@@ -129,7 +129,13 @@ def test_weight_only_path_equals_dequantize_then_linear(pack_ops, scheme, dtype)
     with torch.inference_mode():
         out = lin(x)
     ref = torch.nn.functional.linear(x, qtensor.dequantize(lin.weight, lin.weight_scale, dtype), lin.bias.to(dtype))
-    assert out.dtype == dtype and torch.equal(out, ref), scheme
+    assert out.dtype == dtype
+    if dtype == torch.float32:  # scales applied to the output columns: same product, float32-level rounding
+        exact = torch.nn.functional.linear(x, lin.weight.to(dtype)) * lin.weight_scale.reshape(-1) + lin.bias.float()
+        assert torch.equal(out, exact), scheme
+        assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (scheme, (out - ref).abs().max().item())
+    else:
+        assert torch.equal(out, ref), scheme
     # and it is the dense layer up to the weight rounding (a wrong scale or row order would be far off)
     dense_out = torch.nn.functional.linear(x.float(), dense.float(), lin.bias.float())
     rel = ((out.float() - dense_out).norm() / dense_out.norm()).item()
@@ -206,8 +212,12 @@ def test_choose_matmul_for_an_apple_gpu_keeps_fp8_as_bytes(comfy, pack_ops, monk
     x = torch.randn(2, 64)
     with torch.inference_mode():  # the layer runs (here on the CPU) from its bytes, exactly as the fp8 reference
         out = a(x)
-    w = qtensor.dequantize(a.weight.view(torch.float8_e4m3fn), a.weight_scale, torch.float32)
-    assert torch.equal(out, ref(x, w, a.bias.float()))
+    codes = a.weight.view(torch.float8_e4m3fn).to(torch.float32)
+    assert torch.equal(out, ref(x, codes) * a.weight_scale.reshape(-1) + a.bias.float())
+    with torch.inference_mode():  # and in half precision: rows dequantized from the bytes, exactly
+        xb = x.to(torch.bfloat16)
+        w = qtensor.dequantize(a.weight.view(torch.float8_e4m3fn), a.weight_scale, torch.bfloat16)
+        assert torch.equal(a(xb), ref(xb, w, a.bias.to(torch.bfloat16)))
 
 
 def test_unset_path_is_decided_on_first_call_and_kept(comfy, pack_ops):
