@@ -135,8 +135,10 @@ def _locate(source: str | None, fam: families.Family, *, scheme, base_id, varian
 
 
 def _rebuild_non_persistent_buffers(model: torch.nn.Module, path: str) -> None:
-    """Non-persistent buffers are not in the file: they must be what the class computed. ``init_empty_weights``
-    (include_buffers=False) computes them on the CPU; anything still on ``meta`` cannot be rebuilt and is refused."""
+    """Non-persistent buffers (rotary / timestep frequencies) are not in the file: they are what the class computes.
+    The skeleton is built with ``init_empty_weights(include_buffers=False)``, so the class computes them for real on
+    the CPU (in its own dtype, as ``from_pretrained`` leaves them) and they move with the model; a parameter or buffer
+    still on ``meta`` after the strict load cannot be rebuilt and is refused."""
     persistent = set(model.state_dict(keep_vars=True))
     left = [n for n, b in model.named_buffers() if b.is_meta and n not in persistent]
     left += [n for n, p in model.named_parameters() if p.is_meta]
@@ -179,7 +181,7 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
                                      path=ck.path, expected="a diffusers-layout file (Unsloth's main files, or one "
                                      "written by Build Prequant Checkpoint)", found=f"{opened.layout} layout",
                                      fix="Use the repo's main file, not its -ComfyUI twin.")
-    config = _config(cls, str(base), subfolder, revision, token)
+    config = _config(cls, str(base), subfolder, None, token)  # ``revision`` pins the pre-quantized source, not the base
     with accelerate.init_empty_weights():  # parameters on meta; buffers computed for real on the CPU
         model = cls.from_config(config)
     try:

@@ -66,9 +66,8 @@ def _newer_diffusers(args, tmp_path):
     return p.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("container", ["safetensors", "pt"])
-@pytest.mark.parametrize("scheme", ["int8", "fp8"])
-@pytest.mark.parametrize("family", NEWER)
+@pytest.mark.parametrize("family,scheme,container", [(f, s, "safetensors") for f in NEWER for s in ("int8", "fp8")]
+                         + [(f, "fp8", "pt") for f in NEWER])
 def test_newer_families_load_into_diffusers_042_classes(tmp_path, family, scheme, container):
     r = json.loads(_newer_diffusers(["-m", "tools.diffusers_check", family, scheme, container, str(tmp_path)],
                                     tmp_path))
