@@ -141,6 +141,10 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     assert loader["summary"]["file"] == FILE and loader["summary"]["size_bytes"] > 0
     assert loader["domText"].startswith("int8 · ") and "MiB in memory" in loader["domText"]
     assert "smaller" in loader["domText"] and "z-image" in loader["domText"]
+    # where the file is
+    where = os.path.realpath(base / "models" / "prequant" / FILE)
+    assert os.path.realpath(loader["summary"]["location"]) == where
+    assert f"File: {loader['summary']['location']}" in loader["domText"]
 
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     os.makedirs(SCREENSHOT_COPY, exist_ok=True)
