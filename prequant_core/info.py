@@ -210,26 +210,8 @@ def _safetensors_light(fh) -> _Light | None:
     if not isinstance(md, dict):
         raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
     tensors, qparts = sc.assemble(path, index, meta, lambda k: _meta_tensor(index[k]), read_data=False)
-    _check_scales(fh, qparts)
     ck = Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=md, tensors=tensors)
     return _Light(ck, READ_HEADER, qparts)
-
-
-def _check_scales(fh, qparts: dict) -> None:
-    """Per-row scales are a few bytes per row: read them (not the codes) so a NaN scale is refused here too."""
-    from safetensors import safe_open
-    from .formats.validate_tensors import check_scale_finite
-    keys = [(name, stored["scale"]) for name, (_, stored) in qparts.items() if "scale" in stored]
-    if not keys:
-        return
-    try:
-        handle = safe_open(fh.io_path, framework="pt", device="cpu")
-    except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
-        raise CorruptCheckpointError("The safetensors file could not be read.", path=fh.path,
-                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
-    with handle as f:
-        for name, key in keys:
-            check_scale_finite(name, f.get_tensor(key), fh.path)
 
 
 def _pt_light(fh) -> _Light | None:
@@ -275,10 +257,31 @@ class _StreamedWeights(Mapping):
                                          found=f"{type(e).__name__}: {str(e)[:200]}") from None
 
 
+class _ScalesChecked(Mapping):
+    """Weights as read for fingerprinting, each refused if its scale is not finite (the header-only report never
+    reads a scale; verification reads every weight anyway)."""
+
+    def __init__(self, tensors: Mapping, path: str):
+        self._t, self._path = tensors, path
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._t)
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def __getitem__(self, name: str):
+        from .formats.validate_tensors import check_scale_finite
+        t = self._t[name]
+        if qtensor.is_quantized(t):
+            check_scale_finite(name, t.scale, self._path)
+        return t
+
+
 def _verify_fingerprint(light: _Light, fp: dict, fh) -> list[str]:
     ck = light.checkpoint
     if light.quantized_parts is None:
-        return fingerprint.verify(ck.tensors, fp)
+        return fingerprint.verify(_ScalesChecked(ck.tensors, ck.path), fp)
     from safetensors import safe_open
     try:
         handle = safe_open(fh.io_path, framework="pt", device="cpu")
@@ -286,7 +289,7 @@ def _verify_fingerprint(light: _Light, fp: dict, fh) -> list[str]:
         raise CorruptCheckpointError("The safetensors file could not be read.", path=ck.path,
                                      found=f"{type(e).__name__}: {str(e)[:200]}") from None
     with handle as f:
-        return fingerprint.verify(_StreamedWeights(f, light.quantized_parts, ck.path), fp)
+        return fingerprint.verify(_ScalesChecked(_StreamedWeights(f, light.quantized_parts, ck.path), ck.path), fp)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -112,6 +112,29 @@ def deep_list(depth: int) -> bytes:
     return b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
 
 
+_WRAPPERS = {  # (prefix, suffix) around an inner value, in pickle opcodes
+    "tuple1": (b"", b"\x85"),
+    "tuple": (b"(", b"t"),
+    "list": (b"(", b"l"),
+    "frozenset": (b"(", b"\x91"),
+    "dict-key": (b"}", b"K\x01s"),
+    "set-member": (b"\x8f(", b"\x90"),
+}
+
+
+def mixed_nesting(seed: int, depth: int) -> bytes:
+    """``depth`` random hashable wrappers (tuples, frozensets) around an empty tuple, held as a dict key, a set
+    member or in a list: what hashes it recurses through every level."""
+    import random
+    rng = random.Random(seed)
+    kinds = [rng.choice(["dict-key", "set-member", "list"])]
+    # long runs of tuples: a frozenset caches its hash, so only tuples recurse all the way down
+    kinds += [rng.choices(["tuple1", "tuple", "frozenset"], [99, 1, 0.001])[0] for _ in range(depth - 1)]
+    prefix = b"".join(_WRAPPERS[k][0] for k in kinds)
+    suffix = b"".join(_WRAPPERS[k][1] for k in reversed(kinds))
+    return b"\x80\x04" + prefix + b")" + suffix + b"."
+
+
 def bytearray8(n: int) -> bytes:
     return b"\x80\x05\x96" + struct.pack("<Q", n) + b"."
 
@@ -157,6 +180,8 @@ def write_corpus(folder: str) -> list[tuple[str, str]]:
     add("deep-set-member.pt", "deep nesting", with_pickle(deep_set_member(300_000, frozen=False)))
     add("deep-frozenset-member.pt", "deep nesting", with_pickle(deep_set_member(300_000, frozen=True)))
     add("deep-list.pt", "deep nesting", with_pickle(deep_list(200_000)))
+    for seed in range(4):  # seeded mixes: the depth rule must hold whatever container carries the nesting
+        add(f"deep-mixed-{seed}.pt", "deep nesting", with_pickle(mixed_nesting(seed, 300_000 + 50_000 * seed)))
     # amplification inside the pickle
     add("bytearray8-4gib.pt", "amplification", with_pickle(bytearray8(4 * 2**30)))
     add("zip-bomb-data-pkl.pt", "amplification", with_pickle(b"\x80\x02N" + b"\x00" * (64 * 2**20) + b".",

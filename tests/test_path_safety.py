@@ -314,7 +314,7 @@ def test_builder_filename_input(layout, comfy, no_allowlist, zimage_dense, tmp_p
             os.unlink(os.path.join(layout.model_dir, n))
 
 
-def test_overwriting_a_symlinked_name_replaces_the_link_not_its_target(layout, no_allowlist):
+def test_overwriting_a_symlinked_name_is_refused_and_leaves_link_and_target(layout, no_allowlist):
     from prequant_core import build
     victim = os.path.join(layout.outside, "victim.bin")
     with open(victim, "wb") as f:
@@ -327,7 +327,8 @@ def test_overwriting_a_symlinked_name_replaces_the_link_not_its_target(layout, n
         with pytest.raises(errors.BuildError):  # without overwrite: refused, both untouched
             build.write_checkpoint(link, small, {"family": "z-image"})
         assert os.path.islink(link) and open(victim, "rb").read() == SECRET
-        build.write_checkpoint(link, small, {"family": "z-image"}, overwrite=True)
-        assert not os.path.islink(link) and open(victim, "rb").read() == SECRET
+        with pytest.raises(errors.BuildError, match="symbolic link"):  # overwrite replaces regular files only
+            build.write_checkpoint(link, small, {"family": "z-image"}, overwrite=True)
+        assert os.path.islink(link) and open(victim, "rb").read() == SECRET
     finally:
         os.unlink(link)
