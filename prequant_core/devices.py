@@ -106,7 +106,7 @@ def _supported(kind: str, device: Device) -> tuple[bool, str]:
     if device.type == "cpu":
         if kind == "int8":
             return True, "int8 matmul supported (torch._int_mm on the CPU)"
-        return False, "CPUs have no fp8 matmul (it would be emulated, ~5x slower)"
+        return False, "CPUs have no fp8 matmul (torchao would emulate it)"
     if device.type == "cuda" and device.hip:
         return False, "torchao's per-row int8/fp8 matmuls are not used on ROCm"
     return False, f"no torchao {'fp8' if kind == 'float8' else 'int8'} matmul on {device.type}"
