@@ -49,6 +49,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import BASE_ID, ROOT
+from hostile_corpus import rezip, torch_save_bytes, zip_entries
 from prequant_core import build, errors, families, formats, info, loader, metadata, schemes
 from prequant_core.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
 from prequant_core.formats import legacy_v1
@@ -172,30 +173,6 @@ def tiny_metadata(tensors: dict, scheme: str) -> dict:
     return build.make_metadata(family=fam, scheme=scheme, base_model_id=BASE_ID, min_features=32,
                                exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra), tensors=tensors,
                                skipped=[])
-
-
-def torch_save_bytes(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def zip_entries(data: bytes) -> list[tuple[str, bytes]]:
-    with zipfile.ZipFile(io.BytesIO(data)) as z:
-        return [(i.filename, z.read(i.filename)) for i in z.infolist()]
-
-
-def rezip(entries: list[tuple[str, bytes]]) -> bytes:
-    """A zip like torch.save writes: stored, every record's data 64-byte aligned (torch's mmap slices need it)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        for name, data in entries:
-            zi = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            header = 30 + len(name.encode("utf-8")) + 4
-            pad = (-(buf.tell() + header)) % 64
-            zi.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad
-            z.writestr(zi, data)
-    return buf.getvalue()
 
 
 def with_pickle(entries: list[tuple[str, bytes]], pkl: bytes) -> bytes:

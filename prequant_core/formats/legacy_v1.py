@@ -369,16 +369,7 @@ class _Unpickler(pickle._Unpickler):
 
 def _open_archive(fh: OpenedFile, mmap: bool):
     path = fh.path
-    with open(fh.io_path, "rb") as raw:
-        pickle_guard.check_zip_index(raw, path)
-    try:
-        reader = torch._C.PyTorchFileReader(fh.io_path)
-    except RuntimeError as e:
-        raise CorruptCheckpointError("The .pt archive cannot be opened.", path=path,
-                                     found=(str(e).splitlines() or ["RuntimeError"])[0][:200],
-                                     fix="Download the file again.") from None
-    data = pickle_guard.read_pickle_record(reader, path)
-    pickle_guard.scan(data, path)
+    reader, data = pickle_guard.open_checked(fh)
     order = "little"
     if reader.has_record("byteorder"):
         if reader.get_record_size("byteorder") > 16:

@@ -72,6 +72,23 @@ def check_zip_index(fileobj, path: str) -> None:
         seen.add(i.filename)
 
 
+def open_checked(fh) -> tuple:
+    """(torch's zip reader, data.pkl bytes) for an ``OpenedFile``, once the zip index and the pickle passed every
+    bound here: what both ``torch.load`` and the legacy reader may then unpickle."""
+    import torch
+    with open(fh.io_path, "rb") as raw:
+        check_zip_index(raw, fh.path)
+    try:
+        reader = torch._C.PyTorchFileReader(fh.io_path)
+    except RuntimeError as e:
+        raise CorruptCheckpointError("The .pt file is damaged or truncated (torch cannot open the archive).",
+                                     path=fh.path, found=(str(e).strip().splitlines() or ["RuntimeError"])[0][:200],
+                                     fix="Download or build the file again.") from None
+    data = read_pickle_record(reader, fh.path)
+    scan(data, fh.path)
+    return reader, data
+
+
 def read_pickle_record(reader, path: str) -> bytes:
     """``data.pkl`` from torch's own zip reader (what ``torch.load`` will read), after bounding its size."""
     if not reader.has_record("data.pkl"):

@@ -27,16 +27,7 @@ def load_weights_only(src, *, mmap: bool = True):
     mapped to our types. ``src``: a path or an ``OpenedFile`` (then this very file is read)."""
     with opened(src) as f:
         path = f.path
-        with open(f.io_path, "rb") as raw:
-            pickle_guard.check_zip_index(raw, path)
-        try:
-            reader = torch._C.PyTorchFileReader(f.io_path)
-        except RuntimeError as e:
-            raise CorruptCheckpointError("The .pt file is damaged or truncated.", path=path,
-                                         found=f"RuntimeError: {_first_line(str(e))}",
-                                         fix="Download or build the file again.") from None
-        pickle_guard.scan(pickle_guard.read_pickle_record(reader, path), path)
-        del reader
+        pickle_guard.open_checked(f)
         try:
             with torch.serialization.safe_globals(_safe_globals()):
                 return torch.load(f.io_path, map_location="cpu", weights_only=True, mmap=mmap)
