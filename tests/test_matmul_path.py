@@ -288,3 +288,53 @@ def test_node_override_runs_the_forced_path(comfy, prequant_files, allow_dir, mo
     a, b = sample(default, steps=1), sample(forced, steps=1)
     assert not torch.equal(a, b)
     assert ((a - b).norm() / a.norm()).item() < 0.1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ComfyUI's memory management and LoRA on the weight-only path (fp8 on this CPU)
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_weight_only_low_vram_partial_load_matches_full_load(comfy, prequant_files, allow_dir, monkeypatch):
+    import comfy.model_management as mm
+    from test_loader import load_path
+    monkeypatch.delenv(devices.ENV, raising=False)
+    path = prequant_files("fp8")
+    allow_dir(os.path.dirname(path))
+    full_model = load_path(comfy, path)
+    assert _paths(full_model) == {WO}
+    full = sample(full_model)
+    model = load_path(comfy, path)
+    mm.unload_all_models()
+    with torch.inference_mode():
+        model.load(model.load_device, lowvram_model_memory=1, force_patch_weights=False, full_load=False)
+    assert [n for n, m in model.model.diffusion_model.named_modules() if getattr(m, "comfy_cast_weights", False)]
+    assert torch.equal(full, sample(model))
+
+
+def test_weight_only_stock_lora(comfy, prequant_files, allow_dir, monkeypatch):
+    """LoraLoaderModelOnly on a weight-only model: the LoRA acts, strength 0 is exact, unpatching restores codes."""
+    import comfy.model_management as mm
+    import folder_paths
+    from test_loader import _make_lora, load_path
+    nodes, _ = comfy
+    monkeypatch.delenv(devices.ENV, raising=False)
+    path = prequant_files("fp8")
+    allow_dir(os.path.dirname(path))
+    model = load_path(comfy, path)
+    base = sample(model)
+    qkv = model.model.diffusion_model.layers[0].attention.qkv
+    assert qkv.prequant_matmul == WO
+    orig_w, orig_s = qkv.weight.detach().clone(), qkv.weight_scale.detach().clone()
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora_wo.safetensors"), seed=5)
+    loader = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]()
+    with torch.inference_mode():
+        lora_model = loader.load_lora_model_only(model, "tiny_zimage_lora_wo.safetensors", 1.0)[0]
+        zero_model = loader.load_lora_model_only(model, "tiny_zimage_lora_wo.safetensors", 0.0)[0]
+    with_lora = sample(lora_model)
+    assert torch.isfinite(with_lora).all() and not torch.equal(with_lora, base)
+    assert torch.equal(sample(zero_model), base)
+    mm.unload_all_models()
+    assert torch.equal(qkv.weight.view(torch.uint8), orig_w.view(torch.uint8)) and torch.equal(qkv.weight_scale, orig_s)
+    assert torch.equal(sample(model), base)
