@@ -34,7 +34,7 @@ class PrequantInfo:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "checkpoint": paths.checkpoint_input(),
+                "checkpoint": paths.checkpoint_input(none=paths.INFO_NONE_CHOICE),
             },
             "optional": {
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Judge the file against this base model "
@@ -47,6 +47,16 @@ class PrequantInfo:
                 "path": paths.path_input(" (e.g. the output of Build Prequant Checkpoint)"),
             },
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, checkpoint):
+        """ComfyUI's list check for ``checkpoint``, plus the loader's "(none: ...)" entry that workflows saved
+        before Info had its own first entry still carry."""
+        if checkpoint is None or checkpoint in paths.NONE_CHOICES:  # None: linked from another node
+            return True
+        if checkpoint in paths.choices(paths.INFO_NONE_CHOICE):
+            return True
+        return f"'{checkpoint}' is not in the checkpoint list (models/prequant, models/diffusion_models)"
 
     @classmethod
     def IS_CHANGED(cls, checkpoint, path="", **kw):

@@ -98,7 +98,7 @@ def _find_local(checkpoint: str, path: str) -> tuple[str | None, str | None]:
     if (path or "").strip():
         return path.strip(), None
     found = paths.find(checkpoint)
-    if found or not checkpoint or checkpoint == paths.NONE_CHOICE:
+    if found or not checkpoint or checkpoint in paths.NONE_CHOICES:
         return found, None
     return None, checkpoint
 
@@ -175,7 +175,7 @@ class PrequantLoadTransformer:
             return True
         if not isinstance(checkpoint, str):
             return f"checkpoint must be a file name, got {type(checkpoint).__name__}"
-        if checkpoint == paths.NONE_CHOICE or checkpoint in paths.choices():
+        if checkpoint in paths.NONE_CHOICES or checkpoint in paths.choices():
             return True
         if os.path.splitext(checkpoint)[1].lower() not in paths.EXTENSIONS:
             return f"'{checkpoint}' is not a .safetensors or .pt file name"

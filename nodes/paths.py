@@ -8,7 +8,9 @@ import folder_paths
 FOLDER = "prequant"
 EXTENSIONS = {".safetensors", ".pt"}
 DIFFUSION_PREFIX = "diffusion_models/"
-NONE_CHOICE = "(none: use path or hub_repo)"
+NONE_CHOICE = "(none: use path or hub_repo)"  # the loader's first entry
+INFO_NONE_CHOICE = "(none: use path)"  # Prequant Info has no hub_repo
+NONE_CHOICES = (NONE_CHOICE, INFO_NONE_CHOICE)  # either means "no listed file" to both nodes (older workflows)
 # Name patterns of pre-quantized files (docs/FORMAT.md section 5); headers are read for .safetensors as well.
 _NAME_TOKENS = ("-int8", "-fp8", "_int8", "_fp8", "prequant")
 _header_cache: dict = {}
@@ -80,7 +82,7 @@ def _staging(f: str) -> bool:
     return f.replace("\\", "/").split("/", 1)[0] == STAGING_DIR
 
 
-def choices() -> list[str]:
+def choices(none: str = NONE_CHOICE) -> list[str]:
     own = sorted(f for f in folder_paths.get_filename_list(FOLDER)
                  if os.path.splitext(f)[1] in EXTENSIONS and not _staging(f))
     extra = []
@@ -91,7 +93,7 @@ def choices() -> list[str]:
                 extra.append(DIFFUSION_PREFIX + f)
     except KeyError:
         pass
-    return [NONE_CHOICE] + own + sorted(extra)
+    return [none] + own + sorted(extra)
 
 
 NO_DENSE = "none"
@@ -117,7 +119,7 @@ def resolve_dense(choice: str) -> str | None:
 
 
 def resolve(choice: str) -> str | None:
-    if not choice or choice == NONE_CHOICE:
+    if not choice or choice in NONE_CHOICES:
         return None
     if choice.startswith(DIFFUSION_PREFIX):
         return folder_paths.get_full_path_or_raise("diffusion_models", choice[len(DIFFUSION_PREFIX):])
@@ -127,7 +129,7 @@ def resolve(choice: str) -> str | None:
 def find(choice: str) -> str | None:
     """The listed file's full path; None for "(none)" and for a name that is in none of the folders (a workflow
     naming a file this user does not have yet: the loader may still download it)."""
-    if not choice or choice == NONE_CHOICE:
+    if not choice or choice in NONE_CHOICES:
         return None
     if choice.startswith(DIFFUSION_PREFIX):
         return folder_paths.get_full_path("diffusion_models", choice[len(DIFFUSION_PREFIX):])
@@ -142,9 +144,10 @@ def searched_folders(choice: str) -> list[str]:
         return []
 
 
-def checkpoint_input(tooltip: str = "") -> tuple:
-    """The file list both the loader and Prequant Info offer."""
-    return (choices(), {"tooltip": tooltip or "A pre-quantized file from models/prequant (or a pre-quantized file in "
+def checkpoint_input(tooltip: str = "", none: str = NONE_CHOICE) -> tuple:
+    """The file list both the loader and Prequant Info offer (``none``: the first entry, naming only inputs the node
+    has)."""
+    return (choices(none), {"tooltip": tooltip or "A pre-quantized file from models/prequant (or a pre-quantized file in "
                                               "models/diffusion_models)."})
 
 

@@ -131,18 +131,27 @@ class Report:
         ex = self.exclude_tokens
         ex_text = "-" if ex is None else (", ".join(map(str, ex)) if isinstance(ex, list) and ex else
                                           "none" if isinstance(ex, list) else str(ex))
+        read = READ_MODE_TEXT.get(self.read_mode, self.read_mode)
+        if self.fingerprint_verified is not None:  # verify_fingerprint read the weights after the header / index
+            read = ("full read (every tensor)" if self.read_mode == READ_FULL else
+                    f"full read: {'header' if self.read_mode == READ_HEADER else 'index'}, then every quantized "
+                    "weight hashed (verify_fingerprint)")
+        other = self.file_size - self.total_bytes
+        tensor_note = "quantized + unquantized"
+        if other > 0:
+            tensor_note += f"; the file's other {human_bytes(other)} is its header / index"
         rows = [
-            ["File", f"{self.file} ({human_bytes(self.file_size)})"],
-            ["Format", f"{opt(self.format_tag)} [{self.container}, read: {READ_MODE_TEXT.get(self.read_mode, self.read_mode)}]"],
+            ["File", f"{self.file} ({human_bytes(self.file_size)} on disk)"],
+            ["Format", f"{opt(self.format_tag)} [{self.container}, read: {read}]"],
             ["Scheme", scheme],
             ["Family", fam],
             ["Base model", opt(self.base_model_id)],
             ["Component", opt(self.component)],
-            ["Quantized", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)}"],
-            ["Dense", f"{self.dense_count} tensors, {human_bytes(self.dense_bytes)}"],
-            ["Total size", human_bytes(self.total_bytes)],
-            ["Dense equivalent", f"{human_bytes(self.dense_equivalent_bytes)} (saves {human_bytes(self.saving_bytes)}, "
-                                 f"{self.saving_pct:.1f} %)"],
+            ["Quantized tensors", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)} (codes + scales)"],
+            ["Unquantized tensors", f"{self.dense_count} tensors, {human_bytes(self.dense_bytes)} (kept as stored)"],
+            ["Tensor bytes", f"{human_bytes(self.total_bytes)} ({tensor_note})"],
+            ["Dense model", f"{human_bytes(self.dense_equivalent_bytes)} with every tensor unquantized (this file "
+                            f"saves {human_bytes(self.saving_bytes)}, {self.saving_pct:.1f} %)"],
             ["Versions", versions or "-"],
             ["min_features", opt(self.min_features)],
             ["Excluded names", ex_text],
@@ -371,7 +380,8 @@ def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Rep
             fp_verified = not fp_reasons
             reasons += [f"fingerprint: {r}" for r in fp_reasons]
     elif fp_present:
-        notes.append("fingerprint not verified (verification reads every weight; ask for it explicitly)")
+        notes.append("fingerprint not verified: turn on verify_fingerprint (command line: --verify-fingerprint) to "
+                     "hash every quantized weight against it (reads the whole file)")
 
     scheme = md.get("scheme") if md.get("scheme") is not None else (",".join(found) or None)
     return Report(

@@ -11,6 +11,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,13 +149,27 @@ def test_report_of_every_kind(prequant_files, scheme, container):
     assert d["verdict"] == {"ok": True, "reasons": [], "requested": None, "summary": r.verdict_line()}
     assert d["total_bytes"] == r.total_bytes and d["saving_pct"] == r.saving_pct and d["file"] == os.path.basename(path)
     text = r.to_text()
-    for needle in (FORMAT_V1, f"Scheme            {scheme}", BASE_ID, "z-image (diffusers keys)",
+    assert re.search(rf"\n  Scheme +{scheme}\n", text), text
+    for needle in (FORMAT_V1, BASE_ID, "z-image (diffusers keys)",
                    f"{r.quantized_count} tensors", f"{r.saving_pct:.1f} %", f"torchao {torchao.__version__}",
                    "not verified", "VALID"):
         assert needle in text, (needle, text)
     assert [row[0] for row in d["rows"]] == ["File", "Format", "Scheme", "Family", "Base model", "Component",
-                                             "Quantized", "Dense", "Total size", "Dense equivalent", "Versions",
-                                             "min_features", "Excluded names", "Fingerprint"]
+                                             "Quantized tensors", "Unquantized tensors", "Tensor bytes",
+                                             "Dense model", "Versions", "min_features", "Excluded names",
+                                             "Fingerprint"]
+    rows = dict(d["rows"])
+    # the terms say which is which: the quantized / unquantized tensors of this file vs the whole dense model, and
+    # what the file holds beyond its tensors
+    assert rows["Quantized tensors"].startswith(f"{r.quantized_count} tensors, ")
+    assert rows["Unquantized tensors"].startswith(f"{r.dense_count} tensors, ")
+    assert "quantized + unquantized" in rows["Tensor bytes"] and "header / index" in rows["Tensor bytes"]
+    assert r.file_size > r.total_bytes and "on disk" in rows["File"]
+    assert "every tensor unquantized" in rows["Dense model"] and f"{r.saving_pct:.1f} %" in rows["Dense model"]
+    # what was read, and how to ask for the fingerprint check (by the toggle's name)
+    assert ("header only" if container == "safetensors" else "index only") in rows["Format"]
+    assert "full read" not in rows["Format"]
+    assert any("verify_fingerprint" in n and "--verify-fingerprint" in n for n in r.notes), r.notes
 
 
 def test_report_of_comfyui_key_layout(comfy, prequant_files):
@@ -276,6 +291,9 @@ def test_fingerprint_verification(prequant_files, tmp_path, container):
     r = info(path, verify_fingerprint=True)
     assert r.fingerprint_verified is True and r.valid and r.fingerprint_reasons == []
     assert "verified" in dict(r.rows())["Fingerprint"]
+    # the Format row says the weights were read too, and why
+    assert "full read" in dict(r.rows())["Format"] and "verify_fingerprint" in dict(r.rows())["Format"]
+    assert not any("not verified" in n for n in r.notes)
     if container != "safetensors":
         return
     # flip bytes inside one quantized weight's codes; the header stays as it was
@@ -382,7 +400,7 @@ def test_cli_info_and_verify(prequant_files, capsys, tmp_path):
     path = prequant_files("fp8", "pt")
     assert cli.main(["info", path]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("Prequant Info: ") and "Scheme            fp8" in out
+    assert out.startswith("Prequant Info: ") and re.search(r"\n  Scheme +fp8\n", out)
 
     assert cli.main(["info", path, "--verify-fingerprint"]) == 0
     assert "fp8" in capsys.readouterr().out
@@ -428,6 +446,16 @@ def test_info_node(comfy, models_dir, prequant_files, allow_dir, tmp_path, monke
         spec = cls.INPUT_TYPES()
         assert name in spec["required"]["checkpoint"][0]
         assert {"path", "base_model_id", "scheme", "verify_fingerprint"} <= set(spec["optional"])
+        # Info's texts name only inputs Info has: its list starts with its own "(none: use path)", and no
+        # tooltip, description or choice mentions the loader's hub_repo / preset
+        assert spec["required"]["checkpoint"][0][0] == "(none: use path)"
+        own = set(spec["required"]) | set(spec["optional"])
+        texts = json.dumps([cls.DESCRIPTION, spec])
+        for other in ("hub_repo", "preset", "download_to", "dense_fallback"):
+            assert other not in own and other not in texts, other
+        # an earlier workflow's "(none: use path or hub_repo)" still passes the node's list check
+        assert cls.VALIDATE_INPUTS(NONE) is True and cls.VALIDATE_INPUTS("(none: use path)") is True
+        assert cls.VALIDATE_INPUTS(name) is True and cls.VALIDATE_INPUTS("nope.safetensors") is not True
         with torch.inference_mode():  # as ComfyUI runs every node
             out = cls().inspect(name, base_model_id=BASE_ID, scheme="int8")
         ui = json.loads(json.dumps(out["ui"]))  # what the server sends the browser must be JSON
@@ -451,5 +479,7 @@ def test_info_node(comfy, models_dir, prequant_files, allow_dir, tmp_path, monke
         assert ok["ui"]["prequant_info"][0]["verdict"]["ok"] is True
         with pytest.raises(errors.PrequantError, match="No checkpoint chosen"):
             cls().inspect(NONE)
+        with pytest.raises(errors.PrequantError, match="No checkpoint chosen"):
+            cls().inspect("(none: use path)")
     finally:
         os.unlink(dest)
