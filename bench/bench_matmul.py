@@ -1,0 +1,133 @@
+"""Sampling step time of the matmul paths against ComfyUI's dense model, side by side in one process and one run.
+
+Methods (real-width Z-Image as in bench_load.py, the same files, loaded through the real ComfyUI):
+  dense            ComfyUI's own "Load Diffusion Model" on the dense bf16 file (ComfyUI computes in fp32 on a CPU)
+  <scheme> <path>  this pack's loader on the pre-quantized file, with the matmul path the loader chose for this device
+                   (marked "default") or forced with PREQUANT_MATMUL
+
+Every method is loaded once; then, for each latent size, rounds run every method one after the other and the median
+step time per method is reported as a ratio to the dense step of the same rounds (the machine is shared: interleaving
+keeps slow phases from landing on one method only).
+
+    .venv/bin/python bench/bench_matmul.py [--latents 16,64] [--rounds 3] [--out bench/RESULTS-cpu-matmul.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+METHODS = [("dense", None, None), ("fp8", None, "default"), ("fp8", "quantized", None),
+           ("int8", None, "default"), ("int8", "weight-only", None)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--latents", default="16,64", help="latent sides; image tokens = (side/2)^2, plus 32 text tokens")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip-emulated-above", type=int, default=32, help="run fp8 'quantized' (emulated on a CPU, "
+                    "~5x dense) only at latents up to this side, to keep the run short")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    latents = [int(x) for x in args.latents.split(",")]
+    base = tempfile.mkdtemp(prefix="prequant-bench-matmul-")
+    try:
+        import torch
+        from tools import comfy_headless
+        nodes, pack = comfy_headless.boot(base_dir=base)
+        import comfy.sample
+        import bench_load
+        from prequant_core import devices
+        t = time.time()
+        bench_load.make_files(os.path.join(base, "models"), args.layers, ["int8", "fp8"])
+        print(f"files made in {time.time() - t:.0f}s", flush=True)
+        models, texts = {}, {}
+        with torch.inference_mode():
+            for scheme, force, _ in METHODS:
+                key = (scheme, force)
+                if scheme == "dense":
+                    models[key] = nodes.NODE_CLASS_MAPPINGS["UNETLoader"]().load_unet(
+                        "zimage_dense_bf16.safetensors", "default")[0]
+                    continue
+                os.environ.pop(devices.ENV, None)
+                if force:
+                    os.environ[devices.ENV] = force
+                res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(
+                    f"Z-Image-Turbo-{scheme.upper()}.safetensors")
+                os.environ.pop(devices.ENV, None)
+                models[key] = res["result"][0]
+                texts[key] = res["ui"]["prequant"][0].get("matmul") or "?"
+                print(f"{scheme} {force or 'default'}: {texts[key]}", flush=True)
+
+        def step(model, latent):
+            g = torch.Generator().manual_seed(1)
+            cond = [[torch.randn(1, 32, 2560, generator=g), {}]]
+            lat = torch.zeros(1, 16, latent, latent)
+            noise = torch.randn(lat.shape, generator=torch.Generator().manual_seed(2))
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                out = comfy.sample.sample(model, noise, 1, 1.0, "euler", "simple", cond, cond, lat, seed=0,
+                                          disable_pbar=True)
+                return time.perf_counter() - t0, out
+
+        results = {}
+        for latent in latents:
+            keys = [(s, f) for s, f, _ in METHODS
+                    if not (s == "fp8" and f == "quantized" and latent > args.skip_emulated_above)]
+            outs = {k: step(models[k], latent)[1] for k in keys}  # warm-up (and the outputs compared below)
+            times = {k: [] for k in keys}
+            for r in range(args.rounds):
+                for k in keys:
+                    times[k].append(step(models[k], latent)[0])
+                print(f"latent {latent} round {r + 1}: " + ", ".join(f"{k[0]}/{k[1] or 'default'} {times[k][-1]:.2f}s"
+                                                                      for k in keys), flush=True)
+            d = outs[("dense", None)]
+            for k in keys:
+                o = outs[k]
+                results[(latent, k)] = {"step_s": statistics.median(times[k]),
+                                        "rel_err": ((o - d).norm() / d.norm()).item()}
+        lines = ["| latent (tokens) | method | matmul path (node text) | step s (median) | step / dense |"
+                 " rel err vs dense |", "|---|---|---|---|---|---|"]
+        summary = []
+        for latent in latents:
+            dense_s = results[(latent, ("dense", None))]["step_s"]
+            for scheme, force, mark in METHODS:
+                r = results.get((latent, (scheme, force)))
+                if r is None:
+                    continue
+                name = "ComfyUI dense bf16" if scheme == "dense" else \
+                    f"prequant {scheme}, " + (f"{devices.ENV}={force}" if force else "loader's choice")
+                path = "-" if scheme == "dense" else texts[(scheme, force)].split(" (")[0]
+                lines.append(f"| {latent} ({(latent // 2) ** 2}+32) | {name} | {path} | {r['step_s']:.2f} | "
+                             f"{r['step_s'] / dense_s:.2f} | {r['rel_err']:.4f} |")
+                if mark == "default":
+                    summary.append(f"- latent {latent}: {scheme} (loader's choice: {path}) step / dense = "
+                                   f"{r['step_s'] / dense_s:.2f}")
+        table = "\n".join(lines + [""] + summary)
+        print(table)
+        if args.out:
+            import platform
+            import torchao
+            with open(args.out, "w") as fh:
+                fh.write(f"# CPU matmul paths ({time.strftime('%Y-%m-%d')}, bench/bench_matmul.py)\n\n"
+                         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared); "
+                         f"torch {torch.__version__}, torchao {torchao.__version__}; real-width Z-Image, "
+                         f"{args.layers} layer(s) + 2+2 refiners; one euler step, batch 1, {args.rounds} interleaved "
+                         f"rounds, median.\n\nLoader's choice on this CPU: "
+                         f"fp8 -> {texts[('fp8', None)]}; int8 -> {texts[('int8', None)]}.\n\n{table}\n")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
