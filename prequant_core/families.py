@@ -331,8 +331,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     ),
     # Newer families (diffusers >= 0.41): no ComfyUI version testable here has their classes (Krea2 and QwenImage21
     # arrive in ComfyUI 0.38.1), so the ComfyUI loader refuses them naming that version; Info, verify, build, Hub
-    # resolution and the diffusers loader (prequant_core.diffusers_loader) handle them. No int8 extras: FORMAT.md
-    # lists family tokens only for qwen-image(-edit), hunyuanvideo-1.5 and ltx-2.
+    # resolution and the diffusers loader (prequant_core.diffusers_loader) handle them. No int8 extras: docs/FORMAT.md
+    # (section 4) lists family tokens only for qwen-image(-edit), hunyuanvideo-1.5 and ltx-2.
     Family(
         name="krea-2", title="Krea 2", diffusers_class="Krea2Transformer2DModel",
         base_repos=("krea/Krea-2-Turbo",), hosted_repos=("unsloth/Krea-2-Turbo-FP8",),

@@ -97,8 +97,8 @@ def quantize_weight(weight: torch.Tensor, scheme: str):
 
 
 def exclude_tokens(scheme: str, family_extra: tuple[str, ...] = ()) -> list[str]:
-    """The tokens in Unsloth's order (base list, then the family's extras as FORMAT.md lists them), never sorted:
-    older Unsloth loaders compare the recorded list as an ordered tuple and refuse any other order."""
+    """The tokens in Unsloth's order (base list, then the family's extras as docs/FORMAT.md section 4 lists them),
+    never sorted: older Unsloth loaders compare the recorded list as an ordered tuple and refuse any other order."""
     if normalize(scheme).startswith("int8"):
         return list(dict.fromkeys((*INT8_BASE_EXCLUDE, *family_extra)))
     return []

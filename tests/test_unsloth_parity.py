@@ -2,8 +2,8 @@
 the recorded exclude list compared as an ordered tuple; newer: the rules of docs/FORMAT.md "Validation rules"), and
 this pack validates as Unsloth does, except where it is deliberately safer (README "Unsloth parity").
 
-``unsloth_v1_accepts`` is the older Unsloth rule set written out from its documented behaviour (../shared/FORMAT.md,
-sections 1 and 6); the real files are this pack's builder output, read by this pack's readers.
+``unsloth_v1_accepts`` is the older Unsloth rule set written out from its documented behaviour (docs/FORMAT.md,
+section 4 and "Validation rules"); the real files are this pack's builder output, read by this pack's readers.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from prequant_core.errors import HubError, ValidationError
 from prequant_core.formats.pt import load_weights_only
 from tools import tiny_families as tf
 
-# Unsloth's order, written out (../shared/FORMAT.md sections 1 and 6), not derived from our code
+# Unsloth's order, written out (docs/FORMAT.md section 4), not derived from our code
 UNSLOTH_INT8_BASE = ("norm", "_mod", "modulation", "timestep_embed", "guidance_embed", "time_text_embed", "pooled",
                      "time_embed")
 UNSLOTH_FAMILY_EXTRA = {"qwen-image": ("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp")}
