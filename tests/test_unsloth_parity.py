@@ -69,6 +69,21 @@ def test_builder_files_pass_unsloths_older_ordered_rules(tmp_path, family, schem
     assert v.ok, v.reasons
 
 
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+@pytest.mark.parametrize("family", sorted(families.FAMILIES))
+def test_every_familys_record_passes_unsloths_older_rules(family, scheme):
+    """The record the builder writes for every registered family (the files themselves: the test above and
+    tests/test_diffusers_loader.py)."""
+    fam = families.get(family)
+    w = torch.randn(512, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    tensors = {"blocks.0.proj.weight": schemes.quantize_weight(w, scheme)}
+    exclude = schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
+    m = build.make_metadata(family=fam, scheme=scheme, base_model_id=fam.base_repos[0], min_features=512,
+                            exclude=exclude, tensors=tensors, skipped=[])
+    assert unsloth_v1_accepts(FORMAT_V1, m, scheme=scheme, family=family, base=fam.base_repos[0]) == []
+    assert m["transformer_class"] == fam.diffusers_class and m["family"] == family
+
+
 def test_sorted_list_is_what_the_older_rule_refused():
     """Control: the list as this pack used to write it (sorted) fails the ordered comparison above."""
     m = {"base_model_id": BASE_ID, "scheme": "int8", "min_features": 512, "require_bf16": False,
