@@ -11,6 +11,7 @@ from prequant_core.info import info
 from prequant_core.metadata import Request
 
 from . import paths
+from .status import NodeStatus
 
 log = logging.getLogger("prequant")
 ANY = "any"
@@ -46,6 +47,7 @@ class PrequantInfo:
                 # Expert input last (web/prequant.js maps workflows saved with the earlier order by name).
                 "path": paths.path_input(" (e.g. the output of Build Prequant Checkpoint)"),
             },
+            "hidden": {"unique_id": "UNIQUE_ID"},  # where the status line goes (nodes/status.py)
         }
 
     @classmethod
@@ -67,13 +69,16 @@ class PrequantInfo:
         except (OSError, TypeError):
             return f"{target}"
 
-    def inspect(self, checkpoint, path="", base_model_id="", scheme=ANY, verify_fingerprint=False):
+    def inspect(self, checkpoint, path="", base_model_id="", scheme=ANY, verify_fingerprint=False, unique_id=None):
         target = (path or "").strip() or paths.resolve(checkpoint)
         if not target:
             raise PrequantError("No checkpoint chosen.", fix="Pick a file in 'checkpoint', or fill 'path'.")
         real = allowlist.check(target, paths.model_dirs())
         req = Request(scheme=None if scheme in (ANY, "", None) else scheme,
                       base_model_id=(base_model_id or "").strip() or None)
+        NodeStatus(unique_id).say(
+            f"verifying the fingerprint of {os.path.basename(real)} (reads every quantized weight)"
+            if verify_fingerprint else f"reading the header of {os.path.basename(real)}")
         with open_file(real) as f:  # the allowlist judges the file that is then read, not a name
             allowlist.check_opened(f, paths.model_dirs())
             report = info(f, None if req.scheme is None and req.base_model_id is None else req,

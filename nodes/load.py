@@ -13,6 +13,7 @@ from prequant_core.safe_text import escape
 from prequant_core.units import human_bytes
 
 from . import paths
+from .status import NodeStatus
 from .comfy_model import load_checkpoint_as_model
 from .quantize_at_load import load_quantized_at_load
 
@@ -56,20 +57,6 @@ def summary_text(s: dict) -> str:
         why = "; ".join(s.get("why") or []) or "forced by policy"
         text += f" (pre-quantized file skipped: {why})"
     return escape(text)  # file names and reasons come from files: no control characters reach the UI or the log
-
-
-def _progress_bar():
-    """Download progress on the node (ComfyUI's own bar), created on the first report."""
-    state = {}
-
-    def report(done: int, total: int) -> None:
-        import comfy.utils
-        total = max(int(total), 1)
-        if "bar" not in state:
-            state["bar"] = comfy.utils.ProgressBar(total)
-        state["bar"].update_absolute(min(int(done), total), total)
-
-    return report
 
 
 def _memory_guard():
@@ -164,6 +151,7 @@ class PrequantLoadTransformer:
                                          "fallback quantizes with it."}),
                 "path": paths.path_input(),
             },
+            "hidden": {"unique_id": "UNIQUE_ID"},  # where the status lines go (nodes/status.py)
         }
 
     @classmethod
@@ -196,12 +184,13 @@ class PrequantLoadTransformer:
 
     def load(self, checkpoint, preset=sources.PRESET_NONE, hub_repo="", scheme=AUTO, family=AUTO, base_model_id="",
              policy=planning.PREQUANT_ONLY, dense_fallback=paths.NO_DENSE, download_to=DOWNLOAD_TO_MODELS,
-             revision="", min_features=schemes.DEFAULT_MIN_FEATURES, path="", **removed):
+             revision="", min_features=schemes.DEFAULT_MIN_FEATURES, path="", unique_id=None, **removed):
         if removed:  # e.g. hf_token from an API-format prompt made before it was removed: never read, never logged
             log.warning("[prequant] ignoring removed input(s) %s; set HF_TOKEN or run `hf auth login` for gated "
                         "repos", ", ".join(sorted(removed)))
         # The whole plan (which file, which path) is decided before anything is loaded, so a refused file never
         # costs the user the model that is resident now.
+        status = NodeStatus(unique_id)
         local, missing = _find_local(checkpoint, path)
         src = sources.plan(local, hub_repo, family, scheme, base_model_id=base_model_id, revision=revision,
                            preset=preset)
@@ -212,9 +201,9 @@ class PrequantLoadTransformer:
                 if missing:  # a listed name this user does not have: only a Hub source of exactly that file
                     src = sources.for_missing_file(missing, src, paths.searched_folders(missing))
                 # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
-                located = hub.locate(src, model_dirs=paths.model_dirs(), progress=_progress_bar(),
+                located = hub.locate(src, model_dirs=paths.model_dirs(), progress=status.bytes,
                                      dest_dir=paths.download_dir() if to_models else None,
-                                     search_dirs=paths.prequant_dirs())
+                                     search_dirs=paths.prequant_dirs(), status=status.say)
             except PrequantError as e:
                 unavailable = e
         req = Request(scheme=(located.candidate.scheme if located else None) or src.scheme,
@@ -222,16 +211,21 @@ class PrequantLoadTransformer:
         # Tensors made under ComfyUI's inference mode could not later be moved or swapped outside it.
         with torch.inference_mode(False), torch.no_grad():
             # The Hugging Face cache is an allowed folder only for the file the Hub step resolved (located.model_dirs).
+            if located:
+                status.say(f"checking {os.path.basename(located.path)} (header: scheme, base model, layout)")
             p = planning.make_plan(located.path if located else None, req, policy=policy,
                                    dense_path=paths.resolve_dense(dense_fallback),
                                    model_dirs=located.model_dirs if located else paths.model_dirs(),
                                    dense_model_dirs=paths.model_dirs(), unavailable=unavailable,
                                    memory_guard=_memory_guard())
             if p.path == "pre-quantized":
+                status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "
+                           f"{p.opened.family.name} model")
                 patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout)
                 s = _summary(p.opened, patcher.model_size())
             else:
-                patcher = load_quantized_at_load(p, progress=_progress_bar())
+                status.say(f"quantizing {os.path.basename(p.dense_path)} while reading it")
+                patcher = load_quantized_at_load(p, progress=status.tensors)
                 s = _dense_summary(p, patcher)
         if located and located.fetched and p.path == "pre-quantized":
             f = located.fetched

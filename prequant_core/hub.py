@@ -17,6 +17,8 @@ Rules (see ``sources`` for where the names come from):
 - ``revision`` pins a branch, tag or commit; a commit hash already in the cache is served without any request.
 - Offline (``HF_HUB_OFFLINE=1``): served from the cache only; if none of the names is cached, ``HubOfflineError``
   lists them all.
+- Status: ``status(text)`` (optional) gets a short line at each stage (connecting to the endpoint for a name,
+  downloading it), so a wait is never silent; the client's retries against an unreachable Hub take ~20 s.
 - Progress: ``progress(done_bytes, total_bytes)`` is called from the caller's thread while the client downloads in a
   worker thread (it reads the size of the client's ``.incomplete`` file); the terminal shows the client's own tqdm bar.
 - Resume: the client resumes from its ``<blob>.incomplete`` file with an HTTP Range request. When the transfer breaks
@@ -43,6 +45,7 @@ from .errors import CheckpointNotFoundError, HubError
 log = logging.getLogger("prequant")
 
 ProgressFn = Callable[[int, int], None]
+StatusFn = Callable[[str], None]  # a short line for the user while they wait (connecting, downloading, ...)
 POLL_S = 0.2
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")  # what the client treats as a commit hash
 
@@ -234,7 +237,11 @@ def _raise_for(kind: str, detail: str, exc: BaseException | None, *, repo: str, 
                                fix="Give an existing branch, tag or full commit hash in 'revision', or leave it "
                                    "empty for the default branch.") from exc
     if kind in ("network", "offline"):
-        raise HubUnavailableError(f"Could not reach {where}.", reasons=_reasons(tried),
+        # One plain sentence for the user; the client's raw exception (retries, pools, quoted reprs) goes to the
+        # server log only.
+        log.warning("[prequant] could not reach %s for %s/%s: %s", endpoint(), repo, fn, detail)
+        raise HubUnavailableError(f"Could not reach the Hugging Face Hub at {endpoint()} to download {fn} from "
+                                  f"{repo} (revision {revision}).", reasons=_reasons(tried[:-1]),
                                   fix="Check the network connection, proxy (HTTPS_PROXY) and HF_ENDPOINT. Other file "
                                       "names were not tried because this was not a 'file not found' answer. To use "
                                       "files already downloaded, set HF_HUB_OFFLINE=1; or put the file into "
@@ -305,7 +312,7 @@ def _run_with_progress(fn, incomplete: str, blob: str, total: int, progress: Pro
 
 def download(repo: str, filenames: Iterable[str], *, revision: str | None = None, token: str | None = None,
              progress: ProgressFn | None = None, resume_attempts: int = 3, dest_dir: str | None = None,
-             search_dirs: Iterable[str] = ()) -> Fetched:
+             search_dirs: Iterable[str] = (), status: StatusFn | None = None) -> Fetched:
     """Fetch the first of ``filenames`` that exists in ``repo``; return where it is.
 
     ``dest_dir`` None: into the HF cache. A folder (ComfyUI's models/prequant): the file is stored there under
@@ -356,8 +363,10 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
             progress(_size(p) or 0, _size(p) or 0)
         return Fetched(p, repo, rev, fn, rev, _size(p) or 0, False, folder, skipped)
 
+    say = status or (lambda text: None)
     for fn in filenames:
         url = hf_hub_url(repo, fn, revision=rev, endpoint=ep)
+        say(f"connecting to {ep} for {repo}/{fn}")
         try:
             meta = get_hf_file_metadata(url, token=token, timeout=constants.HF_HUB_ETAG_TIMEOUT, endpoint=ep)
         except Exception as e:  # noqa: BLE001 - classified below; anything unexpected is re-raised
@@ -378,6 +387,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                 raise
             _raise_for(kind, detail, e, repo=repo, revision=rev, fn=fn, tried=tried)
 
+        say(f"downloading {fn} from {repo}")
         if dest_dir:
             p = _transfer_to_folder(repo, fn, rev, meta, dest_dir, cache, ep, token, progress, resume_attempts, tried)
         else:
@@ -543,7 +553,7 @@ def _discard(path) -> None:
 def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
            token: str | None = None, progress: ProgressFn | None = None,
            env: Mapping[str, str] | None = None, dest_dir: str | None = None,
-           search_dirs: Iterable[str] = ()) -> Located:
+           search_dirs: Iterable[str] = (), status: StatusFn | None = None) -> Located:
     """The file to open for a plan.
 
     A local candidate (typed path or listed file) comes first in a plan and is always used as given: a refused or
@@ -574,5 +584,5 @@ def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iter
         if hub_cands.index(c) < hub_cands.index(chosen):
             log.warning("[prequant] skipping %s: %s; using %s", c.describe(), why, chosen.describe())
     f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress,
-                 dest_dir=dest_dir, search_dirs=search_dirs)
+                 dest_dir=dest_dir, search_dirs=search_dirs, status=status)
     return Located(f.path, chosen, model_dirs + [f.storage_folder], f)

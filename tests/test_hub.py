@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -231,14 +232,22 @@ def test_server_error_stops_without_trying_other_names(hub, hf_env, files):
     assert blobs(hf_env) == [] and partials(hf_env) == []
 
 
-def test_connection_refused(hf_env, monkeypatch):
+def test_connection_refused(hf_env, monkeypatch, caplog):
     from prequant_core import hub as h
+    caplog.set_level(logging.WARNING, logger="prequant")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(h.HubUnavailableError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
     msg = str(ei.value)
     assert "Could not reach" in msg and PRIMARY in msg and PT not in msg and "HF_HUB_OFFLINE=1" in msg
     assert blobs(hf_env) == [] and partials(hf_env) == []
+    # one plain sentence and the fix; the client's raw exception only in the log
+    lines = msg.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Could not reach") and lines[1].startswith("Fix: "), msg
+    for raw in ("MaxRetryError", "ConnectionError", "ConnectionPool", "Errno", "\\'"):
+        assert raw not in msg, (raw, msg)
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "prequant")
+    assert "could not reach" in logged and ("ConnectionError" in logged or "Errno" in logged), logged
 
 
 def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, files):
@@ -382,6 +391,20 @@ def test_progress_reports_bytes(hub, hf_env, files):
     assert seen[-1] == (size, size) and {t for _, t in seen} == {size}
     done = [d for d, _ in seen]
     assert done == sorted(done) and len({d for d in done if 0 < d < size}) >= 2, seen
+
+
+def test_status_says_what_is_happening(hub, hf_env, files):
+    """Each stage of a wait is announced before it starts: connecting (per name tried), then downloading."""
+    from prequant_core import hub as h
+    hub.commit(REPO, {PT: files["int8.pt"]})
+    said = []
+    h.download(REPO, (PRIMARY, PT), status=said.append)
+    ep = h.endpoint()
+    assert said == [f"connecting to {ep} for {REPO}/{PRIMARY}", f"connecting to {ep} for {REPO}/{PT}",
+                    f"downloading {PT} from {REPO}"], said
+    said.clear()
+    h.download(REPO, (PRIMARY, PT), status=said.append, dest_dir=str(hf_env / "models"))
+    assert said[-1] == f"downloading {PT} from {REPO}", said
 
 
 # --- the loader node (ComfyUI in-process) and a real ComfyUI server ---------------------------------------------
