@@ -5,9 +5,8 @@ another, a FIFO put in its place). Here the file is opened first (non-blocking, 
 ``fstat`` of the handle decides whether it is a regular file, the allowlist judges the real path of what was
 opened, and the readers reach the bytes through the handle: directly (``os.pread``), or, for libraries that only
 take a file name (``torch.load(mmap=True)``, safetensors, torch's zip reader), through ``io_path``: on Linux
-``/proc/self/fd/N`` (and ``/dev/fd/N`` on macOS), which reopens this very file whatever happens to its name.
-Elsewhere ``io_path`` is the real path resolved from the handle's name (the narrow race that remains there is
-documented in the README).
+``/proc/self/fd/N``, which reopens this very file whatever happens to its name. Elsewhere ``io_path`` is the real
+path resolved when the file was opened (the narrow race that remains there is documented in the README).
 """
 from __future__ import annotations
 
@@ -30,7 +29,12 @@ class OpenedFile:
         """Exactly ``n`` bytes from ``offset`` (fewer only at the end of the file)."""
         out = bytearray()
         while len(out) < n:
-            chunk = os.pread(self.fd, min(n - len(out), 1 << 24), offset + len(out))
+            want = min(n - len(out), 1 << 24)
+            if _PREAD is not None:
+                chunk = _PREAD(self.fd, want, offset + len(out))
+            else:  # Windows: no pread; the handle is this object's alone, so seeking it is safe
+                os.lseek(self.fd, offset + len(out), os.SEEK_SET)
+                chunk = os.read(self.fd, want)
             if not chunk:
                 break
             out += chunk
@@ -57,12 +61,14 @@ class OpenedFile:
 Source = Union[str, os.PathLike, OpenedFile]
 
 
+_PREAD = getattr(os, "pread", None)
+
+
 def _fd_path(fd: int) -> str | None:
-    for folder in ("/proc/self/fd", "/dev/fd"):
-        p = f"{folder}/{fd}"
-        if os.path.exists(p):
-            return p
-    return None
+    # Linux only: opening /proc/self/fd/N opens the same file anew (its own offset). macOS's /dev/fd/N would dup
+    # the descriptor and share one offset between readers, so there the real path is used instead.
+    p = f"/proc/self/fd/{fd}"
+    return p if os.path.exists(p) else None
 
 
 def _real_of(fd: int, path: str) -> str:
