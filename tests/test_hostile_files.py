@@ -270,3 +270,15 @@ def test_overwrite_replaces_only_regular_files(tmp_path, zimage_dense):
         build.build(zimage_dense, str(link), scheme="fp8", family="z-image", base_model_id="x/y", overwrite=True)
     assert target.read_bytes() == b"keep" and os.path.islink(link)
 
+
+
+def test_reads_through_the_handle_without_pread(tmp_path, monkeypatch):
+    """Windows has no os.pread: the handle seeks its own descriptor instead, with the same bytes."""
+    from prequant_core.formats import file_handle
+    data = bytes(range(256)) * 1000
+    p = tmp_path / "x.bin"
+    p.write_bytes(data)
+    with file_handle.open_file(str(p)) as f:
+        with_pread = (f.read_at(3, 100), f.read_at(250_000, 10_000))
+        monkeypatch.setattr(file_handle, "_PREAD", None)
+        assert (f.read_at(3, 100), f.read_at(250_000, 10_000)) == with_pread == (data[3:103], data[250_000:])

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .. import safe_text
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError
-from .opened import OpenedFile, open_file, opened  # noqa: F401 - the readers' shared entry points
+from .file_handle import OpenedFile, open_file, opened  # noqa: F401 - the readers' shared entry points
 
 ZIP_MAGIC = b"PK\x03\x04"
 

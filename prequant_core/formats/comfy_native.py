@@ -27,7 +27,7 @@ from .. import qtensor
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from . import plain_data
-from .opened import OpenedFile
+from .file_handle import OpenedFile
 
 PREFIX = "model.diffusion_model."
 QUANT_SUFFIX = ".comfy_quant"

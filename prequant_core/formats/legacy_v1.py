@@ -32,7 +32,7 @@ from .. import qtensor
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, PrequantError, UnsafeCheckpointError, UnsupportedFormatError
 from . import pickle_guard, plain_data
-from .opened import OpenedFile, opened
+from .file_handle import OpenedFile, opened
 from .validate_tensors import MAX_DIM, check_state_dict, dense_layout_problem
 
 V1_TENSORS = {

@@ -10,7 +10,7 @@ import torch
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from . import pickle_guard, plain_data
-from .opened import opened
+from .file_handle import opened
 from .validate_tensors import check_state_dict
 
 LEGACY_V1_MARKERS = ("LinearActivationQuantizedTensor", "AffineQuantizedTensor", "PlainAQTTensorImpl")

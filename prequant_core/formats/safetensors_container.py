@@ -18,7 +18,7 @@ from .. import qtensor
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError
 from . import plain_data, torchao_json
-from .opened import opened
+from .file_handle import opened
 from ..units import human_bytes
 from .validate_tensors import check_quantized
 
