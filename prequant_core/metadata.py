@@ -3,7 +3,7 @@
 Rules (FORMAT.md, and Unsloth Studio's loader as of late 2026; docs/FORMAT.md "Validation rules"): a missing field
 is accepted (older files), a present one must match; every mismatch is collected, so the user sees all reasons at once
 rather than one per attempt. Where Unsloth is stricter, so are we: a requested base needs a recorded base, and a
-``.pt`` container needs its format tag.
+``.pt`` or ``.safetensors`` container needs its format tag.
 """
 from __future__ import annotations
 
@@ -132,9 +132,10 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
     reasons: list[str] = []
     notes: list[str] = []
     tag = ckpt.format_tag
-    if tag is None and ckpt.container == "pt":
-        reasons.append(f"the .pt container has no 'format' tag (expected '{FORMAT_V1}'): an untagged or foreign "
-                       "artifact is not trusted")
+    if tag is None and ckpt.container in ("pt", "safetensors"):
+        where = "'format' entry" if ckpt.container == "pt" else "'unsloth_format' header entry"
+        reasons.append(f"the .{ckpt.container} container has no format tag ({where}, expected '{FORMAT_V1}'): an "
+                       "untagged or foreign artifact is not trusted")
     if tag in REFUSED_FORMATS:
         reasons.append(f"format '{tag}' uses {REFUSED_FORMATS[tag]}, which this pack does not support")
     elif tag is not None and tag != FORMAT_V1 and ckpt.container in ("pt", "safetensors"):

@@ -127,12 +127,26 @@ def test_requested_base_needs_a_recorded_base(pt_int8, tmp_path):
     assert not v.ok and any("records no base_model_id" in r for r in v.reasons)
 
 
-def test_untagged_pt_dict_is_refused(pt_int8, tmp_path):
+def test_untagged_containers_are_refused(pt_int8, prequant_files, tmp_path):
+    import json
     p = _pt_with(pt_int8, tmp_path / "untagged.pt", lambda o: o.pop("format"))
     v = _verdict(p)
-    assert not v.ok and any("no 'format' tag" in r for r in v.reasons)
+    assert not v.ok and any("no format tag ('format' entry" in r for r in v.reasons)
     with pytest.raises(ValidationError):
         loader.open_checkpoint(p, metadata.Request(), model_dirs=[str(tmp_path)])
+    src = prequant_files("int8", "safetensors")
+    with open(src, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    assert header["__metadata__"].pop("unsloth_format") == FORMAT_V1
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    dst = tmp_path / "untagged.safetensors"
+    dst.write_bytes(len(blob).to_bytes(8, "little") + blob + data)
+    v = _verdict(str(dst))
+    assert not v.ok and any("no format tag ('unsloth_format'" in r for r in v.reasons)
+    assert _verdict(src).ok  # control: the same file with its tag
 
 
 @pytest.mark.parametrize("base,ok", [("C:\\models\\Z-Image-Turbo", True), ("C:\\models\\Z-Image-Turbo\\", True),
