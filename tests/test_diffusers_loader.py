@@ -189,3 +189,18 @@ def test_comfyui_path_never_imports_diffusers_or_accelerate():
                         if f.endswith(".py"))
     assert "diffusers_loader" not in nodes_src and "import diffusers" not in nodes_src
     assert "accelerate" not in nodes_src
+
+
+def test_missing_extra_is_a_typed_error_naming_the_fix():
+    """Without accelerate (made unimportable in a fresh interpreter) the loader says what to install."""
+    code = ("import sys; sys.path.insert(0, '.'); sys.modules['accelerate'] = None\n"
+            "from prequant_core import diffusers_loader\n"
+            "from prequant_core.errors import DependencyError\n"
+            "try:\n"
+            "    diffusers_loader.load('FluxTransformer2DModel', '/nonexistent', '/nonexistent.safetensors')\n"
+            "except DependencyError as e:\n"
+            "    print('DEPENDENCY', e.kind, '|', str(e).replace(chr(10), ' '))\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-2000:]
+    assert out.startswith("DEPENDENCY dependency |"), out
+    assert "'accelerate'" in out and "requirements-diffusers.txt" in out
