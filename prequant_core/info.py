@@ -133,9 +133,9 @@ class Report:
                                           "none" if isinstance(ex, list) else str(ex))
         read = READ_MODE_TEXT.get(self.read_mode, self.read_mode)
         if self.fingerprint_verified is not None:  # verify_fingerprint read the weights after the header / index
-            read = ("full read (every tensor)" if self.read_mode == READ_FULL else
-                    f"full read: {'header' if self.read_mode == READ_HEADER else 'index'}, then every quantized "
-                    "weight hashed (verify_fingerprint)")
+            read = ("every tensor (full read)" if self.read_mode == READ_FULL else
+                    f"{'header' if self.read_mode == READ_HEADER else 'index'} and every quantized weight (full "
+                    "read, for verify_fingerprint)")
         other = self.file_size - self.total_bytes
         tensor_note = "quantized + unquantized"
         if other > 0:

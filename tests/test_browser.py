@@ -50,7 +50,7 @@ def _node() -> str:
 def _widgets(fname: str) -> dict:
     """The same inputs by name, applied after loading (robust to inputs added to the nodes since)."""
     return {1: {"checkpoint": fname, "base_model_id": BASE_ID, "scheme": "int8"},
-            2: {"checkpoint": fname, "base_model_id": WRONG_BASE, "scheme": "fp8"},
+            2: {"checkpoint": fname, "base_model_id": WRONG_BASE, "scheme": "fp8", "verify_fingerprint": True},
             3: {"checkpoint": fname, "path": "", "base_model_id": "", "scheme": "auto", "family": "auto"}}
 
 
@@ -98,7 +98,8 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
         with urllib.request.urlopen(server.url + "/extensions/ComfyUI-Prequant/prequant.js", timeout=10) as r:
             assert b"registerExtension" in r.read(), "the pack's web extension is not served"
         cfg = {"url": server.url, "workflow": _workflow(FILE), "widgets": _widgets(FILE), "screenshot": str(shot), "out": str(out),
-               "chromium": chromium, "userDataDir": str(tmp_path / "chromium-profile"), "timeoutMs": 120000}
+               "chromium": chromium, "userDataDir": str(tmp_path / "chromium-profile"), "timeoutMs": 120000,
+               "shotDir": str(tmp_path / "shots")}
         proc = subprocess.run([node, os.path.join(BROWSER_DIR, "drive.mjs"), json.dumps(cfg)], cwd=BROWSER_DIR,
                               capture_output=True, text=True, timeout=240)
         server_log = server.log_tail()
@@ -121,7 +122,7 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     assert good["rows"] == expected.to_dict()["rows"]
     rows = dict(good["rows"])
     assert rows["Scheme"] == "int8" and rows["Base model"] == BASE_ID and rows["Family"].startswith("z-image")
-    assert "header only" in rows["Format"] and "47.5 %" in rows["Dense equivalent"]
+    assert "header only" in rows["Format"] and "47.5 %" in rows["Dense model"]
     assert good["widgetValue"]["verdict"]["ok"] is True
     assert good["widgetValue"]["total_bytes"] == expected.total_bytes
     assert good["widgetValue"]["quantized_count"] == expected.quantized_count > 0
@@ -146,9 +147,33 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
     assert os.path.realpath(loader["summary"]["location"]) == where
     assert f"File: {loader['summary']['location']}" in loader["domText"]
 
+    # what was read: the header for the first, every weight for the one asked to verify the fingerprint
+    bad_rows = dict(bad["rows"])
+    assert "full read" in bad_rows["Format"] and "verify_fingerprint" in bad_rows["Format"], bad_rows["Format"]
+    assert bad_rows["Fingerprint"].endswith("verified") and "not verified" not in bad["domText"]
+    assert any("verify_fingerprint" in n for n in expected.notes) and "verify_fingerprint" in good["domText"]
+
+    # narrowed after the run: the table reflows and the node grows, nothing hidden in an inner scroll area
+    rs = res["resize"]
+    assert rs["before"]["scrollHidden"] <= 1 and rs["before"]["lastRowInside"]
+    assert rs["after"]["size"][0] == 300 and rs["after"]["size"][1] > rs["before"]["size"][1], rs
+    assert rs["after"]["scrollHidden"] <= 1 and rs["after"]["lastRowInside"], rs["after"]
+    assert rs["after"]["rows"] == rs["before"]["rows"]
+
+    # the last results show again after a tab switch and after a page reload
+    kept = res["kept"]
+    assert kept["before"]["1"]["verdict"] == "valid" and kept["before"]["2"]["verdict"] == "invalid"
+    assert kept["before"]["3"]["state"] == "done" and kept["before"]["3"]["text"].startswith("int8 · ")
+    for when in ("afterSwitch", "afterReload"):
+        assert kept[when] == kept["before"], (when, kept[when], kept["before"])
+
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     os.makedirs(SCREENSHOT_COPY, exist_ok=True)
     shutil.copy(shot, os.path.join(SCREENSHOT_COPY, "prequant_info.png"))
+    assert len(res["nodeShots"]) == 4
+    for p in res["nodeShots"]:
+        assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n", p
+        shutil.copy(p, os.path.join(SCREENSHOT_COPY, os.path.basename(p)))
 
 
 # --- every shipped workflow, and workflows saved with the loader's earlier input orders -------------------------
@@ -253,3 +278,108 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         for blob in (r["saved"], r["prompt"], r["promptWorkflow"]):
             assert TOKEN not in blob, f"{name}: the old hf_token value survives in what the front end saves/queues"
         assert "hf_token" not in r["prompt"]
+
+
+# --- what a user sees: every shipped workflow laid out, run, kept -----------------------------------------------
+
+SHIPPED_FILE = "Z-Image-Turbo-FP8.safetensors"  # the name z_image_turbo_prequant.json ships with
+ARTIFACTS = os.path.join(SCREENSHOT_COPY, "workflows")
+
+
+def _intersect(a, b) -> bool:
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
+def _overlaps(nodes) -> list:
+    return [(a["id"], a["type"], b["id"], b["type"]) for i, a in enumerate(nodes) for b in nodes[i + 1:]
+            if _intersect(a["box"], b["box"])]
+
+
+def test_shipped_workflows_laid_out_run_and_kept_in_the_real_front_end(prequant_files, tmp_path):
+    """Each shipped workflow as a user sees it at 1600x1000: no two nodes' rendered boxes intersect, before or after
+    the loader has run (for real, in the server); every widget's label and value are drawn in full at the width the
+    workflow gives the node; the loader's panel stays inside its node and needs no inner scrolling; its result shows
+    again after a tab switch and a page reload. Screenshots of each workflow and of each node after the run are
+    written to out/browser/workflows/ (ignored by git) for a reviewer to look at."""
+    chromium, node = _chromium(), _node()
+    base = tmp_path / "comfy"
+    (base / "models" / "prequant").mkdir(parents=True)
+    # a tiny real Z-Image fp8 file under the shipped name: z_image_turbo_prequant.json runs exactly as shipped;
+    # the other families' loaders are pointed at it (their own files and text encoders are not on this server)
+    shutil.copy(prequant_files("fp8", "safetensors"), base / "models" / "prequant" / SHIPPED_FILE)
+    run_elsewhere = {"checkpoint": SHIPPED_FILE, "preset": "none", "hub_repo": "", "scheme": "auto", "family": "auto",
+                     "base_model_id": "", "policy": "prequant only", "dense_fallback": "none", "revision": ""}
+    workflows = []
+    for f in SHIPPED:
+        with open(os.path.join(ROOT, "example_workflows", f)) as fh:
+            wf = json.load(fh)
+        loader = next(n for n in wf["nodes"] if n["type"] == "PrequantLoadTransformer")
+        ships_the_file = loader["widgets_values"][0] == SHIPPED_FILE
+        workflows.append({"name": f, "workflow": wf, "run": {} if ships_the_file else run_elsewhere})
+    assert any(w["run"] == {} for w in workflows), "z_image_turbo_prequant.json no longer names " + SHIPPED_FILE
+    workflows.sort(key=lambda w: w["run"] == {})  # the one run as shipped last: its result is then kept and reloaded
+    shots = tmp_path / "shots"
+    out = tmp_path / "workflows.json"
+    with ComfyServer(str(base)) as server:
+        server.post("/settings/Comfy.TutorialCompleted", True)
+        # the missing text encoders / VAE dialog would cover the canvas in every screenshot
+        server.post("/settings/Comfy.Workflow.ShowMissingModelsWarning", False)
+        cfg = {"url": server.url, "workflows": workflows, "shotDir": str(shots), "out": str(out),
+               "chromium": chromium, "userDataDir": str(tmp_path / "chromium-profile"), "timeoutMs": 120000}
+        proc = subprocess.run([node, os.path.join(BROWSER_DIR, "workflows.mjs"), json.dumps(cfg)], cwd=BROWSER_DIR,
+                              capture_output=True, text=True, timeout=900)
+        server_log = server.log_tail()
+    res = json.loads(out.read_text()) if out.exists() else {}
+    if shots.exists():  # the artifacts, also when the run failed (failed.png)
+        shutil.rmtree(ARTIFACTS, ignore_errors=True)
+        shutil.copytree(shots, ARTIFACTS)
+    assert proc.returncode == 0 and res.get("ok"), (
+        f"browser run failed (rc {proc.returncode}): {res.get('error') or proc.stderr[-3000:]}\n"
+        f"console: {res.get('console', [])[-30:]}\nserver log:\n{server_log}")
+    ours = [m for m in res["console"] if m.startswith(("error", "pageerror")) and "/extensions/ComfyUI-Prequant/" in m]
+    assert not ours, f"the extension logged errors: {ours}"
+
+    for w in workflows:
+        f, r = w["name"], res["workflows"][w["name"]]
+        for when in ("before", "after"):
+            nodes = r[when]["nodes"]
+            assert len(nodes) == len(w["workflow"]["nodes"]), (f, when)
+            assert _overlaps(nodes) == [], (f, when, _overlaps(nodes))
+        # the view the workflow opens with: zoom readable, and the loader on screen
+        assert r["before"]["ds"]["scale"] >= 0.7, (f, r["before"]["ds"])
+        ld_before = next(n for n in r["before"]["nodes"] if n["type"] == "PrequantLoadTransformer")
+        sx, sy, sw, sh = ld_before["screen"]
+        assert sx >= 0 and sy >= 0 and sx + sw <= 1600 and sy + sh <= 1000, (f, ld_before["screen"])
+        assert ld_before["covered"] == [], (f, ld_before["covered"])  # nothing of the page lies over it
+        assert ld_before["panel"]["state"] is None and "Queue the workflow" in ld_before["panel"]["text"]
+        # every widget of every node: label and value drawn in full at the node's width
+        cut = [(nid, x["name"], x["label"], x["value"], round(x["needed"]), round(x["room"]))
+               for nid, fits in r["fits"].items() for x in fits if not x["fits"]]
+        assert cut == [], (f, cut)
+        loader_id = str(ld_before["id"])
+        assert {x["name"] for x in r["fits"][loader_id]} >= {"checkpoint", "preset", "base_model_id"}, r["fits"]
+        # after the run: the loader's result, inside its node, fully shown
+        ld = next(n for n in r["after"]["nodes"] if n["type"] == "PrequantLoadTransformer")
+        assert ld["panel"]["state"] == "done", (f, ld["panel"], server_log[-3000:])
+        assert ld["summary"]["file"] == SHIPPED_FILE and ld["summary"]["scheme"] == "fp8"
+        assert ld["panel"]["text"].startswith("fp8 · ") and f"File: {ld['summary']['location']}" in ld["panel"]["text"]
+        assert not ld["panel"]["scrolls"], (f, ld["panel"])
+        px, py, pw, ph = ld["panel"]["rect"]
+        nx, ny, nw, nh = ld["screen"]
+        assert nx - 1 <= px and px + pw <= nx + nw + 1 and ny - 1 <= py and py + ph <= ny + nh + 1, (f, ld)
+        # kept with the workflow (node properties): the same summary
+        assert ld["kept"] == ld["summary"]
+        # screenshots: the workflow before and after, each node after
+        for p in [r["shotBefore"], r["shotAfter"], *r["nodeShots"]]:
+            with open(p, "rb") as fh:
+                assert fh.read(8) == b"\x89PNG\r\n\x1a\n", p
+        assert len(r["nodeShots"]) == len(w["workflow"]["nodes"])
+
+    # the last result shows again after a tab switch and after a reload
+    p = res["persisted"]
+    assert p["name"] == workflows[-1]["name"] and p["otherTab"] == 0
+    shown = p["beforeSwitch"]
+    assert shown["state"] == "done" and shown["scheme"] == "fp8" and shown["text"].startswith("fp8 · ")
+    for when in ("afterSwitch", "afterReload"):
+        assert p[when] == shown, (when, p[when], shown)
+    assert os.path.isfile(os.path.join(ARTIFACTS, os.path.basename(p["shot"])))

@@ -5,11 +5,24 @@
 // - Load Prequant Transformer: after a run, shows the scheme and size of the loaded checkpoint and where the file is
 //   (ui.prequant[0]); maps widget values of workflows saved with an older input order by name (legacyLayout).
 //
+// - Both: the last result is kept in the node's properties (saved with the workflow), so it shows again after a tab
+//   switch or a page reload; while a node runs, the status lines the server sends (event "prequant.status", see
+//   nodes/status.py: connecting, downloading with bytes and rate, checking, loading, verifying) show on it with the
+//   time waited, and a failure shows as its message's first sentence and its fix. Panels grow the node when their
+//   content needs more room (after a run, and when the node is narrowed).
+//
 // Everything a file supplies is inserted with textContent, never as HTML: names come from strangers' files.
 import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
 
 const INFO_CLASS = "PrequantInfo";
 const LOADER_CLASS = "PrequantLoadTransformer";
+const RESULT_PROP = "prequant_last_result"; // node property: the last result, kept with the workflow
+const STATUS_EVENT = "prequant.status";
+const INFO_NONE = "(none: use path)";
+const LOADER_NONE = "(none: use path or hub_repo)";
+// Default widths at which every widget's label and value show in full (the loader's file names are long).
+const MIN_WIDTH = { [INFO_CLASS]: 460, [LOADER_CLASS]: 400, PrequantBuildCheckpoint: 360 };
 
 const CSS = `
 .prequant-info, .prequant-loaded {
@@ -28,6 +41,10 @@ const CSS = `
 .prequant-note { opacity: 0.65; font-style: italic; margin-top: 3px; }
 .prequant-placeholder { opacity: 0.6; font-style: italic; }
 .prequant-loaded .prequant-scheme { font-weight: bold; color: #8fd3ff; }
+.prequant-status { color: #ffd479; }
+.prequant-status .prequant-elapsed { opacity: 0.7; }
+.prequant-failed { color: #ffb3b3; font-weight: bold; }
+.prequant-fix { color: var(--input-text, #ddd); font-weight: normal; margin-top: 2px; }
 `;
 
 function addStyle() {
@@ -92,7 +109,8 @@ function addPanel(node, name, className, placeholder, minHeight) {
   return { div, widget };
 }
 
-// Grow the node (never shrink it) until the panel shows all its content without scrolling.
+// Grow the node (never shrink it) until the panel shows all its content without scrolling: after a result arrives,
+// and whenever the node is resized (a narrower node wraps the table into more lines).
 function fitToContent(node, div) {
   const grow = () => {
     const missing = div.scrollHeight - div.clientHeight;
@@ -102,47 +120,156 @@ function fitToContent(node, div) {
   requestAnimationFrame(() => { grow(); requestAnimationFrame(grow); });
 }
 
+function reflowOnResize(node, div) {
+  const onResize = node.onResize;
+  node.onResize = function () {
+    const r = onResize?.apply(this, arguments);
+    fitToContent(this, div);
+    return r;
+  };
+}
+
+function keepResult(node, value) {
+  node.properties ??= {};
+  node.properties[RESULT_PROP] = value;
+  // the workflow changed (it now carries the result): let the front end persist it for a reload
+  app.extensionManager?.workflow?.activeWorkflow?.changeTracker?.checkState?.();
+}
+
+function restoreOnConfigure(node, show) {
+  const onConfigure = node.onConfigure;
+  node.onConfigure = function (info) {
+    const r = onConfigure?.apply(this, arguments);
+    const kept = info?.properties?.[RESULT_PROP];
+    if (kept && typeof kept === "object") show(kept);
+    return r;
+  };
+}
+
+// While a node runs: the server's status line, with the seconds waited; a failure as its first sentence and its fix.
+const running = new Map(); // node id -> {node, div, timer, since, text}
+
+function showStatus(node, div, text) {
+  let st = running.get(node.id);
+  if (!st) {
+    st = { since: Date.now() };
+    st.timer = setInterval(() => paintStatus(st), 1000);
+    running.set(node.id, st);
+  }
+  Object.assign(st, { node, div, text });
+  paintStatus(st);
+}
+
+function paintStatus(st) {
+  const line = el("div", "prequant-status", st.text);
+  const secs = Math.round((Date.now() - st.since) / 1000);
+  if (secs >= 1) line.appendChild(el("span", "prequant-elapsed", ` · ${secs} s`));
+  st.div.replaceChildren(line);
+  st.div.dataset.state = "running";
+}
+
+function stopStatus(id) {
+  const st = running.get(id);
+  if (st) clearInterval(st.timer);
+  running.delete(id);
+  return st;
+}
+
+function showFailure(div, message) {
+  const lines = String(message || "").split("\n").map((l) => l.trim()).filter(Boolean);
+  const fix = lines.find((l) => l.startsWith("Fix: "));
+  div.replaceChildren(el("div", "prequant-failed", `Failed: ${lines[0] || "see the error message"}`));
+  if (fix) div.appendChild(el("div", "prequant-fix", fix));
+  div.dataset.state = "failed";
+}
+
 function setupInfo(node) {
   const { div } = addPanel(node, "prequant_report", "prequant-info",
     "Run the workflow (Queue) to inspect the file.", 60);
-  if (node.size[0] < 460) node.setSize([460, node.size[1]]);
+  node.prequantPanel = div;
+  const show = (report) => {
+    node.prequantReport = report;
+    renderReport(div, report);
+    div.dataset.state = "done";
+    fitToContent(node, div);
+  };
   const onExecuted = node.onExecuted;
   node.onExecuted = function (output) {
     onExecuted?.apply(this, arguments);
     const report = output?.prequant_info?.[0];
     if (!report) return;
-    node.prequantReport = report;
-    renderReport(div, report);
-    fitToContent(node, div);
+    stopStatus(node.id);
+    const { path, ...kept } = report; // the table shows the file name; the absolute path is not kept
+    keepResult(node, kept);
+    show(report);
   };
+  restoreOnConfigure(node, show);
+  reflowOnResize(node, div);
+}
+
+export function renderLoaded(d, s) {
+  d.replaceChildren();
+  const line = el("div");
+  line.appendChild(el("span", "prequant-scheme", s.scheme));
+  const saving = s.dense_bytes > 0 ? ` (dense ${humanBytes(s.dense_bytes)}, ` +
+    `${(100 * (1 - s.size_bytes / s.dense_bytes)).toFixed(1)} % smaller)` : "";
+  line.appendChild(document.createTextNode(` · ${humanBytes(s.size_bytes)} in memory${saving}`));
+  d.appendChild(line);
+  d.appendChild(el("div", "prequant-note",
+    `${s.family} · ${s.quantized_layers} quantized layers · ${s.file} (${s.container}, ${s.layout} keys)`));
+  if (s.location) {
+    const from = s.source ? ` (${s.downloaded ? "downloaded" : "earlier download"} from ${String(s.source).slice(4)})` : "";
+    d.appendChild(el("div", "prequant-note prequant-location", `File: ${s.location}${from}`));
+  }
+  d.dataset.scheme = s.scheme;
+  d.dataset.state = "done";
 }
 
 function setupLoader(node) {
-  let panel = null;
+  // The panel is there from the start (its place in the layout does not change when a result arrives).
+  const panel = addPanel(node, "prequant_loaded", "prequant-loaded",
+    "Queue the workflow: what was loaded, and from where, shows here.", 84);
+  node.prequantPanel = panel.div;
+  const show = (s) => {
+    node.prequantSummary = s;
+    renderLoaded(panel.div, s);
+    fitToContent(node, panel.div);
+  };
   const onExecuted = node.onExecuted;
   node.onExecuted = function (output) {
     onExecuted?.apply(this, arguments);
     const s = output?.prequant?.[0];
     if (!s) return;
-    node.prequantSummary = s;
-    if (!panel) panel = addPanel(node, "prequant_loaded", "prequant-loaded", "", 40);
-    const d = panel.div;
-    d.replaceChildren();
-    const line = el("div");
-    line.appendChild(el("span", "prequant-scheme", s.scheme));
-    const saving = s.dense_bytes > 0 ? ` (dense ${humanBytes(s.dense_bytes)}, ` +
-      `${(100 * (1 - s.size_bytes / s.dense_bytes)).toFixed(1)} % smaller)` : "";
-    line.appendChild(document.createTextNode(` · ${humanBytes(s.size_bytes)} in memory${saving}`));
-    d.appendChild(line);
-    d.appendChild(el("div", "prequant-note",
-      `${s.family} · ${s.quantized_layers} quantized layers · ${s.file} (${s.container}, ${s.layout} keys)`));
-    if (s.location) {
-      const from = s.source ? ` (${s.downloaded ? "downloaded" : "earlier download"} from ${s.source.slice(4)})` : "";
-      d.appendChild(el("div", "prequant-note prequant-location", `File: ${s.location}${from}`));
-    }
-    d.dataset.scheme = s.scheme;
-    fitToContent(node, d);
+    stopStatus(node.id);
+    keepResult(node, s);
+    show(s);
   };
+  restoreOnConfigure(node, show);
+  reflowOnResize(node, panel.div);
+}
+
+function onStatus(event) {
+  const { node: id, text } = event.detail ?? {};
+  const node = app.graph?.getNodeById?.(id) ?? app.graph?.getNodeById?.(Number(id));
+  if (!node?.prequantPanel || typeof text !== "string") return;
+  showStatus(node, node.prequantPanel, text);
+}
+
+function onExecutionError(event) {
+  const d = event.detail ?? {};
+  for (const id of [...running.keys()]) stopStatus(id);
+  const node = app.graph?.getNodeById?.(d.node_id) ?? app.graph?.getNodeById?.(Number(d.node_id));
+  if (node?.prequantPanel) {
+    showFailure(node.prequantPanel, d.exception_message);
+    fitToContent(node, node.prequantPanel);
+  }
+}
+
+function onExecutionEnd() {
+  for (const id of [...running.keys()]) {
+    const st = stopStatus(id);
+    if (st?.div?.dataset.state === "running") st.div.replaceChildren(el("div", "prequant-placeholder", "Stopped."));
+  }
 }
 
 // Workflows saved before the nodes' inputs were reordered (expert inputs last) and the loader's hf_token was removed
@@ -204,16 +331,26 @@ function setupLegacyInputs(node, cls) {
   node.onConfigure = function (info) {
     const r = onConfigure?.apply(this, arguments);
     remapLegacy(this, cls, info);
+    // Info's first entry names only its own inputs now; older workflows carry the loader's
+    const ck = cls === INFO_CLASS ? this.widgets?.find((w) => w.name === "checkpoint") : null;
+    if (ck && ck.value === LOADER_NONE) ck.value = INFO_NONE;
     return r;
   };
 }
 
 app.registerExtension({
   name: "ComfyUI-Prequant.Info",
+  setup() {
+    api.addEventListener(STATUS_EVENT, onStatus);
+    api.addEventListener("execution_error", onExecutionError);
+    api.addEventListener("execution_success", onExecutionEnd);
+    api.addEventListener("execution_interrupted", onExecutionEnd);
+  },
   async nodeCreated(node) {
     const cls = node.comfyClass || node.constructor?.comfyClass;
     if (OLD_LAYOUTS[cls]) setupLegacyInputs(node, cls);
     if (cls === INFO_CLASS) setupInfo(node);
     else if (cls === LOADER_CLASS) setupLoader(node);
+    if (MIN_WIDTH[cls] && node.size[0] < MIN_WIDTH[cls]) node.setSize([MIN_WIDTH[cls], node.size[1]]);
   },
 });

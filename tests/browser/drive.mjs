@@ -134,6 +134,75 @@ try {
     return out;
   });
   await page.screenshot({ path: cfg.screenshot, fullPage: false });
+
+  // Each node after the run, at zoom 1 (clear of the side bar and the tab bar), as test artifacts.
+  result.nodeShots = [];
+  if (cfg.shotDir) {
+    fs.mkdirSync(cfg.shotDir, { recursive: true });
+    for (const n of result.nodes) {
+      const clip = await page.evaluate((id) => {
+        const app = window.comfyAPI.app.app;
+        const b = app.graph.getNodeById(id).boundingRect;
+        app.canvas.ds.scale = 1;
+        app.canvas.ds.offset = [-b[0] + 100, -b[1] + 170];
+        app.canvas.setDirty(true, true);
+        const rect = app.canvas.canvas.getBoundingClientRect();
+        return { x: rect.left + 90, y: rect.top + 160, width: Math.min(b[2] + 20, 1500), height: Math.min(b[3] + 20, 830) };
+      }, n.id);
+      await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+      await page.waitForTimeout(300);
+      const file = `${cfg.shotDir}/info-workflow-node-${n.id}-${n.type}.png`;
+      await page.screenshot({ path: file, clip });
+      result.nodeShots.push(file);
+    }
+  }
+
+  // Narrowing an Info node after a run: the table wraps into more lines and the node grows to show all of them.
+  const panelState = (id) => {
+    const n = window.comfyAPI.app.app.graph.getNodeById(id);
+    const p = n.prequantPanel;
+    const pr = p.getBoundingClientRect();
+    const rows = [...p.querySelectorAll("tr")];
+    return {
+      size: [...n.size], scrollHidden: p.scrollHeight - p.clientHeight,
+      lastRowInside: rows.length ? rows[rows.length - 1].getBoundingClientRect().bottom <= pr.bottom + 1 : null,
+      text: p.innerText, state: p.dataset.state ?? null,
+      rows: rows.map((tr) => [...tr.children].map((c) => c.textContent)),
+    };
+  };
+  result.resize = { before: await page.evaluate(panelState, expected.info[0]) };
+  await page.evaluate((id) => {
+    const app = window.comfyAPI.app.app;
+    const n = app.graph.getNodeById(id);
+    app.canvas.ds.scale = 1;
+    app.canvas.ds.offset = [-n.pos[0] + 100, -n.pos[1] + 170];
+    n.setSize([300, n.size[1]]); // what dragging the node's corner does
+    app.canvas.setDirty(true, true);
+  }, expected.info[0]);
+  await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+  await page.waitForTimeout(600);
+  result.resize.after = await page.evaluate(panelState, expected.info[0]);
+
+  // The last results show again after a tab switch and after a reload.
+  const shown = async () => Object.fromEntries(await Promise.all(
+    [...expected.info, ...expected.loader].map(async (id) => [id, await page.evaluate(panelState2, id)])));
+  const panelState2 = (id) => {
+    const p = window.comfyAPI.app.app.graph.getNodeById(id)?.prequantPanel;
+    return p ? { text: p.innerText, state: p.dataset.state ?? null,
+      verdict: p.querySelector(".prequant-verdict")?.dataset.verdict ?? null } : null;
+  };
+  result.kept = { before: await shown() };
+  await page.evaluate(() => window.comfyAPI.app.app.extensionManager.command.execute("Comfy.NewBlankWorkflow"));
+  await page.waitForFunction((id) => !window.comfyAPI.app.app.graph.getNodeById(id), expected.info[0]);
+  await page.evaluate(() => window.comfyAPI.app.app.extensionManager.command.execute("Workspace.PreviousOpenedWorkflow"));
+  await page.waitForFunction((id) => !!window.comfyAPI.app.app.graph.getNodeById(id), expected.info[0]);
+  await page.waitForTimeout(600);
+  result.kept.afterSwitch = await shown();
+  await page.reload({ waitUntil: "domcontentloaded" });
+  await page.waitForFunction((id) => !!window.comfyAPI?.app?.app?.graph?.getNodeById?.(id) &&
+    window.comfyAPI.app.app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info"), expected.info[0]);
+  await page.waitForTimeout(800);
+  result.kept.afterReload = await shown();
   result.ok = true;
 } catch (e) {
   result.error = String(e?.stack || e).slice(0, 4000);
