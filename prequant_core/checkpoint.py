@@ -6,6 +6,7 @@ from typing import Any
 
 from . import qtensor
 
+COMFY_PREFIX = "model.diffusion_model."  # a full ComfyUI checkpoint's diffusion model keys
 FORMAT_V1 = "unsloth_prequant_transformer_state_dict_v1"
 FORMAT_V2 = "unsloth_prequant_transformer_state_dict_v2"
 FORMAT_V3 = "unsloth_prequant_transformer_state_dict_v3"

@@ -11,12 +11,13 @@ from typing import Callable, Iterable, Iterator, Mapping
 import torch
 
 from . import families, qtensor
+from .checkpoint import COMFY_PREFIX
 from .errors import BuildError, CorruptCheckpointError
 from .families import Family
 
 
 # Single-file checkpoints often keep the transformer under a prefix (a full ComfyUI checkpoint: model.diffusion_model.).
-KNOWN_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.")
+KNOWN_PREFIXES = (COMFY_PREFIX, "diffusion_model.", "transformer.")
 INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 QUANTIZED_MARKERS = ("._weight_qdata", ".weight_scale", ".comfy_quant", "scaled_fp8", ".scale_weight")
 ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",

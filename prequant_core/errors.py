@@ -11,7 +11,6 @@ from .safe_text import escape
 class PrequantError(Exception):
     """Base class. ``str(err)`` is the full user-facing message."""
 
-    kind = "error"
 
     def __init__(self, message: str, *, path: str | None = None, expected: str | None = None,
                  found: str | None = None, fix: str | None = None, reasons: list[str] | None = None):
@@ -41,54 +40,42 @@ class PrequantError(Exception):
 
 
 class PathNotAllowedError(PrequantError):
-    kind = "path-not-allowed"
 
 
 class CheckpointNotFoundError(PrequantError):
-    kind = "not-found"
 
 
 class CorruptCheckpointError(PrequantError):
     """Truncated, not a checkpoint, malformed header, inconsistent tensors."""
-    kind = "corrupt"
 
 
 class UnsafeCheckpointError(PrequantError):
     """The file asks for code execution (pickle globals outside the allowlist)."""
-    kind = "unsafe"
 
 
 class UnsupportedFormatError(PrequantError):
     """A known container we deliberately do not load (v2/v3, per-tensor fp8, unknown ComfyUI quant formats)."""
-    kind = "unsupported"
 
 
 class ValidationError(PrequantError):
     """Metadata does not match what the caller asked for; ``reasons`` lists every mismatch."""
-    kind = "invalid"
 
 
 class UnknownFamilyError(PrequantError):
-    kind = "unknown-family"
 
 
 class ComfyVersionError(PrequantError):
     """The running ComfyUI lacks what a family needs."""
-    kind = "comfy-version"
 
 
 class HubError(PrequantError):
-    kind = "hub"
 
 
 class BuildError(PrequantError):
-    kind = "build"
 
 
 class MemoryBudgetError(PrequantError):
-    kind = "memory"
 
 
 class DependencyError(PrequantError):
     """An optional extra the call needs is not installed (e.g. diffusers / accelerate for the diffusers loader)."""
-    kind = "dependency"

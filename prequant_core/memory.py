@@ -44,21 +44,14 @@ import re
 import zipfile
 from typing import Callable, Mapping
 
+from .checkpoint import COMFY_PREFIX
 from .errors import MemoryBudgetError
+from .units import human_bytes
 
 ENV_VAR = "PREQUANT_MEMORY_CHECK"
 HOST_HEADROOM = 256 * 2**20  # Python objects, the model skeleton, placement temporaries
-COMFY_PREFIX = "model.diffusion_model."
 _DATA_RECORD = re.compile(r"(^|/)data/[^/]+$")
 _OFF_WORDS = {"0", "false", "no", "off", "n"}
-
-
-def human(n: int) -> str:
-    n = int(n)
-    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
 
 
 def host_available() -> int:
@@ -155,9 +148,9 @@ def check(path: str, declared: int, guard: Guard | None = None) -> Budget:
         err = MemoryBudgetError(
             f"Not enough free memory to load '{name}': it was not loaded (this check prevents an out-of-memory "
             "crash of the whole server).", path=path,
-            expected=f"{human(host_needed)} of host memory ({human(declared)} of weights + {human(guard.headroom)} "
+            expected=f"{human_bytes(host_needed)} of host memory ({human_bytes(declared)} of weights + {human_bytes(guard.headroom)} "
                      "headroom)",
-            found=f"{human(host_free)} free (available RAM + free swap)",
+            found=f"{human_bytes(host_free)} free (available RAM + free swap)",
             fix="Free memory (close other programs, or unload models: ComfyUI's 'Unload Models' button / POST /free), "
                 "pick a smaller checkpoint (a smaller scheme or model), or add swap. "
                 f"{ENV_VAR}=0 skips this check.")
@@ -169,8 +162,8 @@ def check(path: str, declared: int, guard: Guard | None = None) -> Budget:
         if declared > dev_free:
             err = MemoryBudgetError(
                 f"Not enough free memory on {guard.device} to load '{name}' whole: it was not loaded.", path=path,
-                expected=f"{human(declared)} of device memory for the weights",
-                found=f"{human(dev_free)} free on {guard.device}",
+                expected=f"{human_bytes(declared)} of device memory for the weights",
+                found=f"{human_bytes(dev_free)} free on {guard.device}",
                 fix="Free device memory (unload other models, close other GPU programs), pick a smaller scheme "
                     "(fp8 / int8 file, or a smaller model), or use the low-VRAM mode (start ComfyUI without "
                     f"--highvram / --gpu-only, or with --lowvram) so weights stream to the GPU. {ENV_VAR}=0 skips "

@@ -128,3 +128,16 @@ class LayerFilter:
         if r.require_divisible and (in_f % r.require_divisible or out_f % r.require_divisible):
             return f"dims not divisible by {r.require_divisible}"
         return None
+
+
+_SPECS: dict = {}
+
+
+def spec(scheme: str, dtype: torch.dtype = torch.bfloat16):
+    """The ``qtensor.QSpec`` (activation quantization, fp8 mm config, kernels) this scheme gives a weight of
+    ``dtype``: taken from the scheme's own config, for readers that rebuild weights from bare codes and scales."""
+    key = (normalize(scheme), dtype)
+    if key not in _SPECS:
+        from . import qtensor
+        _SPECS[key] = qtensor.split(quantize_weight(torch.ones(16, 32, dtype=dtype), key[0]))[2]
+    return _SPECS[key]

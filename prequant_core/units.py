@@ -3,7 +3,7 @@
 
 def human_bytes(n: int) -> str:
     n = int(n)
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= div:
             return f"{n / div:.2f} {unit}"
     return f"{n} B"

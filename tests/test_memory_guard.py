@@ -18,6 +18,7 @@ import torch
 
 from prequant_core import errors, formats, memory
 from prequant_core.loader import open_checkpoint
+from prequant_core.units import human_bytes
 
 FAKE_RECORD = 0xFFFFFFF0  # what each patched storage record claims (just under 4 GiB, no zip64 needed)
 
@@ -89,7 +90,7 @@ def test_host_budget_boundary(prequant_files):
     err = e.value
     assert err.where == "host" and err.needed == needed and err.available == needed - 1
     text = str(err)
-    assert os.path.basename(path) in text and memory.human(needed) in text and memory.human(needed - 1) in text
+    assert os.path.basename(path) in text and human_bytes(needed) in text and human_bytes(needed - 1) in text
     assert "Free memory" in err.fix and "smaller" in err.fix and memory.ENV_VAR in err.fix
 
 

@@ -23,13 +23,13 @@ import json
 
 import torch
 
-from .. import qtensor
-from ..checkpoint import Checkpoint
+from .. import qtensor, schemes
+from ..checkpoint import COMFY_PREFIX, Checkpoint
 from ..errors import CorruptCheckpointError, UnsupportedFormatError
 from . import plain_data
 from .file_handle import OpenedFile
 
-PREFIX = "model.diffusion_model."
+PREFIX = COMFY_PREFIX
 QUANT_SUFFIX = ".comfy_quant"
 # format -> (our scheme, storage dtype)
 FORMATS = {
@@ -41,15 +41,6 @@ KNOWN_OTHER = ("float8_e5m2", "nvfp4", "mxfp8", "convrot_w4a4", "int4", "svdquan
 SIDE_TENSORS = (".weight_scale", ".input_scale", ".scale_weight", ".scale_input", ".weight_scale_2")
 MAX_QUANT_JSON = 64 * 1024
 LOGICAL_DTYPE = torch.bfloat16  # ComfyUI computes these families in bf16; our fp8 scheme requires bf16
-_SPECS: dict = {}
-
-
-def _spec(scheme: str):
-    """The QSpec (activation quantization, fp8 mm config) this pack's scheme gives a weight."""
-    if scheme not in _SPECS:
-        from .. import schemes
-        _SPECS[scheme] = qtensor.split(schemes.quantize_weight(torch.ones(16, 32, dtype=LOGICAL_DTYPE), scheme))[2]
-    return _SPECS[scheme]
 
 
 def _format_of(cfg, layer: str, path: str) -> str:
@@ -185,7 +176,7 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
             skey = by_stripped.get(layer + legacy_scale_key) or by_stripped.get(layer + ".weight_scale")
             scale, gran = _scale_rows(get(skey) if skey else None, w.shape[0], layer, path,
                                       default_one=(style == "scaled_fp8"))
-            tensors[layer + ".weight"] = qtensor.join(w, scale, _spec(scheme))
+            tensors[layer + ".weight"] = qtensor.join(w, scale, schemes.spec(scheme, LOGICAL_DTYPE))
             granularity.setdefault(scheme, set()).add(gran)
             counts[fmt] = counts.get(fmt, 0) + 1
             consumed.add(wkey)

@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from .. import qtensor
+from .. import qtensor, schemes
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, PrequantError, UnsafeCheckpointError, UnsupportedFormatError
 from . import pickle_guard, plain_data
@@ -429,16 +429,6 @@ def _unpickle(fh: OpenedFile, mmap: bool):
 
 # ---- v1 records -> current torchao tensors -------------------------------------------------------------------------
 
-_SPECS: dict = {}
-
-
-def _spec(scheme: str, dtype: torch.dtype):
-    """The QSpec (activation quantization etc.) this pack's scheme gives a weight: taken from the scheme itself."""
-    key = (scheme, dtype)
-    if key not in _SPECS:
-        from .. import schemes
-        _SPECS[key] = qtensor.split(schemes.quantize_weight(torch.ones(2, 32, dtype=dtype), scheme))[2]
-    return _SPECS[key]
 
 
 def _state(rec: _Subclass, key: str, need: tuple) -> dict:
@@ -509,9 +499,9 @@ def decode_weight(rec: _Subclass, key: str):
         if not isinstance(inner, _Subclass):
             raise _Bad(f"'{key}': no weight inside the activation wrapper")
         q, s = decode_aqt(inner, key)
-        return qtensor.join(q, s, _spec("int8", inner.dtype))
+        return qtensor.join(q, s, schemes.spec("int8", inner.dtype))
     q, s = decode_aqt(rec, key)  # a bare AffineQuantizedTensor: int8 weight-only
-    return qtensor.join(q, s, _spec("int8-weight-only", rec.dtype))
+    return qtensor.join(q, s, schemes.spec("int8-weight-only", rec.dtype))
 
 
 def read_legacy_v1(src, *, mmap: bool = True) -> Checkpoint:
