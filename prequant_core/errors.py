@@ -40,9 +40,11 @@ class PrequantError(Exception):
 
 
 class PathNotAllowedError(PrequantError):
+    pass
 
 
 class CheckpointNotFoundError(PrequantError):
+    pass
 
 
 class CorruptCheckpointError(PrequantError):
@@ -62,6 +64,7 @@ class ValidationError(PrequantError):
 
 
 class UnknownFamilyError(PrequantError):
+    pass
 
 
 class ComfyVersionError(PrequantError):
@@ -69,12 +72,15 @@ class ComfyVersionError(PrequantError):
 
 
 class HubError(PrequantError):
+    pass
 
 
 class BuildError(PrequantError):
+    pass
 
 
 class MemoryBudgetError(PrequantError):
+    pass
 
 
 class DependencyError(PrequantError):
