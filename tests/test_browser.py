@@ -21,6 +21,7 @@ import pytest
 
 from conftest import BASE_ID, ROOT
 from prequant_core.info import info
+from prequant_core.units import human_bytes
 from tools.comfy_server import ComfyServer
 
 BROWSER_DIR = os.path.join(ROOT, "tests", "browser")
@@ -383,3 +384,82 @@ def test_shipped_workflows_laid_out_run_and_kept_in_the_real_front_end(prequant_
     for when in ("afterSwitch", "afterReload"):
         assert p[when] == shown, (when, p[when], shown)
     assert os.path.isfile(os.path.join(ARTIFACTS, os.path.basename(p["shot"])))
+
+
+# --- long waits: what the loader says while downloading, and when the Hub cannot be reached ---------------------
+
+def test_waits_say_what_is_happening_and_a_network_failure_reads_plainly(prequant_files, tmp_path):
+    """A real download from the loopback Hub (slowed down) shows on the node as it happens: connecting, then
+    downloading with bytes and rate, then checking and loading, then the result. With the Hub gone, the node says it
+    is connecting, then fails with one plain sentence and the fix; ComfyUI's error dialog says the same; the client's
+    raw exception is only in the server log."""
+    from hub_server import HubServer, free_port
+    chromium, node = _chromium(), _node()
+    repo, fname = "unsloth/Z-Image-Turbo-INT8", "Z-Image-Turbo-INT8.safetensors"
+    src = prequant_files("int8", "safetensors")
+    size = os.path.getsize(src)
+    base = tmp_path / "comfy"
+    (base / "models" / "prequant").mkdir(parents=True)
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    wf = _single(["(none: use path or hub_repo)"])
+    wf["nodes"][0]["outputs"][0]["links"] = [1]
+    wf["nodes"].append({"id": 2, "type": "PreviewAny", "pos": [520, 20], "size": [300, 160], "flags": {}, "order": 1,
+                        "mode": 0, "inputs": [{"name": "source", "type": "*", "link": 1}], "outputs": [],
+                        "properties": {"Node name for S&R": "PreviewAny"}, "widgets_values": []})
+    wf["links"], wf["last_node_id"], wf["last_link_id"] = [[1, 1, 0, 2, 0, "MODEL"]], 2, 1
+
+    def drive(endpoint, inputs, name):
+        env = {"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+        result = tmp_path / f"{name}.json"
+        with ComfyServer(str(base), env=env) as server:
+            server.post("/settings/Comfy.TutorialCompleted", True)
+            cfg = {"url": server.url, "workflow": wf, "loaderId": 1, "runs": [{"inputs": inputs}], "out": str(result),
+                   "shotDir": str(shots), "shotName": name, "chromium": chromium,
+                   "userDataDir": str(tmp_path / f"chromium-{name}"), "timeoutMs": 180000}
+            proc = subprocess.run([node, os.path.join(BROWSER_DIR, "waits.mjs"), json.dumps(cfg)], cwd=BROWSER_DIR,
+                                  capture_output=True, text=True, timeout=400)
+            log = server.log_tail(20000)
+        res = json.loads(result.read_text()) if result.exists() else {}
+        assert proc.returncode == 0 and res.get("ok"), (
+            f"browser run failed (rc {proc.returncode}): {res.get('error') or proc.stderr[-3000:]}\n"
+            f"console: {res.get('console', [])[-30:]}\nserver log:\n{log[-6000:]}")
+        return res["runs"][0], log
+
+    with HubServer() as hub:
+        hub.commit(repo, {fname: src})
+        hub.slow[(repo, fname)] = 0.01  # ~4 s for the tiny file: long enough to be seen
+        ok, _ = drive(hub.url, {"hub_repo": repo, "scheme": "int8"}, "waits-download")
+        hub_url = hub.url
+    gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    failed, server_log = drive(gone, {"hub_repo": "someone/Other-Model-INT8", "scheme": "int8"}, "waits-no-hub")
+    os.makedirs(SCREENSHOT_COPY, exist_ok=True)
+    for p in shots.iterdir():
+        shutil.copy(p, os.path.join(SCREENSHOT_COPY, p.name))
+
+    # the download, as the user saw it on the node
+    seen = ok["seen"]
+    said = [e["text"] for e in ok["events"]]  # every status the page received (brief ones may not be sampled)
+    assert said[0].startswith(f"connecting to {hub_url} for {repo}/"), said
+    downloading = [t for t in seen if t.startswith(f"downloading {fname} from {repo}: ") and " of " in t]
+    assert downloading, seen
+    assert any("MiB/s" in t or "KiB/s" in t for t in downloading), downloading  # the rate
+    assert any(f"of {human_bytes(size)}" in t for t in downloading), downloading  # bytes of the total
+    stages = [t.split(":")[0] for t in said]
+    at = [next(i for i, t in enumerate(said) if t.startswith(w)) for w in
+          ("connecting", f"downloading {fname}", f"checking {fname}", f"loading {fname} into ComfyUI's z-image model")]
+    assert at == sorted(at), stages  # in the order they happen
+    assert ok["state"] == "done" and ok["final"].startswith("int8 · ") and "downloaded from" in ok["final"]
+    assert len(downloading) >= 2, downloading  # it moves
+    # the failure: connecting first, then one sentence and the fix on the node
+    assert any(t.startswith(f"connecting to {gone} for someone/Other-Model-INT8/") for t in failed["seen"]), failed
+    assert failed["state"] == "failed"
+    lines = failed["final"].splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Failed: Could not reach the Hugging Face Hub at ") \
+        and lines[1].startswith("Fix: Check the network connection"), lines
+    raw = ("MaxRetryError", "ConnectionError", "ConnectionPool", "Errno", "NewConnectionError")
+    assert not [r for r in raw if r in failed["final"]]
+    dialog = "\n".join(failed["dialogs"])
+    assert "Could not reach the Hugging Face Hub" in dialog and not [r for r in raw if r in dialog], dialog
+    # the raw exception is in the server log, for whoever needs it
+    assert "could not reach" in server_log and any(r in server_log for r in raw), server_log[-3000:]

@@ -1,0 +1,81 @@
+// What the loader node says while a user waits, in the real front end (headless Debian Chromium), for
+// tests/test_browser.py (a Hub download from the slowed loopback Hub; a run against a Hub that cannot be reached).
+//
+//   node waits.mjs '<json>'   with {url, workflow, loaderId, runs: [{inputs}], out, shotDir, shotName,
+//                             chromium, userDataDir, timeoutMs}
+//
+// Every 100 ms the loader's panel text is sampled (what is on screen), and every "prequant.status" event the page
+// receives is logged; after each run it reads ComfyUI's own error dialog too.
+import fs from "node:fs";
+import { chromium } from "playwright-core";
+
+const cfg = JSON.parse(process.argv[2]);
+const timeout = cfg.timeoutMs ?? 120000;
+const log = [];
+const result = { ok: false, console: log, runs: [] };
+
+const context = await chromium.launchPersistentContext(cfg.userDataDir, {
+  executablePath: cfg.chromium,
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  viewport: { width: 1600, height: 1000 },
+  timeout,
+});
+try {
+  const page = context.pages()[0] ?? await context.newPage();
+  page.setDefaultTimeout(timeout);
+  page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
+  page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`.slice(0, 500)));
+  await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
+  await page.waitForFunction(() => {
+    const app = window.comfyAPI?.app?.app;
+    return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
+      app.extensionManager?.workflow?.activeWorkflow);
+  });
+  await page.evaluate(async (wf) => { await window.comfyAPI.app.app.loadGraphData(wf); }, cfg.workflow);
+  await page.waitForFunction((n) => window.comfyAPI.app.app.graph.nodes.length === n, cfg.workflow.nodes.length);
+  await page.keyboard.press("Escape");
+
+  for (const [i, run] of cfg.runs.entries()) {
+    await page.evaluate(({ id, inputs }) => {
+      const app = window.comfyAPI.app.app;
+      const node = app.graph.getNodeById(id);
+      for (const [k, v] of Object.entries(inputs)) node.widgets.find((w) => w.name === k).value = v;
+      window.__pqSeen = [];
+      window.__pqEvents = [];
+      window.comfyAPI.api.api.addEventListener("prequant.status", (e) => window.__pqEvents.push(e.detail));
+      const sample = () => {
+        const t = node.prequantPanel?.innerText ?? "";
+        if (window.__pqSeen[window.__pqSeen.length - 1] !== t) window.__pqSeen.push(t);
+      };
+      window.__pqSampler = setInterval(sample, 100);
+    }, { id: cfg.loaderId, inputs: run.inputs });
+    await page.evaluate(async () => { await window.comfyAPI.app.app.queuePrompt(0, 1); });
+    await page.waitForFunction((id) => {
+      const s = window.comfyAPI.app.app.graph.getNodeById(id)?.prequantPanel?.dataset.state;
+      return s === "done" || s === "failed";
+    }, cfg.loaderId);
+    await page.waitForTimeout(1000); // the error dialog, if any
+    const r = await page.evaluate((id) => {
+      clearInterval(window.__pqSampler);
+      const p = window.comfyAPI.app.app.graph.getNodeById(id).prequantPanel;
+      const dialogs = [...document.querySelectorAll(".p-dialog")].map((d) => d.innerText);
+      return { seen: window.__pqSeen, events: window.__pqEvents, final: p.innerText, state: p.dataset.state,
+        dialogs };
+    }, cfg.loaderId);
+    await page.screenshot({ path: `${cfg.shotDir}/${cfg.shotName}-${i + 1}.png` });
+    result.runs.push(r);
+    for (let k = 0; k < 3 && await page.locator(".p-dialog-mask").count(); k++) {
+      await page.keyboard.press("Escape");
+      await page.waitForTimeout(200);
+    }
+  }
+  result.ok = true;
+} catch (e) {
+  result.error = String(e?.stack || e).slice(0, 4000);
+} finally {
+  fs.writeFileSync(cfg.out, JSON.stringify(result, null, 2));
+  await context.close();
+}
+process.exit(result.ok ? 0 : 1);
