@@ -199,8 +199,8 @@ def test_missing_extra_is_a_typed_error_naming_the_fix():
             "try:\n"
             "    diffusers_loader.load('FluxTransformer2DModel', '/nonexistent', '/nonexistent.safetensors')\n"
             "except DependencyError as e:\n"
-            "    print('DEPENDENCY', e.kind, '|', str(e).replace(chr(10), ' '))\n")
+            "    print('DEPENDENCY', type(e).__name__, '|', str(e).replace(chr(10), ' '))\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     out = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-2000:]
-    assert out.startswith("DEPENDENCY dependency |"), out
+    assert out.startswith("DEPENDENCY DependencyError |"), out
     assert "'accelerate'" in out and "requirements-diffusers.txt" in out
