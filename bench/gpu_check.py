@@ -67,6 +67,10 @@ def main():
     lines.append(f"- model: Z-Image dim {args.dim}, {args.layers} layers + 2+2 refiners, dense {dense_gb:.2f} GiB; "
                  f"device {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}, "
                  f"torchao {torchao.__version__}")
+    from prequant_core import devices
+    here = devices.describe(dev)
+    lines.append(f"- matmul path the loader picks on this device: int8 -> {devices.choose('int8', True, here).text()}; "
+                 f"fp8 -> {devices.choose('float8', True, here).text()}")
 
     def inputs(n_tok):
         gg = torch.Generator().manual_seed(1)
