@@ -385,6 +385,13 @@ def test_shipped_workflows_laid_out_run_and_kept_in_the_real_front_end(prequant_
         assert p[when] == shown, (when, p[when], shown)
     assert os.path.isfile(os.path.join(ARTIFACTS, os.path.basename(p["shot"])))
 
+    # this pack's nodes added fresh: default widths at which every label and value is drawn in full
+    assert [n["type"] for n in res["fresh"]] == ["PrequantLoadTransformer", "PrequantInfo", "PrequantBuildCheckpoint"]
+    for n in res["fresh"]:
+        fits = res["freshFits"][str(n["id"])]
+        assert len(fits) >= 4, (n, fits)
+        assert [x["name"] for x in fits if not x["fits"]] == [], (n, fits)
+
 
 # --- long waits: what the loader says while downloading, and when the Hub cannot be reached ---------------------
 

@@ -227,6 +227,29 @@ try {
   persisted.afterReload = await page.evaluate(panelOf, last.loaderId);
   persisted.shot = await shot(page, `${last.name.replace(/\.json$/, "")}-after-reload`);
   result.persisted = persisted;
+
+  // This pack's nodes as a user adds them (fresh, default size): every label and value drawn in full.
+  await page.evaluate(async () => {
+    await window.comfyAPI.app.app.extensionManager.command.execute("Comfy.NewBlankWorkflow");
+  });
+  await page.waitForFunction((id) => !window.comfyAPI.app.app.graph.getNodeById(id), last.loaderId);
+  result.fresh = await page.evaluate(() => {
+    const app = window.comfyAPI.app.app;
+    const added = [];
+    let x = 40;
+    for (const type of ["PrequantLoadTransformer", "PrequantInfo", "PrequantBuildCheckpoint"]) {
+      const n = window.LiteGraph.createNode(type);
+      n.pos = [x, 80];
+      app.graph.add(n);
+      added.push({ id: n.id, type, size: [...n.size] });
+      x += n.size[0] + 60;
+    }
+    return added;
+  });
+  await settle(page);
+  result.freshFits = await page.evaluate(widgetFits);
+  await settle(page);
+  result.freshShot = await shot(page, "fresh-nodes");
   result.ok = true;
 } catch (e) {
   result.error = String(e?.stack || e).slice(0, 4000);
