@@ -50,6 +50,13 @@ def model_class_for(family: Family, unet_config: dict):
     return found[0]
 
 
+def check_loadable(family: Family) -> None:
+    """Refuse, before anything is downloaded or read, a family this ComfyUI (or this pack) cannot build."""
+    if family.comfy_unet_config is None:
+        model_config_for(family, {}, {})
+    model_class_for(family, {})
+
+
 def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16):
     if family.comfy_unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
         model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"

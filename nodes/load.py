@@ -14,7 +14,7 @@ from prequant_core.units import human_bytes
 
 from . import paths
 from .status import NodeStatus
-from .comfy_model import load_checkpoint_as_model
+from .comfy_model import check_loadable, load_checkpoint_as_model
 from .quantize_at_load import load_quantized_at_load
 
 log = logging.getLogger("prequant")
@@ -195,6 +195,8 @@ class PrequantLoadTransformer:
         src = sources.plan(local, hub_repo, family, scheme, base_model_id=base_model_id, revision=revision,
                            preset=preset)
         located, unavailable = None, None
+        if src.family and policy != planning.DENSE_ONLY:  # a family this ComfyUI cannot build: say so before a download
+            check_loadable(families.get(src.family))
         to_models = download_to != DOWNLOAD_TO_HF_CACHE
         if policy != planning.DENSE_ONLY:
             try:

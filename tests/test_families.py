@@ -383,3 +383,15 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     msg = str(e.value)
     assert "0.38.1" in msg and fam.title in msg and fam.comfy_models[0] in msg
     assert comfy_model(comfy).comfy_version() in msg
+
+
+@pytest.mark.parametrize("family", list(tf.DIFFUSERS_ONLY))
+def test_a_family_this_comfyui_cannot_build_is_refused_before_any_download(comfy, monkeypatch, family):
+    """Picking Krea 2 / Qwen-Image 2.1 on an older ComfyUI must not fetch gigabytes first: the version error comes
+    before the Hub is asked (offline here, so without the early check the error would be the Hub's)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    nodes_, pack = comfy
+    with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
+        nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(pack.nodes.paths.NONE_CHOICE, family=family,
+                                                                     scheme="fp8")
+    assert families.get(family).min_comfy in str(e.value)
