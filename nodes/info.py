@@ -79,7 +79,7 @@ class PrequantInfo:
         NodeStatus(unique_id).say(
             f"verifying the fingerprint of {os.path.basename(real)} (reads every quantized weight)"
             if verify_fingerprint else f"reading the header of {os.path.basename(real)}")
-        with open_file(real) as f:  # the allowlist judges the file that is then read, not a name
+        with open_file(target) as f:  # the allowlist judges the file that is then read, not a name
             allowlist.check_opened(f, paths.model_dirs())
             report = info(f, None if req.scheme is None and req.base_model_id is None else req,
                           verify_fingerprint=bool(verify_fingerprint))

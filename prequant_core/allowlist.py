@@ -1,6 +1,16 @@
-"""Which local files may be read. Inside the model folders ComfyUI manages: always. Anywhere else: only when the
-real path (symlinks resolved) lies inside a directory listed in ``PREQUANT_ALLOW_LOCAL_PATH``
-(or Unsloth's ``UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH``), ``os.pathsep``-separated."""
+"""Which local files may be read.
+
+* Inside the model folders ComfyUI manages: always, judged by where the name lies (its absolute path with no '..'
+  part), so a file or folder there that is a symbolic link is read like a real file, as ComfyUI's own loaders and
+  file lists do (shared model stores and launchers link files into ``models/``). Whoever can put a link there can
+  put the file there, so following it protects nothing less. A name with a '..' part is judged by its real path
+  only: '..' after a linked folder climbs from the link's target, which the name does not show.
+* Anywhere else: only when the real path (symlinks resolved) lies inside a directory listed in
+  ``PREQUANT_ALLOW_LOCAL_PATH`` (or Unsloth's ``UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH``), ``os.pathsep``-separated.
+
+The same rule guards the loader's typed ``path`` input: it can name a model folder entry, linked or not, or an
+allowlisted file, nothing else. Reading stays free of code execution either way.
+"""
 from __future__ import annotations
 
 import os
@@ -43,12 +53,29 @@ def check(path: str, model_dirs: Iterable[str] = (), env: Mapping[str, str] | No
         raise PathNotAllowedError("Refused a path that cannot be resolved.", path=str(path)[:300],
                                   found=f"{type(e).__name__}: {e.strerror or e}",
                                   fix="Pick the file from the list, or check the path.") from None
+    if in_model_folder(path, model_dirs):
+        return real
     return _judge(str(path), real, model_dirs, env)
 
 
+def in_model_folder(path, model_dirs: Iterable[str]) -> bool:
+    """Whether the name itself (absolute, links not followed, no '..' part) lies in one of the model folders."""
+    try:
+        p = os.path.expanduser(str(path))
+        if ".." in p.replace("\\", "/").split("/"):
+            return False
+        lexical = os.path.abspath(p)
+        dirs = [os.path.abspath(d) for d in model_dirs] + [os.path.realpath(d) for d in model_dirs]
+    except (OSError, ValueError):
+        return False
+    return any(_inside(lexical, d) and lexical != d for d in dirs)
+
+
 def check_opened(f, model_dirs: Iterable[str] = (), env: Mapping[str, str] | None = None) -> str:
-    """``check`` for a file already opened (``formats.OpenedFile``): judges the real path of what was opened, so
-    a name swapped after ``check`` cannot redirect the read."""
+    """``check`` for a file already opened (``formats.OpenedFile``): judges the name it was opened by and the real
+    path of what was opened, so a name swapped after ``check`` cannot redirect the read outside the rule."""
+    if in_model_folder(f.path, model_dirs):
+        return f.real
     return _judge(f.path, f.real, model_dirs, env)
 
 

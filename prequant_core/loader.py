@@ -24,9 +24,9 @@ def open_checkpoint(path: str, request: metadata.Request | None = None, *, model
     ``memory``); a ``memory.Guard`` also names the load device etc.; False skips the check."""
     request = request or metadata.Request()
     guard = memory_guard if isinstance(memory_guard, memory.Guard) else None
-    real = allowlist.check(path, model_dirs)
+    allowlist.check(path, model_dirs)
     # Opened once: the allowlist, the guard and every read judge this handle, whatever happens to the name now.
-    with formats.open_file(real) as f:
+    with formats.open_file(path) as f:
         allowlist.check_opened(f, model_dirs)
         if memory_guard is not False:
             memory.check_file(f, guard)

@@ -187,21 +187,24 @@ def test_pickle_bounds_sit_far_above_real_checkpoints(prequant_files):
 # ---- check-then-open: the handle is what gets judged and read ---------------------------------------------------
 
 def test_a_name_swapped_after_opening_does_not_redirect_the_read(tmp_path, prequant_files):
-    allowed, outside = tmp_path / "models", tmp_path / "outside"
+    """An allowlisted folder (PREQUANT_ALLOW_LOCAL_PATH) is judged by real paths: the check and every read apply to
+    the opened handle, so a name swapped for a link to an outside file after the check reads nothing of it."""
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
     allowed.mkdir(), outside.mkdir()
+    env = {allowlist.ENV_VARS[0]: str(allowed)}
     good = allowed / "a.safetensors"
     good.write_bytes(open(prequant_files("fp8", "safetensors"), "rb").read())
     other = outside / "b.safetensors"
     other.write_bytes(open(prequant_files("int8", "safetensors"), "rb").read())
     with formats.open_file(str(good)) as f:
-        allowlist.check_opened(f, [str(allowed)])
+        allowlist.check_opened(f, [], env)
         os.replace(good, allowed / "moved.safetensors")
-        os.symlink(other, good)  # the name now leads outside the model folder
+        os.symlink(other, good)  # the name now leads outside the allowed folder
         ck = formats.read(f)
     assert ck.metadata["scheme"] == "fp8"  # the opened file's bytes, not the outside file's
     with formats.open_file(str(good)) as f:  # opened through the swapped name: judged by where it leads
         with pytest.raises(errors.PathNotAllowedError):
-            allowlist.check_opened(f, [str(allowed)])
+            allowlist.check_opened(f, [], env)
 
 
 def test_a_fifo_is_refused_at_once(tmp_path):

@@ -2,11 +2,12 @@
 
 Policy tested here (see also prequant_core/allowlist.py):
 
-* A file is readable when its *real* path (every symlink resolved, '..' collapsed) lies inside one of ComfyUI's
-  model folders for this pack (``models/prequant``, ``models/diffusion_models``, their extra_model_paths entries) or
-  inside a folder listed in ``PREQUANT_ALLOW_LOCAL_PATH`` / ``UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH``. So '..' escapes,
-  absolute paths elsewhere, symlinked files or folders pointing outside, and prefix look-alikes
-  (``models/prequant-evil``) are refused; a model folder that is itself a symlink (models on another drive) works.
+* A file is readable when its name lies in one of ComfyUI's model folders for this pack (``models/prequant``,
+  ``models/diffusion_models``, their extra_model_paths entries), links followed as ComfyUI's own loaders follow them,
+  or when its *real* path (every symlink resolved, '..' collapsed) lies there or inside a folder listed in
+  ``PREQUANT_ALLOW_LOCAL_PATH`` / ``UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH``. So '..' escapes (also through a linked
+  folder), absolute paths elsewhere and prefix look-alikes (``models/prequant-evil``) are refused; linked files and
+  folders in a model folder, and a model folder that is itself a symlink (models on another drive), work.
 * Hard links are ordinary files of the folder they appear in: a hard link has no "outside" (all names of an inode
   are equal), and making one requires being able to write the model folder *and* (with the kernel's default
   ``fs.protected_hardlinks=1``) owning or being able to read and write the target. Whoever can do that can already
@@ -16,7 +17,7 @@ Policy tested here (see also prequant_core/allowlist.py):
   never reach a shell. Non-regular files (pipes, devices), symlink loops, NUL bytes and over-long names end in a
   clear ``PrequantError``, never a hang or a raw ``OSError``.
 * The builder node writes only a plain name inside ``models/prequant`` (no folders, no '..', not hidden, no control
-  characters), and replacing an existing name that is a symlink replaces the link, never the file it points to.
+  characters); an existing name that is a symlink is never replaced (nor the file it points to).
 """
 from __future__ import annotations
 
@@ -140,24 +141,33 @@ def test_allowlist_variable(layout, monkeypatch, tmp_path):
 
 def test_symlinks(layout, no_allowlist, tmp_path):
     md = layout.model_dir
-    out_link = layout.place("escape-link INT8.safetensors", os.path.join(layout.outside, "elsewhere.safetensors"),
-                            how="symlink")
-    with pytest.raises(errors.PathNotAllowedError) as e:
-        open_checkpoint(out_link, model_dirs=[md])
-    assert "resolves to" in str(e.value)
+    # a file linked into the model folder from a shared store loads like a real file (ComfyUI's loaders follow links)
+    target = os.path.join(layout.outside, "elsewhere.safetensors")
+    out_link = layout.place("store-link INT8.safetensors", target, how="symlink")
+    opened = open_checkpoint(out_link, model_dirs=[md])
+    assert opened.verdict.ok
+    # a link to something that is not a checkpoint is only data: refused as such, its content not shown
     secret_link = layout.place("secret-link.safetensors", os.path.join(layout.outside, "secret.safetensors"),
                                how="symlink")
-    with pytest.raises(errors.PathNotAllowedError) as e:
+    with pytest.raises(errors.CorruptCheckpointError) as e:
         open_checkpoint(secret_link, model_dirs=[md])
     assert_refused(e)
-    # a symlinked folder inside the model folder pointing outside: files through it are outside too
+    # a linked folder works too; '..' after it climbs from its target, so such a name is judged by its real path
     dir_link = os.path.join(md, "linked-dir")
     os.symlink(layout.outside, dir_link)
     try:
-        with pytest.raises(errors.PathNotAllowedError):
-            open_checkpoint(os.path.join(dir_link, "elsewhere.safetensors"), model_dirs=[md])
+        assert open_checkpoint(os.path.join(dir_link, "elsewhere.safetensors"), model_dirs=[md]).verdict.ok
+        climb = os.path.join(dir_link, "..", os.path.basename(layout.outside), "elsewhere.safetensors")
+        with pytest.raises(errors.PathNotAllowedError) as e:
+            open_checkpoint(climb, model_dirs=[md])
+        assert "resolves to" in str(e.value)
     finally:
         os.unlink(dir_link)
+    # outside the model folders the real path still decides: a link elsewhere pointing at the same file is refused
+    stray = tmp_path / "stray-link.safetensors"
+    os.symlink(target, stray)
+    with pytest.raises(errors.PathNotAllowedError):
+        open_checkpoint(str(stray), model_dirs=[md])
     # a symlink that stays inside is fine
     inner = layout.place("inner-target INT8.safetensors")
     ok_link = layout.place("inner-link INT8.safetensors", inner, how="symlink")
@@ -220,6 +230,20 @@ def test_special_files_never_hang(layout, no_allowlist, tmp_path):
 
 
 # ---- the nodes ------------------------------------------------------------------------------------------------------
+
+def test_nodes_list_and_load_a_linked_model_file(layout, comfy, no_allowlist):
+    """A checkpoint linked into models/prequant from a shared store is offered in the list and loads through both
+    nodes, picked or typed; the same file typed by its own outside path stays refused."""
+    nodes, pack = comfy
+    target = os.path.join(layout.outside, "elsewhere.safetensors")
+    layout.place("shared-store INT8.safetensors", target, how="symlink")
+    assert "shared-store INT8.safetensors" in pack.nodes.paths.choices()
+    out = load_node(comfy, "shared-store INT8.safetensors")
+    assert out["ui"]["prequant"][0]["scheme"] == "int8"
+    assert "VALID" in info_node(comfy, path=os.path.join(layout.model_dir, "shared-store INT8.safetensors"))["result"][0]
+    with pytest.raises(errors.PathNotAllowedError):
+        load_node(comfy, path=target)
+
 
 def test_nodes_refuse_paths_outside(layout, comfy, no_allowlist):
     md = layout.model_dir
