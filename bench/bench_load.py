@@ -25,35 +25,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from tools.rss_peak import RssPeak  # noqa: E402
 DIM = 3840
-
-
-class RssPeak:
-    """Peak resident memory growth (MB) over the level when started, sampled every 5 ms in a thread."""
-
-    def __init__(self):
-        import threading
-        import psutil
-        self.proc = psutil.Process()
-        self.base = self.proc.memory_info().rss
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            self._stop.wait(0.005)
-
-    def mb(self) -> float:
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-        return (self.peak - self.base) / 2**20
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._t.join()
-        return self.mb()
 
 
 def drop_file_cache(*paths: str) -> bool:
@@ -167,7 +141,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
         out = comfy.sample.sample(model, noise, 1, 1.0, "euler", "simple", cond, cond, lat, seed=0, disable_pbar=True)
         step_s = time.perf_counter() - t
     torch.save(out, os.path.join(base, f"out_{method}_{scheme}.pt"))
-    return {"load_s": load_s, "load_peak_mb": load_rss, "peak_mb": meter.stop(),
+    return {"load_s": load_s, "load_peak_mb": load_rss, "peak_mb": meter.stop() / 2**20,
             "step_s": step_s, "size_mb": model.model_size() / 2**20}
 
 

@@ -18,36 +18,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from tools.rss_peak import RssPeak  # noqa: E402
+
 WORKFLOW = os.path.join(ROOT, "example_workflows", "z_image_turbo_prequant.json")
 DENSE_NAME = "zimage_tiny_dense_bf16.safetensors"
-
-
-class RssPeak:
-    """Peak growth of this process's resident memory over its level when started (sampled every 2 ms)."""
-
-    def __init__(self):
-        import threading
-        import psutil
-        self.proc = psutil.Process()
-        self.base = self.peak = self.proc.memory_info().rss
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            self._stop.wait(0.002)
-
-    def growth(self) -> int:
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-        return self.peak - self.base
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-        return self.peak - self.base
 
 
 def measure(method: str, comfy_base: str, ckpt_name: str, dense_path: str, scheme: str, out_path: str) -> dict:
