@@ -216,6 +216,10 @@ OLD_LAYOUTS = {
     "info": (["Z-Image-Turbo-INT8.safetensors", "/x/y.safetensors", BASE_ID, "int8", True],
              {"checkpoint": "Z-Image-Turbo-INT8.safetensors", "base_model_id": BASE_ID, "scheme": "int8",
               "verify_fingerprint": True, "path": "/x/y.safetensors"}, "PrequantInfo"),
+    # Info's first entry names only its own inputs now: the loader's "(none: ...)" saved there maps to Info's own
+    "info without a file": (["(none: use path or hub_repo)", "/x/y.safetensors", BASE_ID, "int8", False],
+                            {"checkpoint": "(none: use path)", "base_model_id": BASE_ID, "scheme": "int8",
+                             "verify_fingerprint": False, "path": "/x/y.safetensors"}, "PrequantInfo"),
     "build": (["dense.safetensors", "fp8", 768, BASE_ID, "z-image", "mine.safetensors", "pt", True],
               {"dense_file": "dense.safetensors", "scheme": "fp8", "base_model_id": BASE_ID, "family": "z-image",
                "filename": "mine.safetensors", "min_features": 768, "container": "pt", "overwrite": True},
@@ -274,7 +278,7 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         r = res["workflows"][name]
         shown = r["nodes"][0]["widgets"]
         assert shown == expected, (name, shown)
-        if name in ("info", "build"):
+        if name in ("info", "info without a file", "build"):
             assert list(shown) == list(expected), "expert inputs are last on the node now"
         for blob in (r["saved"], r["prompt"], r["promptWorkflow"]):
             assert TOKEN not in blob, f"{name}: the old hf_token value survives in what the front end saves/queues"

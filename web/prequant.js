@@ -257,8 +257,8 @@ function onStatus(event) {
 
 function onExecutionError(event) {
   const d = event.detail ?? {};
-  for (const id of [...running.keys()]) stopStatus(id);
   const node = app.graph?.getNodeById?.(d.node_id) ?? app.graph?.getNodeById?.(Number(d.node_id));
+  onExecutionEnd(); // other nodes that were still waiting say they stopped
   if (node?.prequantPanel) {
     showFailure(node.prequantPanel, d.exception_message);
     fitToContent(node, node.prequantPanel);
@@ -268,7 +268,10 @@ function onExecutionError(event) {
 function onExecutionEnd() {
   for (const id of [...running.keys()]) {
     const st = stopStatus(id);
-    if (st?.div?.dataset.state === "running") st.div.replaceChildren(el("div", "prequant-placeholder", "Stopped."));
+    if (st?.div?.dataset.state === "running") {
+      st.div.replaceChildren(el("div", "prequant-placeholder", "Stopped."));
+      st.div.dataset.state = "stopped";
+    }
   }
 }
 
