@@ -8,7 +8,7 @@
 // node widget values) to `out` and a screenshot to `screenshot`. Exit 0 on success, 1 with a message otherwise;
 // the Python test asserts on the JSON.
 import fs from "node:fs";
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -19,14 +19,7 @@ function save() {
   fs.writeFileSync(cfg.out, JSON.stringify(result, null, 2));
 }
 
-const context = await chromium.launchPersistentContext(cfg.userDataDir, {
-  executablePath: cfg.chromium,
-  headless: true,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  viewport: { width: 1600, height: 1000 },
-  timeout,
-});
+const context = await launch(cfg, timeout);
 try {
   const page = context.pages()[0] ?? await context.newPage();
   page.setDefaultTimeout(timeout);

@@ -5,21 +5,14 @@
 //
 //   node load_workflows.mjs '<json>'   with {url, workflows: [{name, workflow}], out, chromium, userDataDir, timeoutMs}
 import fs from "node:fs";
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
 const log = [];
 const result = { ok: false, console: log, workflows: {} };
 
-const context = await chromium.launchPersistentContext(cfg.userDataDir, {
-  executablePath: cfg.chromium,
-  headless: true,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  viewport: { width: 1600, height: 1000 },
-  timeout,
-});
+const context = await launch(cfg, timeout);
 try {
   const page = context.pages()[0] ?? await context.newPage();
   page.setDefaultTimeout(timeout);

@@ -4,14 +4,10 @@
 //
 //   node measure_nodes.mjs '<json>'   with {url, files: [path], out, chromium, userDataDir, timeoutMs}
 import fs from "node:fs";
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
-const context = await chromium.launchPersistentContext(cfg.userDataDir, {
-  executablePath: cfg.chromium, headless: true,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-  viewport: { width: 1600, height: 1000 },
-});
+const context = await launch(cfg, cfg.timeoutMs ?? 120000);
 const result = { ok: false, workflows: {} };
 try {
   const page = context.pages()[0] ?? await context.newPage();

@@ -14,21 +14,14 @@
 // page, and read the loader's panel each time. Writes what it saw to `out`; the Python test asserts on it.
 import fs from "node:fs";
 import path from "node:path";
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
 const log = [];
 const result = { ok: false, console: log, workflows: {}, shots: [] };
 
-const context = await chromium.launchPersistentContext(cfg.userDataDir, {
-  executablePath: cfg.chromium,
-  headless: true,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  viewport: { width: 1600, height: 1000 },
-  timeout,
-});
+const context = await launch(cfg, timeout);
 
 const ready = () => {
   const app = window.comfyAPI?.app?.app;
