@@ -15,6 +15,8 @@ def boot(base_dir: str | None = None, extra_args: tuple = ()):
     """Import ComfyUI headless on the CPU; returns (nodes module, pack module). Idempotent."""
     if "nodes" in _state:
         return _state["nodes"], _state["pack"]
+    if os.environ.get("PREQUANT_NO_COMFYUI") == "1":  # the core test tier (tests/no_comfyui.py)
+        raise RuntimeError("ComfyUI is absent in the core test tier: this test belongs to the ComfyUI tier")
     if not os.path.isfile(os.path.join(COMFY, "comfyui_version.py")):
         raise RuntimeError(f"No ComfyUI at {COMFY}: run scripts/setup_dev.sh first")
     if COMFY not in sys.path:
