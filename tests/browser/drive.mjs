@@ -8,7 +8,7 @@
 // node widget values) to `out` and a screenshot to `screenshot`. Exit 0 on success, 1 with a message otherwise;
 // the Python test asserts on the JSON.
 import fs from "node:fs";
-import { launch } from "./launch.mjs";
+import { launch, openComfy } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -21,19 +21,7 @@ function save() {
 
 const context = await launch(cfg, timeout);
 try {
-  const page = context.pages()[0] ?? await context.newPage();
-  page.setDefaultTimeout(timeout);
-  page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
-  page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`.slice(0, 500)));
-
-  await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
-  // The app exists and this pack's extension was imported from /extensions/ComfyUI-Prequant/prequant.js.
-  await page.waitForFunction(() => {
-    const app = window.comfyAPI?.app?.app;
-    // ...and the start-up workflow is open, so loading ours cannot race the front end's own restore.
-    return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
-      app.extensionManager?.workflow?.activeWorkflow);
-  });
+  const page = await openComfy(context, cfg, log, timeout);
   result.extensionLoaded = true;
 
   await page.evaluate(async (wf) => {

@@ -15,3 +15,22 @@ export function launch(cfg, timeout) {
     timeout,
   });
 }
+
+// In the page: the front end is up, this pack's extension was imported (/extensions/ComfyUI-Prequant/prequant.js),
+// and the start-up workflow is open, so loading ours cannot race the front end's own restore.
+export const frontEndReady = () => {
+  const app = window.comfyAPI?.app?.app;
+  return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
+    app.extensionManager?.workflow?.activeWorkflow);
+};
+
+// The first page of `context`, its console and page errors collected into `log`, once the front end is ready.
+export async function openComfy(context, cfg, log, timeout) {
+  const page = context.pages()[0] ?? await context.newPage();
+  page.setDefaultTimeout(timeout);
+  page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
+  page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`.slice(0, 500)));
+  await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
+  await page.waitForFunction(frontEndReady);
+  return page;
+}

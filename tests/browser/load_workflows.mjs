@@ -5,7 +5,7 @@
 //
 //   node load_workflows.mjs '<json>'   with {url, workflows: [{name, workflow}], out, chromium, userDataDir, timeoutMs}
 import fs from "node:fs";
-import { launch } from "./launch.mjs";
+import { launch, openComfy } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -14,16 +14,7 @@ const result = { ok: false, console: log, workflows: {} };
 
 const context = await launch(cfg, timeout);
 try {
-  const page = context.pages()[0] ?? await context.newPage();
-  page.setDefaultTimeout(timeout);
-  page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
-  page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`.slice(0, 500)));
-  await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
-  await page.waitForFunction(() => {
-    const app = window.comfyAPI?.app?.app;
-    return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
-      app.extensionManager?.workflow?.activeWorkflow);
-  });
+  const page = await openComfy(context, cfg, log, timeout);
   await page.evaluate(() => {
     const app = window.comfyAPI.app.app;
     window.__pq = { missingNodes: [], missingModels: [] };

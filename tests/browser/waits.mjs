@@ -7,7 +7,7 @@
 // Every 100 ms the loader's panel text is sampled (what is on screen), and every "prequant.status" event the page
 // receives is logged; after each run it reads ComfyUI's own error dialog too.
 import fs from "node:fs";
-import { launch } from "./launch.mjs";
+import { launch, openComfy } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 120000;
@@ -16,16 +16,7 @@ const result = { ok: false, console: log, runs: [] };
 
 const context = await launch(cfg, timeout);
 try {
-  const page = context.pages()[0] ?? await context.newPage();
-  page.setDefaultTimeout(timeout);
-  page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
-  page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`.slice(0, 500)));
-  await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
-  await page.waitForFunction(() => {
-    const app = window.comfyAPI?.app?.app;
-    return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
-      app.extensionManager?.workflow?.activeWorkflow);
-  });
+  const page = await openComfy(context, cfg, log, timeout);
   await page.evaluate(async (wf) => { await window.comfyAPI.app.app.loadGraphData(wf); }, cfg.workflow);
   await page.waitForFunction((n) => window.comfyAPI.app.app.graph.nodes.length === n, cfg.workflow.nodes.length);
   await page.keyboard.press("Escape");

@@ -14,7 +14,7 @@
 // page, and read the loader's panel each time. Writes what it saw to `out`; the Python test asserts on it.
 import fs from "node:fs";
 import path from "node:path";
-import { launch } from "./launch.mjs";
+import { frontEndReady, launch, openComfy } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -23,11 +23,7 @@ const result = { ok: false, console: log, workflows: {}, shots: [] };
 
 const context = await launch(cfg, timeout);
 
-const ready = () => {
-  const app = window.comfyAPI?.app?.app;
-  return !!(app?.graph && app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info") &&
-    app.extensionManager?.workflow?.activeWorkflow);
-};
+const ready = frontEndReady;
 
 // In the page: every node's box, its DOM panel's box on the page and the canvas transform.
 const measure = () => {
@@ -126,12 +122,7 @@ async function shot(page, name, clip) {
 }
 
 try {
-  const page = context.pages()[0] ?? await context.newPage();
-  page.setDefaultTimeout(timeout);
-  page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`.slice(0, 500)));
-  page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`.slice(0, 500)));
-  await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
-  await page.waitForFunction(ready);
+  const page = await openComfy(context, cfg, log, timeout);
   fs.mkdirSync(cfg.shotDir, { recursive: true });
 
   let last = null;
