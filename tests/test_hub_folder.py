@@ -11,17 +11,13 @@ import time
 import pytest
 
 from conftest import ROOT
-from test_hub import LEGACY, PRIMARY, PT, REPO, files, hf_env, hub, sha256  # noqa: F401 - shared fixtures
+from test_hub import LEGACY, PRIMARY, PT, REPO, cache_files, files, hf_env, hub, sha256  # noqa: F401 - shared fixtures
 
 MiB = 2**20
 NAMES = (PRIMARY, PT, LEGACY)
 
 
-def tree(d) -> list[str]:
-    out = []
-    for root, _, names in os.walk(d):
-        out.extend(os.path.relpath(os.path.join(root, n), d) for n in names)
-    return sorted(out)
+tree = cache_files  # every file under a folder, relative, sorted
 
 
 def model_files(d) -> list[str]:
