@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import zipfile
 from typing import Callable, Mapping
 
 from .checkpoint import COMFY_PREFIX
@@ -109,10 +108,8 @@ def declared_bytes(src) -> int | None:
         from .formats import pickle_guard
         try:
             with open(f.io_path, "rb") as raw:
-                pickle_guard.check_zip_index(raw, f.path)  # bounds the entry count before listing entries
-                raw.seek(0)
-                with zipfile.ZipFile(raw) as z:
-                    return sum(i.file_size for i in z.infolist() if _DATA_RECORD.search(i.filename))
+                infos = pickle_guard.check_zip_index(raw, f.path)  # bounds the entry count before listing them
+            return sum(i.file_size for i in infos if _DATA_RECORD.search(i.filename))
         except Exception:  # noqa: BLE001 - a damaged zip index: no estimate; the reader names what is wrong
             return None
 

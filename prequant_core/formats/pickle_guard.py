@@ -45,8 +45,9 @@ def _refuse(path: str, message: str, found: str) -> CorruptCheckpointError:
                                   path=path, found=found, fix=_FIX)
 
 
-def check_zip_index(fileobj, path: str) -> None:
-    """Every archive entry stored (not compressed), named once, within bounds; read from the central directory."""
+def check_zip_index(fileobj, path: str) -> list:
+    """Every archive entry stored (not compressed), named once, within bounds; read from the central directory.
+    Returns the entries (``zipfile.ZipInfo``) it checked."""
     try:
         end = zipfile._EndRecData(fileobj)  # noqa: SLF001 - the entry count before any entry is parsed
         if end is not None and end[zipfile._ECD_ENTRIES_TOTAL] > MAX_ARCHIVE_ENTRIES:  # noqa: SLF001
@@ -70,6 +71,7 @@ def check_zip_index(fileobj, path: str) -> None:
         if i.filename in seen:
             raise _refuse(path, "an archive entry name appears twice", f"'{i.filename[:80]}'")
         seen.add(i.filename)
+    return infos
 
 
 def open_checked(fh) -> tuple:

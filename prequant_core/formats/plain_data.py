@@ -72,14 +72,14 @@ def plain(obj, path: str, what: str = "metadata"):
     return copy(obj, 0)
 
 
-def _no_constant(name: str):
+def no_constant(name: str):
     raise ValueError(f"non-finite number {name}")
 
 
 def loads(text: str, path: str, what: str):
     """Strict JSON: no NaN / Infinity, bounded nesting; errors become ``CorruptCheckpointError``."""
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=no_constant)
     except (json.JSONDecodeError, ValueError, RecursionError, TypeError) as e:
         raise CorruptCheckpointError(f"The checkpoint's {what} is not valid JSON.", path=path,
                                      found=f"{type(e).__name__}: {str(e)[:120]}",

@@ -55,7 +55,7 @@ def read_header(src) -> tuple[dict, dict, int]:
                                          fix="Download or build the file again.")
         blob = f.read_at(8, n)
     try:
-        header = json.loads(blob.decode("utf-8"), parse_constant=_no_constant)
+        header = json.loads(blob.decode("utf-8"), parse_constant=plain_data.no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CorruptCheckpointError("The safetensors header is not valid UTF-8 JSON.", path=path,
                                      found=f"{type(e).__name__}") from None
@@ -98,10 +98,6 @@ def read_header(src) -> tuple[dict, dict, int]:
             raise CorruptCheckpointError("Two tensors in the safetensors file overlap.", path=path,
                                          found=f"'{n1[:60]}' and '{n2[:60]}'")
     return header, meta, n
-
-
-def _no_constant(name: str):
-    raise ValueError(f"non-finite number {name}")
 
 
 def json_entry(meta: dict, key: str, path: str, default):

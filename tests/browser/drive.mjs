@@ -8,7 +8,7 @@
 // node widget values) to `out` and a screenshot to `screenshot`. Exit 0 on success, 1 with a message otherwise;
 // the Python test asserts on the JSON.
 import fs from "node:fs";
-import { launch, openComfy } from "./launch.mjs";
+import { frameNode, launch, openComfy } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -121,15 +121,7 @@ try {
   if (cfg.shotDir) {
     fs.mkdirSync(cfg.shotDir, { recursive: true });
     for (const n of result.nodes) {
-      const clip = await page.evaluate((id) => {
-        const app = window.comfyAPI.app.app;
-        const b = app.graph.getNodeById(id).boundingRect;
-        app.canvas.ds.scale = 1;
-        app.canvas.ds.offset = [-b[0] + 100, -b[1] + 170];
-        app.canvas.setDirty(true, true);
-        const rect = app.canvas.canvas.getBoundingClientRect();
-        return { x: rect.left + 90, y: rect.top + 160, width: Math.min(b[2] + 20, 1500), height: Math.min(b[3] + 20, 830) };
-      }, n.id);
+      const clip = await frameNode(page, n.id);
       await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
       await page.waitForTimeout(300);
       const file = `${cfg.shotDir}/info-workflow-node-${n.id}-${n.type}.png`;

@@ -34,3 +34,17 @@ export async function openComfy(context, cfg, log, timeout) {
   await page.waitForFunction(frontEndReady);
   return page;
 }
+
+// Put node `id` at zoom 1 clear of the side bar (left) and the tab bar and breadcrumb (top); returns the page
+// rectangle that holds it, for a screenshot clip.
+export function frameNode(page, id) {
+  return page.evaluate((id) => {
+    const app = window.comfyAPI.app.app;
+    const b = app.graph.getNodeById(id).boundingRect;
+    app.canvas.ds.scale = 1;
+    app.canvas.ds.offset = [-b[0] + 100, -b[1] + 170];
+    app.canvas.setDirty(true, true);
+    const rect = app.canvas.canvas.getBoundingClientRect();
+    return { x: rect.left + 90, y: rect.top + 160, width: Math.min(b[2] + 20, 1500), height: Math.min(b[3] + 20, 830) };
+  }, id);
+}

@@ -14,7 +14,7 @@
 // page, and read the loader's panel each time. Writes what it saw to `out`; the Python test asserts on it.
 import fs from "node:fs";
 import path from "node:path";
-import { frontEndReady, launch, openComfy } from "./launch.mjs";
+import { frameNode, frontEndReady, launch, openComfy } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -166,17 +166,7 @@ try {
     // each node after the run, at zoom 1
     r.nodeShots = [];
     for (const n of r.after.nodes) {
-      const clip = await page.evaluate((id) => {
-        const app = window.comfyAPI.app.app;
-        const node = app.graph.getNodeById(id);
-        const b = node.boundingRect;
-        // at zoom 1, clear of the side bar (left) and the tab bar and breadcrumb (top)
-        app.canvas.ds.scale = 1;
-        app.canvas.ds.offset = [-b[0] + 100, -b[1] + 170];
-        app.canvas.setDirty(true, true);
-        const rect = app.canvas.canvas.getBoundingClientRect();
-        return { x: rect.left + 90, y: rect.top + 160, width: Math.min(b[2] + 20, 1500), height: Math.min(b[3] + 20, 830) };
-      }, n.id);
+      const clip = await frameNode(page, n.id);
       await settle(page);
       r.nodeShots.push(await shot(page, `${base}-node-${n.id}-${n.type}`, clip));
     }
