@@ -42,11 +42,12 @@ def dense_file_choices() -> list[str]:
     return [NO_FILE] + sorted(out)
 
 
-def check_filename(filename: str, container: str, base_model_id: str, scheme: str) -> str:
+def check_filename(filename: str, container: str, base_model_id: str, scheme: str,
+                   component: str = "transformer") -> str:
     """A bare file name for models/prequant: no folders, no '..', extension matching the container."""
     name = (filename or "").strip()
     if not name:
-        return core.default_filename(base_model_id, scheme, container)  # derived names pass the same check
+        return core.default_filename(base_model_id, scheme, container, component)  # derived names pass the same check
     core.check_output_name(name)
     ext = os.path.splitext(name)[1].lower()
     if ext in core.EXTENSIONS.values():
@@ -148,6 +149,9 @@ class PrequantBuildCheckpoint:
             },
             "optional": {
                 "model": ("MODEL", {"tooltip": "A dense MODEL from any loader (not one loaded pre-quantized)."}),
+                "component": ("STRING", {"default": "transformer", "tooltip": "Which transformer of the model this "
+                              "is, recorded in the file and checked by the loader: transformer, or transformer_2 for "
+                              "the low-noise expert of Wan 2.2 A14B (the default file name then gets -transformer_2)."}),
             },
         }
 
@@ -163,7 +167,7 @@ class PrequantBuildCheckpoint:
         return ""
 
     def build(self, dense_file, scheme, min_features, base_model_id, family, filename, container, overwrite,
-              model=None):
+              model=None, component="transformer"):
         use_file = bool(dense_file) and dense_file != NO_FILE
         if use_file and model is not None:
             raise BuildError("Both a model input and a dense_file are set; the node builds from one.",
@@ -180,7 +184,8 @@ class PrequantBuildCheckpoint:
                 fam_for_name = core.open_input(folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
                                                key_map=file_key_map).family
             base = fam_for_name.base_repos[0]
-        name = check_filename(filename, container, base, scheme)
+        component = core.check_component(component, fam_arg)
+        name = check_filename(filename, container, base, scheme, component)
         dest = os.path.join(output_folder(), name)
 
         pbar = comfy.utils.ProgressBar(1000)
@@ -194,7 +199,7 @@ class PrequantBuildCheckpoint:
                 src_path = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
                 res = core.build(src_path, dest, scheme=scheme, family=fam_arg, base_model_id=base,
                                  min_features=min_features, container=container, overwrite=overwrite,
-                                 key_map=file_key_map, progress=progress)
+                                 key_map=file_key_map, progress=progress, component=component)
             else:
                 fam = model_family(model, family)
                 sd = model_state_dict(model)
@@ -202,7 +207,8 @@ class PrequantBuildCheckpoint:
                 key_map = key_map_for(fam, dict(model.model.model_config.unet_config))
                 res = core.build(sd, dest, scheme=scheme, family=fam, base_model_id=base, min_features=min_features,
                                  container=container, overwrite=overwrite, key_map=key_map,
-                                 layout="comfyui" if key_map is not None else "diffusers", progress=progress)
+                                 layout="comfyui" if key_map is not None else "diffusers", progress=progress,
+                                 component=component)
         log.info("[prequant] %s", res.summary())
         info = {"file": os.path.basename(res.path), "path": res.path, "family": res.family, "scheme": res.scheme,
                 "container": res.container, "quantized_layers": res.quantized, "size_bytes": res.file_bytes,

@@ -150,6 +150,10 @@ class PrequantLoadTransformer:
                                          "pre-quantized file built with another value is refused; the dense "
                                          "fallback quantizes with it."}),
                 "path": paths.path_input(),
+                "component": (list(families.all_components()), {"default": "transformer", "tooltip": "Which "
+                              "transformer of the model: transformer, or the second expert of a two-expert model "
+                              "(Wan 2.2 A14B: transformer = high noise, transformer_2 = low noise). Picks that "
+                              "expert's file from a Hub repo, and a file recording another component is refused."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},  # where the status lines go (nodes/status.py)
         }
@@ -174,7 +178,8 @@ class PrequantLoadTransformer:
         target, _ = _find_local(checkpoint, path)
         if not target:  # Hub source: same inputs, same file
             return "hub:" + "|".join(str(kw.get(k, "")) for k in ("hub_repo", "preset", "revision", "scheme",
-                                                                  "family", "base_model_id", "download_to")) + \
+                                                                  "family", "base_model_id", "download_to",
+                                                                  "component")) + \
                 f"|{checkpoint}"
         try:
             st = os.stat(target)
@@ -184,7 +189,8 @@ class PrequantLoadTransformer:
 
     def load(self, checkpoint, preset=sources.PRESET_NONE, hub_repo="", scheme=AUTO, family=AUTO, base_model_id="",
              policy=planning.PREQUANT_ONLY, dense_fallback=paths.NO_DENSE, download_to=DOWNLOAD_TO_MODELS,
-             revision="", min_features=schemes.DEFAULT_MIN_FEATURES, path="", unique_id=None, **removed):
+             revision="", min_features=schemes.DEFAULT_MIN_FEATURES, path="", component="transformer", unique_id=None,
+             **removed):
         if removed:  # e.g. hf_token from an API-format prompt made before it was removed: never read, never logged
             log.warning("[prequant] ignoring removed input(s) %s; set HF_TOKEN or run `hf auth login` for gated "
                         "repos", ", ".join(sorted(removed)))
@@ -192,8 +198,9 @@ class PrequantLoadTransformer:
         # costs the user the model that is resident now.
         status = NodeStatus(unique_id)
         local, missing = _find_local(checkpoint, path)
+        component = (component or "").strip() or "transformer"
         src = sources.plan(local, hub_repo, family, scheme, base_model_id=base_model_id, revision=revision,
-                           preset=preset)
+                           preset=preset, component=component)
         located, unavailable = None, None
         if src.family and policy != planning.DENSE_ONLY:  # a family this ComfyUI cannot build: say so before a download
             check_loadable(families.get(src.family))
@@ -209,7 +216,8 @@ class PrequantLoadTransformer:
             except PrequantError as e:
                 unavailable = e
         req = Request(scheme=(located.candidate.scheme if located else None) or src.scheme,
-                      base_model_id=base_model_id.strip() or None, family=src.family, min_features=min_features)
+                      base_model_id=base_model_id.strip() or None, family=src.family, min_features=min_features,
+                      component=component)
         # Tensors made under ComfyUI's inference mode could not later be moved or swapped outside it.
         with torch.inference_mode(False), torch.no_grad():
             # The Hugging Face cache is an allowed folder only for the file the Hub step resolved (located.model_dirs).

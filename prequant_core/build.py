@@ -62,13 +62,13 @@ def _dist_version(name: str) -> str | None:
 
 
 def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_features: int, exclude: list[str],
-                  tensors: Mapping, skipped: list[str]) -> dict:
+                  tensors: Mapping, skipped: list[str], component: str = "transformer") -> dict:
     """Every docs/FORMAT.md metadata field. Version fields are plain ``str`` (``torch.__version__`` would pickle as
     ``TorchVersion``, which strict ``weights_only`` readers may refuse)."""
     import torchao
     rule = schemes.rules(scheme)
     return {
-        "base_model_id": str(base_model_id), "family": family.name, "scheme": rule.name, "component": "transformer",
+        "base_model_id": str(base_model_id), "family": family.name, "scheme": rule.name, "component": str(component),
         "min_features": int(min_features), "exclude_name_tokens": list(exclude),  # Unsloth's order
         "require_bf16": rule.require_bf16, "require_divisible": rule.require_divisible,
         "fast_accum": rule.fast_accum, "fp8_granularity": rule.fp8_granularity,
@@ -78,6 +78,19 @@ def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_featur
         "diffusers_version": _dist_version("diffusers"),
     }
 
+
+
+def check_component(component, family=None) -> str:
+    """The component name to record: a plain identifier (``transformer``, ``transformer_2``); with a family given
+    by name or object, one of its components."""
+    c = str(component if component is not None else "transformer").strip() or "transformer"
+    if not c.replace("_", "").isalnum() or not c.isascii() or len(c) > 64:
+        raise BuildError("component must be a plain name such as transformer or transformer_2.", found=repr(c)[:80])
+    fam = families.get(family) if isinstance(family, str) and family != "auto" else family
+    if isinstance(fam, Family) and c not in fam.components:
+        raise BuildError(f"{fam.title} has no component '{c}'.", expected=" or ".join(fam.components), found=c,
+                         fix="Pick one of the family's components.")
+    return c
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -122,9 +135,12 @@ def container_for(dest: str, container: str | None) -> str:
     return container
 
 
-def default_filename(base_model_id: str, scheme: str, container: str) -> str:
-    """``<Model>-<SCHEME>.<ext>`` (docs/FORMAT.md section 5), Model = last part of the base model id."""
+def default_filename(base_model_id: str, scheme: str, container: str, component: str = "transformer") -> str:
+    """``<Model>-<SCHEME>.<ext>`` (docs/FORMAT.md section 5), Model = last part of the base model id; another
+    component than ``transformer`` gets ``<Model>-<component>-<SCHEME>.<ext>`` (Unsloth's expert files)."""
     model = str(base_model_id).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or "model"
+    if component and component != "transformer":
+        model = f"{model}-{component}"
     return check_output_name(f"{model}-{schemes.normalize(scheme).upper()}{EXTENSIONS[container]}",
                              origin=f"base_model_id '{str(base_model_id)[:80]}'")
 
@@ -132,16 +148,19 @@ def default_filename(base_model_id: str, scheme: str, container: str) -> str:
 def build(input, dest: str, *, scheme: str, family: str | Family | None = None, base_model_id: str | None = None,
           min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str | None = None, overwrite: bool = False,
           key_map: KeyMapArg = None, layout: str | None = None, progress: BuildProgress | None = None,
-          free_space: FreeSpaceFn | None = None) -> BuildResult:
+          free_space: FreeSpaceFn | None = None, component: str = "transformer") -> BuildResult:
     """Dense model -> pre-quantized checkpoint at ``dest`` (diffusers key names, every docs/FORMAT.md metadata field).
 
     ``input``: a state dict, a ``Source``, a dense ``.safetensors`` path or a diffusers folder.
     ``key_map``: ComfyUI's diffusers -> ComfyUI map (or ``fn(family, shapes) -> map``), needed for ComfyUI-layout
-    input only. ``free_space(folder) -> bytes`` defaults to ``shutil.disk_usage``.
+    input only. ``free_space(folder) -> bytes`` defaults to ``shutil.disk_usage``. ``component``: which transformer
+    of the model this is (``transformer``; ``transformer_2`` for the second expert of Wan 2.2 A14B), recorded in the
+    metadata and checked by loaders.
     Refuses (``BuildError``) before reading any weight: existing output, unknown family, too little disk space.
     """
     t0 = time.time()
     scheme = schemes.normalize(scheme)
+    component = check_component(component, family)
     dest = os.path.abspath(os.fspath(dest))
     container = container_for(dest, container)
     try:
@@ -157,6 +176,7 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
 
     prep = open_input(input, family=family, key_map=key_map, layout=layout)
     fam, src = prep.family, prep.source
+    component = check_component(component, fam)
     base_model_id = (base_model_id or "").strip() or fam.base_repos[0]
     exclude = schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
     flt = schemes.LayerFilter(scheme, min_features, tuple(exclude))
@@ -172,7 +192,7 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
     qprog = (lambda done, tot: progress("quantize", done, tot, "")) if progress else None
     q, skipped = quantize_items(src.items(), flt, total=total, progress=qprog)
     meta = make_metadata(family=fam, scheme=scheme, base_model_id=base_model_id, min_features=min_features,
-                         exclude=exclude, tensors=q, skipped=skipped)
+                         exclude=exclude, tensors=q, skipped=skipped, component=component)
     path = write_checkpoint(dest, q, meta, container=container, overwrite=overwrite, progress=progress)
     return BuildResult(path=path, container=container, family=fam.name, scheme=scheme, base_model_id=base_model_id,
                        input_layout=prep.input_layout, tensors=len(q),
@@ -184,14 +204,15 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
 
 def build_from_tensors(dest: str, dense: Mapping, *, family: Family, scheme: str, base_model_id: str,
                        min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str = "safetensors",
-                       overwrite: bool = False, progress: ProgressFn | None = None) -> str:
+                       overwrite: bool = False, progress: ProgressFn | None = None,
+                       component: str = "transformer") -> str:
     """Dense state dict -> checkpoint file with the keys exactly as given (either layout; tests build ComfyUI-layout
     files this way). ``build`` is the user-facing entry that always writes diffusers names."""
     scheme = schemes.normalize(scheme)
     exclude = schemes.exclude_tokens(scheme, family.int8_exclude_extra)
     q, skipped = quantize_tensors(dense, scheme, min_features=min_features, exclude=exclude, progress=progress)
     meta = make_metadata(family=family, scheme=scheme, base_model_id=base_model_id, min_features=min_features,
-                         exclude=exclude, tensors=q, skipped=skipped)
+                         exclude=exclude, tensors=q, skipped=skipped, component=component)
     return write_checkpoint(dest, q, meta, container=container, overwrite=overwrite)
 
 
@@ -250,11 +271,12 @@ def _cli_build(args) -> int:
         else:
             fam = open_input(args.input, key_map=None if not args.comfyui else comfy_key_map_from(args.comfyui)).family
         c = container if container in CONTAINERS else "safetensors"
-        output = os.path.join(folder, default_filename(args.base_model_id or fam.base_repos[0], args.scheme, c))
+        output = os.path.join(folder, default_filename(args.base_model_id or fam.base_repos[0], args.scheme, c,
+                                                       args.component))
     res = build(args.input, output, scheme=args.scheme, family=family, base_model_id=args.base_model_id,
                 min_features=args.min_features, container=None if container == "auto" else container,
                 overwrite=args.overwrite, key_map=comfy_key_map_from(args.comfyui) if args.comfyui else None,
-                progress=None if args.quiet else TerminalProgress())
+                progress=None if args.quiet else TerminalProgress(), component=args.component)
     print(res.summary())
     print(res.path)
     return 0
@@ -286,6 +308,9 @@ def add_cli(subparsers) -> None:
                    help="file format: safetensors (safe, no pickle) or pt (torch.save); default auto: from the "
                         "output extension, else safetensors")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--component", default="transformer", metavar="NAME",
+                   help="which transformer of the model the input is, recorded in the metadata (default: "
+                        "%(default)s; transformer_2 for the low-noise expert of Wan 2.2 A14B)"),
     p.add_argument("--comfyui", metavar="DIR", default=None,
                    help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names "
                         "(only needed for ComfyUI-layout files)")

@@ -56,6 +56,16 @@ class Family:
     excluded_bases: tuple[str, ...] = ()
     # Hub file names a hosted repo declares, tried before the generic chain: {repo: {scheme: filename}}.
     hub_filenames: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    # The schemes the hosted repos hold (presets and the family's hosted-repo step offer these only).
+    hosted_schemes: tuple[str, ...] = ("int8", "fp8")
+    # The model's transformers: one, or several experts (Wan 2.2 A14B: ``transformer`` for high noise,
+    # ``transformer_2`` for low noise), each its own file whose metadata records its ``component``.
+    components: tuple[str, ...] = ("transformer",)
+    # Hub file names per component other than ``transformer``: {repo: {component: {scheme: filename}}}.
+    hub_component_filenames: Mapping[str, Mapping[str, Mapping[str, str]]] = dataclasses.field(default_factory=dict)
+    # One repo hosting a file per base (HunyuanVideo 1.5 480p / 720p): {repo: {base: {scheme: filename}}}; the
+    # requested base picks its file, without one every variant's name is tried in the order listed.
+    variant_filenames: Mapping[str, Mapping[str, Mapping[str, str]]] = dataclasses.field(default_factory=dict)
 
     def excluded_base(self, wanted: str | None) -> str | None:
         """The excluded base ``wanted`` names, else None."""
@@ -249,6 +259,35 @@ def _hunyuan_image_config(shapes: Shapes, meta: dict) -> dict:
     }
 
 
+def _wan_config(shapes: Shapes, meta: dict) -> dict:
+    w = shapes["patch_embedding.weight"]  # [dim, in_dim, pt, ph, pw], the same name in both layouts
+    dim, in_dim, patch = w[0], w[1], tuple(w[2:])
+    n_patch = 1
+    for p in patch:
+        n_patch *= p
+    # ComfyUI's detection, with the text width read from the file (tiny models); Wan's heads are 128 wide at every
+    # released size (5B: 24 heads of 3072, A14B: 40 of 5120).
+    return {
+        "image_model": "wan2.1", "model_type": "t2v", "patch_size": patch, "in_dim": in_dim, "dim": dim,
+        "out_dim": first(shapes, "proj_out.weight", "head.head.weight")[0] // n_patch,
+        "ffn_dim": first(shapes, "blocks.0.ffn.net.0.proj.weight", "blocks.0.ffn.0.weight")[0],
+        "text_dim": first(shapes, "condition_embedder.text_embedder.linear_1.weight", "text_embedding.0.weight")[1],
+        "freq_dim": first(shapes, "condition_embedder.time_embedder.linear_1.weight", "time_embedding.0.weight")[1],
+        "num_heads": dim // 128, "num_layers": count_blocks(shapes, "blocks."), "window_size": (-1, -1),
+        "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6,
+    }
+
+
+def _hunyuan_video15_config(shapes: Shapes, meta: dict) -> dict:
+    cfg = _hunyuan_image_config(shapes, meta)
+    cfg.update(
+        meanflow=has_any(shapes, "time_embed.timestep_embedder_r.linear_1.weight", "time_r_in.in_layer.weight"),
+        guidance_embed=False, use_cond_type_embedding=True, axes_dim=[16, 56, 56],
+        vision_in_dim=first(shapes, "image_embedder.linear_1.weight", "vision_in.proj.1.weight")[1],
+    )
+    return cfg
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family(
         name="z-image", title="Z-Image", diffusers_class="ZImageTransformer2DModel",
@@ -316,6 +355,52 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         comfy_model="HiDream", comfy_key_map=None, comfy_unet_config=_hidream_config,
         excluded_bases=("hidream-ai/hidream-i1-dev", "hidream-ai/hidream-i1-fast"),
     ),
+    # Video families. Unsloth hosts NVFP4 files only (docs/FORMAT.md section 6); int8 / fp8 files built with this
+    # pack's builder load the same way. Wan 2.2 TI2V-5B and A14B share the diffusers class and key names: a file
+    # without a family field loads either way, ComfyUI's class picked from the shapes (48 latent channels: WAN22_T2V).
+    Family(
+        name="wan2.2-ti2v-5b", title="Wan 2.2 TI2V-5B", diffusers_class="WanTransformer3DModel",
+        base_repos=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), hosted_repos=("unsloth/Wan2.2-TI2V-5B-NVFP4",),
+        int8_exclude_extra=(),
+        diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
+        comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
+        comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=keymaps.wan_to_diffusers,
+        comfy_unet_config=_wan_config, hosted_schemes=("nvfp4",),
+        hub_filenames={"unsloth/Wan2.2-TI2V-5B-NVFP4": {"nvfp4": "Wan2.2-TI2V-5B-NVFP4.pt"}},
+    ),
+    Family(
+        name="wan2.2-t2v-a14b", title="Wan 2.2 T2V-A14B", diffusers_class="WanTransformer3DModel",
+        base_repos=("Wan-AI/Wan2.2-T2V-A14B-Diffusers",), hosted_repos=("unsloth/Wan2.2-T2V-A14B-NVFP4",),
+        int8_exclude_extra=(),
+        diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
+        comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
+        comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=keymaps.wan_to_diffusers,
+        comfy_unet_config=_wan_config, hosted_schemes=("nvfp4",),
+        # two experts: transformer (high noise, the first steps), transformer_2 (low noise, the rest)
+        components=("transformer", "transformer_2"),
+        hub_filenames={"unsloth/Wan2.2-T2V-A14B-NVFP4": {"nvfp4": "Wan2.2-T2V-A14B-NVFP4.pt"}},
+        hub_component_filenames={"unsloth/Wan2.2-T2V-A14B-NVFP4": {
+            "transformer_2": {"nvfp4": "Wan2.2-T2V-A14B-transformer_2-NVFP4.pt"}}},
+    ),
+    # Before HunyuanImage 2.1: a ComfyUI-layout HunyuanVideo 1.5 file also has HunyuanImage's ComfyUI markers.
+    Family(
+        name="hunyuanvideo-1.5", title="HunyuanVideo 1.5", diffusers_class="HunyuanVideo15Transformer3DModel",
+        base_repos=("hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
+                    "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v"),
+        hosted_repos=("unsloth/HunyuanVideo-1.5-NVFP4",),
+        int8_exclude_extra=("context_embedder", "image_embedder", "add_q_proj", "add_k_proj", "add_v_proj",
+                            "to_add_out", "ff_context"),
+        diffusers_markers=(("cond_type_embed.weight", "context_embedder_2.linear_1.weight"),),
+        comfy_markers=(("cond_type_embedding.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight"),),
+        comfy_model="HunyuanVideo15", comfy_key_map=keymaps.hunyuan_video15_to_diffusers,
+        comfy_unet_config=_hunyuan_video15_config, hosted_schemes=("nvfp4",),
+        # one repo, one file per variant (base): the base picks it (sources.filenames)
+        variant_filenames={"unsloth/HunyuanVideo-1.5-NVFP4": {
+            "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v":
+                {"nvfp4": "HunyuanVideo-1.5-Diffusers-480p_t2v-NVFP4.pt"},
+            "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v":
+                {"nvfp4": "HunyuanVideo-1.5-Diffusers-720p_t2v-NVFP4.pt"}}},
+    ),
     Family(
         name="hunyuanimage-2.1", title="HunyuanImage 2.1", diffusers_class="HunyuanImageTransformer2DModel",
         base_repos=("hunyuanvideo-community/HunyuanImage-2.1-Diffusers",),
@@ -357,14 +442,38 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
 ]}
 
 
-def declared_filenames(repo: str, scheme: str) -> tuple[str, ...]:
-    """File names the family hosting ``repo`` declares for ``scheme`` (tried first), else ()."""
+def declared_filenames(repo: str, scheme: str, component: str = "transformer",
+                       base_model_id: str | None = None) -> tuple[str, ...]:
+    """File names the family hosting ``repo`` declares for ``scheme`` (and ``component``, and the base where the repo
+    holds one file per base; tried first), else ()."""
     low = str(repo).strip().lower()
     for fam in FAMILIES.values():
-        for r, by_scheme in fam.hub_filenames.items():
+        for r, by_base in fam.variant_filenames.items():
+            if r.lower() != low or component != "transformer":
+                continue
+            names = {b: v[scheme] for b, v in by_base.items() if scheme in v}
+            if base_model_id and str(base_model_id).strip():
+                hit = [n for b, n in names.items() if normalize_base(b) == normalize_base(base_model_id)
+                       or base_tail(b) == base_tail(base_model_id)]
+                if hit:
+                    return tuple(hit)
+            return tuple(names.values())
+        if component == "transformer":
+            table = fam.hub_filenames
+        else:
+            table = {r: by_comp.get(component, {}) for r, by_comp in fam.hub_component_filenames.items()}
+        for r, by_scheme in table.items():
             if r.lower() == low and scheme in by_scheme:
                 return (by_scheme[scheme],)
     return ()
+
+
+def all_components() -> tuple[str, ...]:
+    """Every component a registered family has, ``transformer`` first (the loader's choices)."""
+    out = ["transformer"]
+    for fam in FAMILIES.values():
+        out += [c for c in fam.components if c not in out]
+    return tuple(out)
 
 
 def hosting_family(repo: str) -> Family | None:

@@ -230,3 +230,49 @@ def hunyuan_image_to_diffusers(cfg: Mapping) -> dict:
     for end in wb:
         m[f"norm_out.linear.{end}"] = (f"final_layer.adaLN_modulation.1.{end}", None, "swap_scale_shift")
     return m
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Wan 2.1 / 2.2 (WanTransformer3DModel -> comfy.ldm.wan.model.WanModel): plain renames, no fused weights (the inverse
+# of diffusers' own convert_wan_transformer_to_diffusers; ComfyUI's norm3 is the cross-attention norm, diffusers'
+# norm2).
+
+
+def wan_to_diffusers(cfg: Mapping) -> dict:
+    m: dict = {}
+    for i in range(int(cfg.get("num_layers", 0))):
+        s = d = f"blocks.{i}."
+        for a, b in (("attn1", "self_attn"), ("attn2", "cross_attn")):
+            _moves(m, s, d, {f"{a}.to_q": f"{b}.q", f"{a}.to_k": f"{b}.k", f"{a}.to_v": f"{b}.v",
+                             f"{a}.to_out.0": f"{b}.o"})
+            _moves(m, s, d, {f"{a}.norm_q.weight": f"{b}.norm_q.weight", f"{a}.norm_k.weight": f"{b}.norm_k.weight"})
+        _moves(m, s, d, {"ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2", "norm2": "norm3"})
+        m[f"{s}scale_shift_table"] = f"{d}modulation"
+    _moves(m, "", "", {
+        "patch_embedding": "patch_embedding", "proj_out": "head.head",
+        "condition_embedder.time_embedder.linear_1": "time_embedding.0",
+        "condition_embedder.time_embedder.linear_2": "time_embedding.2",
+        "condition_embedder.text_embedder.linear_1": "text_embedding.0",
+        "condition_embedder.text_embedder.linear_2": "text_embedding.2",
+        "condition_embedder.time_proj": "time_projection.1",
+    })
+    m["scale_shift_table"] = "head.modulation"
+    return m
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel -> comfy.ldm.hunyuan_video.model.HunyuanVideo with
+# cond_type_embedding and vision_in): HunyuanImage 2.1's double blocks, token refiner and ByT5 mapper, plus its own
+# time embedder, condition-type embedding and image (SigLIP) projection.
+
+
+def hunyuan_video15_to_diffusers(cfg: Mapping) -> dict:
+    m = hunyuan_image_to_diffusers(cfg)
+    for k in [k for k in m if k.startswith("time_guidance_embed.")]:  # HunyuanImage's names for the time embedders
+        del m[k]
+    _mlp_embedder(m, "time_embed.timestep_embedder", "time_in")
+    _mlp_embedder(m, "time_embed.timestep_embedder_r", "time_r_in")
+    m["cond_type_embed.weight"] = "cond_type_embedding.weight"
+    _moves(m, "image_embedder.", "vision_in.proj.", {"norm_in": "0", "linear_1": "1", "linear_2": "3",
+                                                      "norm_out": "4"})
+    return m

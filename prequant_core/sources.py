@@ -110,12 +110,18 @@ def scheme_token(scheme: str) -> str:
     return schemes.normalize(scheme).upper()
 
 
-def filenames(repo: str, scheme: str) -> tuple[str, ...]:
+def filenames(repo: str, scheme: str, component: str = "transformer", base_model_id: str | None = None) -> tuple[str, ...]:
     """The names to try in ``repo`` for ``scheme``, in order (docs/FORMAT.md section 5): the names the hosting
-    family declares for this repo, then ``<Model>-<SCHEME>.safetensors``, ``.pt``, legacy ``transformer_<scheme>.pt``."""
+    family declares for this repo (and base, where it hosts one file per base), then ``<Model>-<SCHEME>.safetensors``,
+    ``.pt``, legacy ``transformer_<scheme>.pt``. Another component than ``transformer`` (an expert of a two-expert
+    model) has its own names: ``<Model>-<component>-<SCHEME>.safetensors`` / ``.pt`` (Unsloth's pattern), no legacy."""
     s = schemes.normalize(scheme)
     model = model_name(repo)
-    names = [*families.declared_filenames(repo, s), f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
+    declared = families.declared_filenames(repo, s, component, base_model_id)
+    if component != "transformer":
+        return tuple(dict.fromkeys([*declared, f"{model}-{component}-{s.upper()}.safetensors",
+                                    f"{model}-{component}-{s.upper()}.pt"]))
+    names = [*declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
     if s in HOSTED_SCHEMES:
         names.append(f"transformer_{s}.pt")
     return tuple(dict.fromkeys(names))
@@ -128,6 +134,8 @@ def scheme_from_repo(repo: str) -> str | None:
         return "fp8"
     if low.endswith("-int8"):
         return "int8"
+    if low.endswith("-nvfp4"):
+        return "nvfp4"
     return None
 
 
@@ -178,7 +186,7 @@ def presets() -> list[Preset]:
     out = []
     for fam in families.FAMILIES.values():
         for repo in fam.hosted_repos:
-            for s in HOSTED_SCHEMES:
+            for s in fam.hosted_schemes:
                 out.append(Preset(f"{model_name(repo)} / {s}", repo, s, fam.name))
     return out
 
@@ -204,14 +212,16 @@ def _clean(s: str | None) -> str | None:
 
 def plan(path: str | None = None, hub_repo: str | None = None, family: str | None = None, scheme: str | None = None,
          *, variant: str | None = None, base_model_id: str | None = None, revision: str | None = None,
-         preset: str | None = None) -> Plan:
+         preset: str | None = None, component: str = "transformer") -> Plan:
     """Ordered candidates for the loader's inputs. Pure: reads no file and no network.
 
     ``scheme`` None (or "auto") means "not chosen": a named repo then takes the scheme its suffix names
     (``-FP8`` / ``-INT8``); the family step is skipped. ``preset`` supplies repo, scheme and family where those are
     not given, and only when neither a local file nor a hub_repo is given; a scheme that contradicts the preset is an error rather
-    than a silent choice.
+    than a silent choice. ``component`` (``transformer``, or an expert such as ``transformer_2``) picks that
+    component's file names in Hub repos.
     """
+    component = _clean(component) or "transformer"
     path, hub_repo, revision = _clean(path), _clean(hub_repo), _clean(revision)
     family = None if _clean(family) in (None, "auto") else family.strip().lower()
     scheme = None if _clean(scheme) in (None, "auto") else schemes.normalize(scheme)
@@ -242,14 +252,16 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
         if s is None:
             raise HubError(f"Which scheme should be downloaded from {repo}?", expected="int8 or fp8", found="auto",
                            fix="Set the node's scheme input (the repo name does not end in -FP8 or -INT8).")
-        out.append(Candidate("hub", origin, scheme=s, repo=repo, filenames=filenames(repo, s), revision=revision))
+        out.append(Candidate("hub", origin, scheme=s, repo=repo, revision=revision,
+                             filenames=filenames(repo, s, component, base_model_id)))
 
     if family:
         fam = families.get(family)
         if not scheme:
             notes.append(f"family '{fam.name}': no scheme chosen, so its hosted repo is not planned")
-        elif scheme not in HOSTED_SCHEMES:
-            notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(HOSTED_SCHEMES)} only, not {scheme}")
+        elif scheme not in fam.hosted_schemes:
+            notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(fam.hosted_schemes)} only, "
+                         f"not {scheme}")
         elif fam.excluded_base(base_model_id) and not variant and \
                 _tail(base_model_id) not in {model_name(r).lower() for r in fam.hosted_repos}:
             notes.append(f"family '{fam.name}': base '{base_model_id}' is listed as excluded "
@@ -259,8 +271,8 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
             if repo is None:
                 notes.append(f"family '{fam.name}' has no hosted repo")
             elif not any(c.kind == "hub" and c.repo == repo and c.scheme == scheme for c in out):
-                out.append(Candidate("hub", "family", scheme=scheme, repo=repo, filenames=filenames(repo, scheme),
-                                     revision=revision))
+                out.append(Candidate("hub", "family", scheme=scheme, repo=repo, revision=revision,
+                                     filenames=filenames(repo, scheme, component, base_model_id)))
     return Plan(tuple(out), tuple(notes), family, scheme)
 
 
@@ -322,9 +334,11 @@ def hosted_source(name: str) -> Preset | None:
     """The preset whose hosted repo serves a file of this name (for telling a user where to get it)."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     for pr in presets():
-        c = Candidate("hub", "preset", scheme=pr.scheme, repo=pr.repo, filenames=filenames(pr.repo, pr.scheme))
-        if base in local_names(c):
-            return pr
+        for comp in families.get(pr.family).components:
+            c = Candidate("hub", "preset", scheme=pr.scheme, repo=pr.repo,
+                          filenames=filenames(pr.repo, pr.scheme, comp))
+            if base in local_names(c):
+                return pr
     return None
 
 

@@ -181,9 +181,10 @@ def test_detection_from_metadata_and_from_keys(family):
     by_class, _ = families.detect(keys, {"transformer_class": fam.diffusers_class})
     by_keys, layout = families.detect(keys, {})
     assert layout == "diffusers"
-    # FLUX.2 klein and dev share class and names: without a family field either loads (config from shapes)
+    # FLUX.2 klein and dev, Wan 2.2 TI2V-5B and A14B share class and names: without a family field either loads
+    # (config and ComfyUI class from shapes)
     assert by_keys.diffusers_class == by_class.diffusers_class == fam.diffusers_class
-    if family != "flux.2-dev":
+    if families.CLASS_TO_FAMILY[fam.diffusers_class] == family:
         assert by_keys.name == by_class.name == family
 
 

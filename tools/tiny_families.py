@@ -65,6 +65,15 @@ def _hunyuan_image_cond(g):
     return _randn(g, 1, 8, 512), {"conditioning_byt5small": _randn(g, 1, 4, 1472)}
 
 
+def _wan_cond(g):
+    return _randn(g, 1, 8, 512), {}  # UMT5-XXL tokens (4096 wide in the real model)
+
+
+def _hunyuan_video15_cond(g):
+    # Qwen2.5-VL tokens + ByT5 glyph tokens, as ComfyUI's HunyuanVideo 1.5 text encoder gives them (no pooled vector)
+    return _randn(g, 1, 8, 512), {"conditioning_byt5small": _randn(g, 1, 4, 1472), "pooled_output": None}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # diffusers reference forwards: (diffusers model, ComfyUI latent x, sigma, cross_attn, extras) -> ComfyUI output
 # (the velocity ComfyUI's diffusion model returns for that latent, in ComfyUI's latent layout)
@@ -139,6 +148,27 @@ def _hunyuan_image_ref(m, x, sigma, ctx, extra):
     return out
 
 
+def _wan_ref(m, x, sigma, ctx, extra):
+    # ComfyUI: t = 1000 * sigma, flow velocity out, as diffusers' Wan pipeline
+    return m(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=ctx, return_dict=False)[0]
+
+
+def _hunyuan_video15_ref(m, x, sigma, ctx, extra):
+    # ComfyUI feeds [latent, 32 zero image-condition channels, a zero mask channel] (text to video) and no vision
+    # tokens; diffusers' t2v gets all-zero image embeds, which it masks out. Text tokens carry no positions in either,
+    # so the token order (ByT5 first in ComfyUI) does not matter.
+    b, c, t, h, w = x.shape
+    xin = torch.cat([x, torch.zeros(b, m.config.in_channels - c, t, h, w, dtype=x.dtype)], dim=1)
+    byt5 = extra["conditioning_byt5small"]
+    return m(hidden_states=xin, timestep=sigma * 1000, encoder_hidden_states=ctx,
+             encoder_attention_mask=torch.ones(ctx.shape[:2]), encoder_hidden_states_2=byt5,
+             encoder_attention_mask_2=torch.ones(byt5.shape[:2]),
+             image_embeds=torch.zeros(b, 4, m.config.image_embed_dim, dtype=x.dtype), return_dict=False)[0]
+
+
+_WAN = dict(patch_size=(1, 2, 2), attention_head_dim=128, freq_dim=256, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", eps=1e-6)
+
 TINY: dict[str, Tiny] = {t.family: t for t in [
     Tiny("flux.1", "black-forest-labs/FLUX.1-dev", "FluxTransformer2DModel",
          dict(in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=4,
@@ -171,6 +201,20 @@ TINY: dict[str, Tiny] = {t.family: t for t in [
               num_single_layers=1, num_refiner_layers=2, text_embed_dim=512, text_embed_2_dim=1472,
               guidance_embeds=False, rope_axes_dim=(64, 64)),
          (1, 64, 8, 8), _hunyuan_image_cond, _hunyuan_image_ref, "HunyuanImage-2.1"),
+    # Video: latents [B, C, frames, H, W]; two latent frames
+    Tiny("wan2.2-ti2v-5b", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", "WanTransformer3DModel",
+         dict(_WAN, num_attention_heads=4, in_channels=48, out_channels=48, text_dim=512, ffn_dim=1024, num_layers=1),
+         (1, 48, 2, 8, 8), _wan_cond, _wan_ref, "Wan2.2-TI2V-5B"),
+    Tiny("wan2.2-t2v-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "WanTransformer3DModel",
+         dict(_WAN, num_attention_heads=4, in_channels=16, out_channels=16, text_dim=512, ffn_dim=1024, num_layers=1),
+         (1, 16, 2, 8, 8), _wan_cond, _wan_ref, "Wan2.2-T2V-A14B"),
+    # ComfyUI hard-codes the ByT5 mapper (1472 in, 2048 wide) and two refiner blocks, as the released model has;
+    # the SigLIP projection keeps its real 1152 width (ComfyUI's HunyuanVideo15 class is matched on it)
+    Tiny("hunyuanvideo-1.5", "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
+         "HunyuanVideo15Transformer3DModel",
+         dict(in_channels=65, out_channels=32, num_attention_heads=4, attention_head_dim=128, num_layers=1,
+              num_refiner_layers=2, text_embed_dim=512, text_embed_2_dim=1472, image_embed_dim=1152),
+         (1, 32, 2, 4, 4), _hunyuan_video15_cond, _hunyuan_video15_ref, "HunyuanVideo-1.5-Diffusers-480p_t2v"),
 ]}
 
 
@@ -194,6 +238,15 @@ REAL: dict[str, dict] = {
     "hunyuanimage-2.1": dict(in_channels=64, out_channels=64, num_attention_heads=28, attention_head_dim=128,
                              num_layers=20, num_single_layers=40, num_refiner_layers=2, text_embed_dim=3584,
                              text_embed_2_dim=1472, guidance_embeds=False, rope_axes_dim=(64, 64)),
+    # Wan-AI/Wan2.2-TI2V-5B-Diffusers and -T2V-A14B-Diffusers transformer/config.json (A14B: both experts)
+    "wan2.2-ti2v-5b": dict(_WAN, num_attention_heads=24, in_channels=48, out_channels=48, text_dim=4096,
+                           ffn_dim=14336, num_layers=30),
+    "wan2.2-t2v-a14b": dict(_WAN, num_attention_heads=40, in_channels=16, out_channels=16, text_dim=4096,
+                            ffn_dim=13824, num_layers=40),
+    # hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v (720p_t2v: the same shapes)
+    "hunyuanvideo-1.5": dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128,
+                             num_layers=54, num_refiner_layers=2, text_embed_dim=3584, text_embed_2_dim=1472,
+                             image_embed_dim=1152),
 }
 
 
