@@ -22,7 +22,9 @@ from tools import tiny_families as tf
 # Unsloth's order, written out (docs/FORMAT.md section 4), not derived from our code
 UNSLOTH_INT8_BASE = ("norm", "_mod", "modulation", "timestep_embed", "guidance_embed", "time_text_embed", "pooled",
                      "time_embed")
-UNSLOTH_FAMILY_EXTRA = {"qwen-image": ("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp")}
+UNSLOTH_FAMILY_EXTRA = {"qwen-image": ("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
+                        "hunyuanvideo-1.5": ("context_embedder", "image_embedder", "add_q_proj", "add_k_proj",
+                                             "add_v_proj", "to_add_out", "ff_context")}
 
 
 def unsloth_v1_accepts(fmt, m: dict, *, scheme: str, family: str, base: str) -> list[str]:
