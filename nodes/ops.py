@@ -1,7 +1,8 @@
 """The quantized Linear inside a ComfyUI model.
 
-Weights are stored as plain tensors: ``weight`` (int8 / float8 codes, [out, in]) and ``weight_scale`` ([out, 1]),
-which ComfyUI can move, size (real bytes), back up and offload like any other parameter. The torchao tensor is
+Weights are stored as plain tensors: ``weight`` (codes, rows first) and ``weight_scale`` (per-row [out, 1], or
+per-block for nvfp4 / mxfp8), plus ``weight_scale_2`` (the row scale) for nvfp4 (``qtensor.parts``), which
+ComfyUI can move, size (real bytes), back up and offload like any other parameter. The torchao tensor is
 rebuilt around them per call (metadata only, no copy), so the matmul is torchao's, identical to a model quantized
 in place. ComfyUI's cast path (``cast_bias_weight``) would call ``weight.to(dtype)`` and dequantize nowhere, so a
 quantized Linear takes its own forward; dense layers keep ComfyUI's.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from prequant_core import devices, qtensor
+from prequant_core import devices, qtensor, rotation
 
 
 def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -68,7 +69,15 @@ def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Te
 
 
 def spec_is_dynamic(spec) -> bool:
-    return dict(spec.attrs).get("act_quant_kwargs") is not None
+    return spec.dynamic
+
+
+PART_NAMES = ("weight", "weight_scale", "weight_scale_2")
+
+
+def rotate_input(x: torch.Tensor, group: int) -> torch.Tensor:
+    """ConvRot: the input times the block-diagonal Hadamard of ``group`` (``prequant_core.rotation``)."""
+    return rotation.rotate(x, group)
 
 
 def choose_matmul(module: torch.nn.Module, device) -> list:
@@ -85,6 +94,9 @@ def choose_matmul(module: torch.nn.Module, device) -> list:
         if key not in choices:
             choices[key] = devices.choose(spec.kind, key[1], dev, override)
         m.prequant_matmul = choices[key].path
+        if m.prequant_matmul == devices.QUANTIZED and spec.kind in qtensor.BLOCK_KINDS and \
+                isinstance(qtensor.assemble(m.prequant_parts(), spec), qtensor.QParts):
+            m.prequant_matmul = devices.WEIGHT_ONLY  # fused NVFP4 rows with different scales: no torchao form
         if choices[key].codes_as_bytes:
             m.prequant_keep_bytes()
     return list(choices.values())
@@ -100,8 +112,8 @@ def matmul_summary(choices) -> str | None:
 def set_quantized(module: torch.nn.Module, attr: str, t) -> None:
     if attr != "weight" or not hasattr(module, "prequant_assign"):
         raise TypeError(f"a quantized tensor arrived for {type(module).__name__}.{attr}; only Linear weights are")
-    q, s, spec = qtensor.split(t)
-    module.prequant_assign(q, s, spec)
+    tensors, spec = qtensor.parts(t)
+    module.prequant_assign(tensors, spec)
 
 
 def make_ops(base):
@@ -114,50 +126,81 @@ def make_ops(base):
             prequant_matmul = None  # devices.QUANTIZED / devices.WEIGHT_ONLY, set at load by choose_matmul
             prequant_bytes = False  # fp8 codes held as uint8 (a device without a float8 dtype)
 
+            def prequant_parts(self, device=None) -> tuple:
+                ts = tuple(getattr(self, n) for n in PART_NAMES[:self.prequant_nparts])
+                return ts if device is None else tuple(t.to(device, non_blocking=True) for t in ts)
+
+            prequant_nparts = 2
+
             def prequant_keep_bytes(self):
                 """Hold fp8 codes as their raw bytes from now on (same storage, a uint8 view)."""
                 self.prequant_bytes = True
-                self.prequant_assign(self.weight, self.weight_scale, self.prequant_spec)
+                self.prequant_assign(self.prequant_parts(), self.prequant_spec)
 
             def prequant_typed(self, q):
                 """The codes with their real dtype (CPU / CUDA only when kept as bytes)."""
                 return q.view(torch.float8_e4m3fn) if q.dtype == torch.uint8 else q
 
-            def prequant_requantize(self, dense):
-                """``qtensor.requantize`` (on the CPU for bytes-kept codes: torchao's fp8 needs a float8 dtype)."""
+            def prequant_requantize(self, dense, row_scale=None) -> tuple:
+                """``dense`` quantized like this layer's weight (on the CPU for bytes-kept fp8 codes: torchao's fp8
+                needs a float8 dtype)."""
+                spec = self.prequant_spec
+                if spec.kind in qtensor.BLOCK_KINDS:
+                    return qtensor.quantize_parts(dense, spec, row_scale)
                 if not self.prequant_bytes:
-                    return qtensor.requantize(dense, self.prequant_spec)
-                q, s = qtensor.requantize(dense.cpu(), self.prequant_spec)
+                    return qtensor.requantize(dense, spec)
+                q, s = qtensor.requantize(dense.cpu(), spec)
                 return q.view(torch.uint8).to(dense.device), s.to(dense.device)
 
-            def prequant_assign(self, qdata, scale, spec):
-                if self.prequant_bytes and qdata.dtype != torch.uint8:
-                    qdata = qdata.view(torch.uint8)
+            def prequant_assign(self, tensors, spec):
+                tensors = tuple(tensors)
+                if self.prequant_bytes and tensors[0].dtype != torch.uint8:
+                    tensors = (tensors[0].view(torch.uint8),) + tensors[1:]
                 # New Parameters, never in-place writes: ModelPatcher backups keep pointing at the originals.
-                self._parameters["weight"] = torch.nn.Parameter(qdata, requires_grad=False)
-                self._parameters["weight_scale"] = torch.nn.Parameter(scale, requires_grad=False)
+                for name, t in zip(PART_NAMES, tensors):
+                    self._parameters[name] = torch.nn.Parameter(t, requires_grad=False)
+                for name in PART_NAMES[len(tensors):]:
+                    self._parameters.pop(name, None)
+                self.prequant_nparts = len(tensors)
                 self.prequant_spec = spec
 
             def prequant_dense(self, dtype=torch.float32, device=None):
-                q, s = self.weight, self.weight_scale
-                if device is not None:
-                    q, s = q.to(device), s.to(device)
-                return dequantize_rows(q, s, dtype)
+                """The weight as the layer's math sees it: for a ConvRot layer the stored weight rotated back
+                (``W' H``, as ``H H = I``), so a LoRA made for the original model patches the right numbers."""
+                spec = self.prequant_spec
+                w = qtensor.dequantize_parts(self.prequant_parts(device), spec,
+                                             torch.float32 if spec.rotation else dtype)
+                if spec.rotation:
+                    w = rotate_input(w, spec.rotation).to(dtype)
+                return w
 
             def prequant_assign_dense(self, dense, before=None):
-                """Requantize a patched dense weight per row. Rows equal to ``before`` (the dequantized weight
-                the patch started from) keep their original codes and scale: a LoRA on to_k must not move the
-                q and v rows of a fused qkv through a needless dequantize/requantize round trip."""
-                q, s = self.prequant_requantize(dense)
-                if before is not None:
-                    same = (dense == before).all(dim=1)
-                    if bool(same.any()):
-                        keep = same[:, None].to(q.device)
-                        # byte views: where() has no float8 kernels on every device
-                        q = torch.where(keep, self.weight.to(q.device).view(torch.uint8), q.view(torch.uint8)) \
-                            .view(q.dtype)
-                        s = torch.where(keep, self.weight_scale.to(s.device), s)
-                self.prequant_assign(q, s, self.prequant_spec)
+                """Requantize a patched dense weight. Rows equal to ``before`` (the dense weight the patch started
+                from) keep their original codes and scales: a LoRA on to_k must not move the q and v rows of a fused
+                qkv through a needless dequantize/requantize round trip."""
+                spec = self.prequant_spec
+                old = self.prequant_parts()
+                same = (dense == before).all(dim=1) if before is not None else None
+                if spec.rotation:
+                    dense = rotate_input(dense.to(torch.float32), spec.rotation)
+                row_scale = None
+                if spec.kind == "nvfp4":
+                    # unchanged rows keep their scale; changed rows get one from their own maximum
+                    from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
+                    changed = dense if same is None else dense[~same.to(dense.device)]
+                    fresh = per_tensor_amax_to_scale(changed.abs().max().to(torch.float32)) if changed.numel() \
+                        else torch.ones(())
+                    row_scale = fresh.reshape(1, 1).expand(dense.shape[0], 1).to(dense.device)
+                    if same is not None:
+                        row_scale = torch.where(same[:, None].to(dense.device), old[2].to(dense.device), row_scale)
+                new = self.prequant_requantize(dense, row_scale)
+                if same is not None and bool(same.any()):
+                    keep = same[:, None].to(new[0].device)
+                    # byte views: where() has no float8 kernels on every device
+                    new = tuple(torch.where(keep, o.to(n.device).view(torch.uint8), n.view(torch.uint8)).view(n.dtype)
+                                if n.element_size() == 1 else torch.where(keep, o.to(n.device), n)
+                                for o, n in zip(old, new))
+                self.prequant_assign(new, spec)
 
             def forward(self, input, *args, **kwargs):
                 spec = self.prequant_spec
@@ -165,15 +208,16 @@ def make_ops(base):
                     return super().forward(input, *args, **kwargs)
                 comfy.ops.run_every_op()
                 dev = input.device
-                q, s = self.weight, self.weight_scale
-                if q.device != dev:  # low-VRAM streaming: only the codes travel
-                    q = q.to(dev, non_blocking=True)
-                    s = s.to(dev, non_blocking=True)
+                ts = self.prequant_parts()
+                if ts[0].device != dev:  # low-VRAM streaming: only the codes travel
+                    ts = tuple(t.to(dev, non_blocking=True) for t in ts)
                 if self.weight_function:  # LoRA in low-VRAM mode patches per call on the dense weight
-                    w = dequantize_rows(q, s, spec.dtype)
+                    w = qtensor.dequantize_parts(ts, spec, spec.dtype)
                     for f in self.weight_function:
                         w = f(w)
-                    q, s = self.prequant_requantize(w)
+                    ts = self.prequant_requantize(w, ts[2] if spec.kind == "nvfp4" else None)
+                if spec.rotation:
+                    input = rotate_input(input, spec.rotation)
                 path = self.prequant_matmul
                 if path is None:  # built outside the loader: decide once, for the device it first runs on
                     self.prequant_matmul = path = devices.choose(spec.kind, spec_is_dynamic(spec),
@@ -185,8 +229,13 @@ def make_ops(base):
                         bias = bias.to(device=dev, dtype=input.dtype)
                         for f in self.bias_function:
                             bias = f(bias)
-                    return weight_only_linear(input, q, s, bias)
-                weight = qtensor.join(self.prequant_typed(q), s, spec)
+                    if spec.kind in qtensor.BLOCK_KINDS:
+                        return torch.nn.functional.linear(input, qtensor.dequantize_parts(ts, spec, input.dtype), bias)
+                    return weight_only_linear(input, ts[0], ts[1], bias)
+                if spec.kind in qtensor.BLOCK_KINDS:
+                    weight = qtensor.assemble(ts, spec)
+                else:
+                    weight = qtensor.join(self.prequant_typed(ts[0]), ts[1], spec)
                 if bias is not None:
                     bias = bias.to(device=dev, dtype=spec.dtype)
                     for f in self.bias_function:

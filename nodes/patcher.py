@@ -11,7 +11,7 @@ import comfy.lora
 import comfy.model_patcher
 import comfy.utils
 
-from .ops import is_prequant_linear
+from .ops import PART_NAMES, is_prequant_linear
 
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])
 
@@ -34,8 +34,9 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
         # Tensors made here outlive this call's inference mode (unpatch may run outside it): make them normal.
         with torch.inference_mode(False), torch.no_grad():
             if key not in self.backup:
-                self.backup[key] = _Backup(op.weight, False)
-                self.backup[key + "_scale"] = _Backup(op.weight_scale, False)
+                # every part under its own name (weight, weight_scale, weight_scale_2): unpatch restores them all
+                for name, t in zip(PART_NAMES, op.prequant_parts()):
+                    self.backup[key[:-len("weight")] + name] = _Backup(t, False)
             dense = op.prequant_dense(torch.float32, device=device_to)
             out = comfy.lora.calculate_weight(self.patches[key], dense.clone(), key)
             op.prequant_assign_dense(out, before=dense)

@@ -121,11 +121,17 @@ class BuildResult:
                 f"(dense {human_bytes(self.dense_bytes)}), {self.seconds:.1f} s")
 
 
-def container_for(dest: str, container: str | None) -> str:
+def container_for(dest: str, container: str | None, scheme: str | None = None) -> str:
     ext = os.path.splitext(dest)[1].lower()
     by_ext = {v: k for k, v in EXTENSIONS.items()}.get(ext)
+    block = scheme in schemes.BLOCK_SCHEMES
     if container is None or container == "auto":
-        return by_ext or "safetensors"
+        container = by_ext or ("pt" if block else "safetensors")
+    if block and container != "pt":
+        raise BuildError(f"{scheme} checkpoints are written as .pt only (the container Unsloth's {scheme} files use; "
+                         "this pack's safetensors layout holds int8 / fp8 weights).", path=dest,
+                         expected="the 'pt' container, a *.pt file name", found=container,
+                         fix="Pick the 'pt' container and name the file *.pt.")
     if container not in CONTAINERS:
         raise BuildError(f"Unknown output container '{container}'.", expected=" or ".join(CONTAINERS), found=container)
     if by_ext and by_ext != container:
@@ -162,7 +168,7 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
     scheme = schemes.normalize(scheme)
     component = check_component(component, family)
     dest = os.path.abspath(os.fspath(dest))
-    container = container_for(dest, container)
+    container = container_for(dest, container, scheme)
     try:
         min_features = int(min_features)
     except (TypeError, ValueError):
@@ -270,7 +276,8 @@ def _cli_build(args) -> int:
             fam = families.get(family)
         else:
             fam = open_input(args.input, key_map=None if not args.comfyui else comfy_key_map_from(args.comfyui)).family
-        c = container if container in CONTAINERS else "safetensors"
+        c = container if container in CONTAINERS else \
+            ("pt" if schemes.normalize(args.scheme) in schemes.BLOCK_SCHEMES else "safetensors")
         output = os.path.join(folder, default_filename(args.base_model_id or fam.base_repos[0], args.scheme, c,
                                                        args.component))
     res = build(args.input, output, scheme=args.scheme, family=family, base_model_id=args.base_model_id,

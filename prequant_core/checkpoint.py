@@ -10,10 +10,7 @@ COMFY_PREFIX = "model.diffusion_model."  # a full ComfyUI checkpoint's diffusion
 FORMAT_V1 = "unsloth_prequant_transformer_state_dict_v1"
 FORMAT_V2 = "unsloth_prequant_transformer_state_dict_v2"
 FORMAT_V3 = "unsloth_prequant_transformer_state_dict_v3"
-REFUSED_FORMATS = {
-    FORMAT_V2: "ConvRot activation rotation (v2)",
-    FORMAT_V3: "a per-layer NVFP4 policy (v3)",
-}
+KNOWN_FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT_V3)  # v2: ConvRot rotation, v3: NVFP4 layer policy (layer_formats)
 
 
 @dataclasses.dataclass

@@ -30,6 +30,8 @@ ENV = "PREQUANT_MATMUL"
 FP8_STORAGE_TYPES = ("cpu", "cuda")  # device types whose torch kernels take float8 tensors (copies, casts)
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper / Blackwell: fp8 tensor cores, what torchao's fp8 config asserts
 INT8_MIN_CAPABILITY = (7, 5)  # Turing onwards: int8 tensor cores behind torch._int_mm
+BLOCK_MIN_CAPABILITY = (10, 0)  # Blackwell: NVFP4 / MX block-scaled tensor cores behind torchao's kernels
+KINDS = ("int8", "float8", "nvfp4", "mxfp8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,8 @@ class MatmulChoice:
 
 
 def _scheme(kind: str, dynamic: bool) -> str:
+    if kind in ("nvfp4", "mxfp8"):
+        return kind if dynamic else f"{kind} (weights only)"
     base = "fp8" if kind == "float8" else "int8"
     return base if dynamic else f"{base}-weight-only"
 
@@ -77,10 +81,12 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
     schemes always run weight-only. ``override`` ("quantized" / "weight-only" / "auto" or None) is the user's
     ``PREQUANT_MATMUL``; forcing "quantized" where the device lacks the kernels is the user's call and is said so.
     """
-    if kind not in ("int8", "float8"):
+    if kind not in KINDS:
         raise ValueError(f"unknown quantized weight kind {kind!r}")
     scheme = _scheme(kind, dynamic)
     where = device.label()
+    if kind in ("nvfp4", "mxfp8"):
+        return _choose_block(kind, dynamic, device, override, scheme, where)
     if kind == "float8" and not device.holds_float8():  # nothing fp8 can run or even sit there
         return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: no float8 dtype on {device.type}",
                             codes_as_bytes=True)
@@ -92,6 +98,25 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
         return MatmulChoice(QUANTIZED, kind, dynamic, f"{ENV}=quantized, {scheme} on {where}")
     ok, why = _supported(kind, device)
     return MatmulChoice(QUANTIZED if ok else WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: {why}")
+
+
+def _choose_block(kind, dynamic, device, override, scheme, where) -> MatmulChoice:
+    """Per-block kinds: torchao's native kernels on Blackwell; everywhere else each weight is dequantized at matmul
+    time (block codes and scales decoded by table, so any device torch runs on, float8 dtype or not)."""
+    everywhere = "dequantized at matmul"
+    if not dynamic:
+        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: {everywhere}")
+    if override == WEIGHT_ONLY:
+        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{ENV}=weight-only, {scheme} on {where}: {everywhere}")
+    if override == QUANTIZED:
+        return MatmulChoice(QUANTIZED, kind, dynamic, f"{ENV}=quantized, {scheme} on {where}")
+    if device.type == "cuda" and not device.hip and tuple(device.capability or (0, 0)) >= BLOCK_MIN_CAPABILITY:
+        cap = device.capability
+        return MatmulChoice(QUANTIZED, kind, dynamic, f"{scheme} on {where}: native {kind} matmul (compute "
+                                                      f"capability {cap[0]}.{cap[1]} >= 10.0)")
+    need = f"{BLOCK_MIN_CAPABILITY[0]}.{BLOCK_MIN_CAPABILITY[1]}"
+    return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: {everywhere} (native {kind} needs an "
+                                                    f"NVIDIA GPU of compute capability >= {need})")
 
 
 def _supported(kind: str, device: Device) -> tuple[bool, str]:

@@ -12,8 +12,14 @@ ALGO = "md5-packed-v1"
 
 
 def of_tensor(t) -> str:
-    q, s, _ = qtensor.split(t)
     h = hashlib.md5()
+    if qtensor.kind_of(t) in qtensor.BLOCK_KINDS:
+        # per-block kinds: the packed codes, then the block scales and any per-tensor scale, bytes as stored
+        for part in (t.qdata, t.scale, getattr(t, "per_tensor_scale", None)):
+            if part is not None:
+                h.update(part.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+    q, s, _ = qtensor.split(t)
     h.update(q.contiguous().view(torch.uint8).numpy().tobytes())
     h.update(s.to(torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()

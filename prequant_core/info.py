@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from . import families, fingerprint, formats, metadata, qtensor
+from . import families, fingerprint, formats, layer_formats, metadata, qtensor
 from .checkpoint import Checkpoint
 from .errors import CorruptCheckpointError, UnknownFamilyError
 from .formats.safetensors_container import is_comfy_native
@@ -60,6 +60,7 @@ class Report:
     base_model_id: Any
     component: Any
     transformer_class: Any
+    layers: str | None  # a v3 file's layer policy (layers per format) or a v2 file's rotation, else None
     quantized_count: int
     quantized_bytes: int  # stored bytes of the quantized weights (codes + scales + zero points)
     dense_count: int
@@ -147,6 +148,7 @@ class Report:
             ["Family", fam],
             ["Base model", opt(self.base_model_id)],
             ["Component", opt(self.component)],
+            *([["Layers", self.layers]] if self.layers else []),
             ["Quantized tensors", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)} (codes + scales)"],
             ["Unquantized tensors", f"{self.dense_count} tensors, {human_bytes(self.dense_bytes)} (kept as stored)"],
             ["Tensor bytes", f"{human_bytes(self.total_bytes)} ({tensor_note})"],
@@ -307,9 +309,9 @@ def _sizes(t) -> tuple[int, int]:
     """(stored bytes, dense-equivalent bytes) from shapes and dtypes only."""
     if qtensor.is_quantized(t):
         parts = [t.qdata, t.scale]
-        zp = getattr(t, "zero_point", None)
-        if zp is not None:
-            parts.append(zp)
+        for extra in ("zero_point", "per_tensor_scale"):
+            if getattr(t, extra, None) is not None:
+                parts.append(getattr(t, extra))
         return sum(p.numel() * p.element_size() for p in parts), qtensor.dense_nbytes(t)
     n = t.numel() * t.element_size()
     return n, n
@@ -389,7 +391,7 @@ def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Rep
         format_tag=ck.format_tag, scheme=scheme, schemes_found=found,
         family=md.get("family") if isinstance(md.get("family"), str) else (fam.name if fam else None),
         layout=layout, base_model_id=md.get("base_model_id"), component=md.get("component"),
-        transformer_class=md.get("transformer_class"),
+        transformer_class=md.get("transformer_class"), layers=layer_formats.summary(md),
         quantized_count=q_count, quantized_bytes=q_bytes, dense_count=d_count, dense_bytes=d_bytes,
         dense_equivalent_bytes=equiv, torch_version=md.get("torch_version"),
         torchao_version=md.get("torchao_version"), diffusers_version=md.get("diffusers_version"),

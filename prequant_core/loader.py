@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from . import allowlist, families, formats, memory, metadata
+from . import allowlist, families, formats, layer_formats, memory, metadata
 from .checkpoint import Checkpoint
 from .errors import ValidationError
 from .families import Family
@@ -48,4 +48,5 @@ def open_checkpoint(path: str, request: metadata.Request | None = None, *, model
                                   "base_model_id / scheme inputs.")
     # Unsloth's rule: every fp8 weight runs torchao's TORCH kernels (the same as load-time quantization)
     metadata.pin_fp8_kernels(ckpt.tensors)
+    layer_formats.mark_rotations(ckpt)
     return Opened(ckpt, fam, layout, verdict)

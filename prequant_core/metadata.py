@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import qtensor, schemes
+from . import layer_formats, qtensor, schemes
 from .families import base_tail, normalize_base
-from .checkpoint import FORMAT_V1, REFUSED_FORMATS, Checkpoint
+from .checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
 
 FIELDS = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
           "require_divisible", "fast_accum", "fp8_granularity", "fingerprint", "torch_dtype", "quant_backend",
@@ -136,10 +136,8 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
         where = "'format' entry" if ckpt.container == "pt" else "'unsloth_format' header entry"
         reasons.append(f"the .{ckpt.container} container has no format tag ({where}, expected '{FORMAT_V1}'): an "
                        "untagged or foreign artifact is not trusted")
-    if tag in REFUSED_FORMATS:
-        reasons.append(f"format '{tag}' uses {REFUSED_FORMATS[tag]}, which this pack does not support")
-    elif tag is not None and tag != FORMAT_V1 and ckpt.container in ("pt", "safetensors"):
-        reasons.append(f"unknown format tag '{str(tag)[:80]}' (expected '{FORMAT_V1}')")
+    if tag is not None and tag not in KNOWN_FORMATS and ckpt.container in ("pt", "safetensors"):
+        reasons.append(f"unknown format tag '{str(tag)[:80]}' (expected '{FORMAT_V1}', or its v2 / v3)")
 
     for field, types, what in (("scheme", (str,), "a string"), ("base_model_id", (str,), "a string"),
                                ("family", (str,), "a string"), ("component", (str,), "a string"),
@@ -155,6 +153,7 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
             reasons.append(r)
     if reasons and any("metadata '" in r for r in reasons):
         return Verdict(False, reasons)
+    reasons += layer_formats.tag_reasons(ckpt)
 
     file_scheme = m.get("scheme")
     found_schemes = ckpt.schemes_found()
@@ -176,6 +175,8 @@ def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ..
         reasons.append(f"metadata says scheme '{scheme}' but the weights are {sorted(found_schemes)}")
     if not found_schemes:
         reasons.append("the file holds no quantized weights (a dense checkpoint?)")
+    reasons += layer_formats.policy_reasons(ckpt, scheme)
+    reasons += layer_formats.rotation_reasons(ckpt)
     per_tensor = [k for k, v in ckpt.tensors.items() if qtensor.is_quantized(v) and v.scale.numel() == 1
                   and v.shape[0] > 1 and qtensor.scheme_of(v).startswith("fp8")]
     native = ckpt.container == "comfyui-native"

@@ -12,8 +12,8 @@ from .errors import ValidationError
 INT8_BASE_EXCLUDE = ("norm", "_mod", "modulation", "timestep_embed", "guidance_embed", "time_text_embed",
                      "pooled", "time_embed")
 
-SCHEMES = ("int8", "fp8", "int8-weight-only", "fp8-weight-only")
-KNOWN_BUT_UNSUPPORTED = ("nvfp4", "mxfp8")
+SCHEMES = ("int8", "fp8", "int8-weight-only", "fp8-weight-only", "nvfp4", "mxfp8")
+BLOCK_SCHEMES = ("nvfp4", "mxfp8")  # per-block scales (docs/FORMAT.md section 9): written as .pt, as Unsloth does
 DEFAULT_MIN_FEATURES = 512
 
 
@@ -29,7 +29,9 @@ class SchemeRules:
 def rules(scheme: str) -> SchemeRules:
     scheme = normalize(scheme)
     fp8 = scheme.startswith("fp8")
-    return SchemeRules(scheme, require_bf16=fp8, require_divisible=16 if fp8 else 0,
+    block = {"nvfp4": 16, "mxfp8": 32}.get(scheme)
+    return SchemeRules(scheme, require_bf16=fp8 or block is not None,
+                       require_divisible=16 if fp8 else (block or 0),
                        fast_accum=True if scheme == "fp8" else None,
                        fp8_granularity="per_row" if fp8 else None)
 
@@ -42,9 +44,6 @@ def normalize(scheme: str) -> str:
         s = "fp8-weight-only"
     if s in SCHEMES:
         return s
-    if s in KNOWN_BUT_UNSUPPORTED:
-        raise ValidationError(f"Scheme '{scheme}' is a real pre-quantized scheme but this pack does not load it yet.",
-                              expected=" / ".join(SCHEMES), found=s, fix="Use an int8 or fp8 checkpoint.")
     raise ValidationError(f"Unknown quantization scheme '{scheme}'.", expected=" / ".join(SCHEMES), found=str(scheme),
                           fix="Pick one of the listed schemes.")
 
@@ -64,6 +63,13 @@ def torchao_config(scheme: str):
             mm_config=Float8MMConfig(use_fast_accum=True))
     if scheme == "int8-weight-only":
         return Int8WeightOnlyConfig()
+    if scheme == "nvfp4":
+        from torchao.prototype.mx_formats import NVFP4DynamicActivationNVFP4WeightConfig
+        return NVFP4DynamicActivationNVFP4WeightConfig(use_triton_kernel=False, use_dynamic_per_tensor_scale=True)
+    if scheme == "mxfp8":
+        from torchao.prototype.mx_formats import MXDynamicActivationMXWeightConfig
+        return MXDynamicActivationMXWeightConfig(activation_dtype=torch.float8_e4m3fn,
+                                                 weight_dtype=torch.float8_e4m3fn)
     return Float8WeightOnlyConfig()
 
 
@@ -85,6 +91,10 @@ def quantize_weight(weight: torch.Tensor, scheme: str):
             reduce_range=cfg.reduce_range)
     if scheme == "int8-weight-only":
         return Int8Tensor.from_hp(weight, granularity=cfg.granularity)
+    if scheme == "nvfp4":
+        return _nvfp4_weight(weight, cfg)
+    if scheme == "mxfp8":
+        return _mxfp8_weight(weight, cfg)
     if scheme == "fp8":
         act_g, w_g = cfg.granularity
         return Float8Tensor.from_hp(weight, float8_dtype=cfg.weight_dtype, granularity=w_g, mm_config=cfg.mm_config,
@@ -94,6 +104,30 @@ def quantize_weight(weight: torch.Tensor, scheme: str):
                                         hp_value_ub=cfg.activation_value_ub,
                                         kernel_preference=cfg.kernel_preference))
     return Float8Tensor.from_hp(weight, float8_dtype=cfg.weight_dtype, granularity=cfg.granularity)
+
+
+def _nvfp4_weight(weight: torch.Tensor, cfg):
+    """torchao's NVFP4 module handler (dynamic mode) without its Blackwell assert: a per-tensor scale from the
+    weight's maximum, swizzled block scales, the activation settings the config implies."""
+    from torchao.prototype.mx_formats.nvfp4_tensor import (NVFP4Tensor, QuantizeTensorToNVFP4Kwargs,
+                                                           per_tensor_amax_to_scale)
+    pts = per_tensor_amax_to_scale(torch.max(torch.abs(weight))) if cfg.use_dynamic_per_tensor_scale else None
+    act = QuantizeTensorToNVFP4Kwargs(use_dynamic_per_tensor_scale=cfg.use_dynamic_per_tensor_scale,
+                                      use_triton_kernel=cfg.use_triton_kernel, is_swizzled_scales=True)
+    t = NVFP4Tensor.to_nvfp4(weight, per_tensor_scale=pts, is_swizzled_scales=True, use_triton_kernel=False,
+                             act_quant_kwargs=act)
+    t.use_triton_kernel = cfg.use_triton_kernel
+    return t
+
+
+def _mxfp8_weight(weight: torch.Tensor, cfg):
+    """torchao's MX module handler: the weight as an ``MXTensor`` with the config's activation settings."""
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor, QuantizeTensorToMXKwargs
+    act = QuantizeTensorToMXKwargs(elem_dtype=cfg.activation_dtype, block_size=cfg.block_size,
+                                   kernel_preference=cfg.kernel_preference, is_swizzled_scales=True,
+                                   scaling_mode=cfg.scaling_mode)
+    return MXTensor.to_mx(weight, cfg.weight_dtype, block_size=cfg.block_size, kernel_preference=cfg.kernel_preference,
+                          act_quant_kwargs=act, is_swizzled_scales=True, scaling_mode=cfg.scaling_mode)
 
 
 def exclude_tokens(scheme: str, family_extra: tuple[str, ...] = ()) -> list[str]:
@@ -125,7 +159,9 @@ class LayerFilter:
                 return f"name contains excluded token '{tok}'"
         if r.require_bf16 and weight.dtype != torch.bfloat16:
             return f"{weight.dtype} weight (scheme needs bfloat16)"
-        if r.require_divisible and (in_f % r.require_divisible or out_f % r.require_divisible):
+        # MX blocks run along the input dim only; fp8's kernels and NVFP4's swizzled tiles want both dims
+        dims = (in_f,) if r.name == "mxfp8" else (in_f, out_f)
+        if r.require_divisible and any(d % r.require_divisible for d in dims):
             return f"dims not divisible by {r.require_divisible}"
         return None
 
@@ -139,5 +175,5 @@ def spec(scheme: str, dtype: torch.dtype = torch.bfloat16):
     key = (normalize(scheme), dtype)
     if key not in _SPECS:
         from . import qtensor
-        _SPECS[key] = qtensor.split(quantize_weight(torch.ones(16, 32, dtype=dtype), key[0]))[2]
+        _SPECS[key] = qtensor.parts(quantize_weight(torch.ones(16, 32, dtype=dtype), key[0]))[1]
     return _SPECS[key]

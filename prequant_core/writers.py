@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 import torch
 
 from . import qtensor
-from .checkpoint import FORMAT_V1
+from .layer_formats import expected_tag
 from .errors import BuildError
 from .output_file import atomic_output
 
@@ -53,7 +53,7 @@ def safetensors_layout(tensors: Mapping, metadata: dict) -> tuple[dict, list[tup
             header[k] = entry
         flat.extend((k, n, p) for n, p in parts)
     header["tensor_names"] = json.dumps(dotted)
-    header["unsloth_format"] = FORMAT_V1
+    header["unsloth_format"] = expected_tag(metadata)
     header["unsloth_metadata"] = json.dumps(metadata, sort_keys=True, default=str)
     header["unsloth_root_tensors"] = json.dumps(sorted(roots))
     return header, flat
@@ -104,7 +104,7 @@ def write_pt(path: str, tensors: Mapping, metadata: dict, *, progress: BuildProg
     sd = {k: (v if qtensor.is_quantized(v) else v.contiguous()) for k, v in tensors.items()}
     if progress:
         progress("write", 0, 1, os.path.basename(path))
-    torch.save({"format": FORMAT_V1, "metadata": metadata, "state_dict": sd}, path)
+    torch.save({"format": expected_tag(metadata), "metadata": metadata, "state_dict": sd}, path)
     if progress:
         progress("write", 1, 1, os.path.basename(path))
 

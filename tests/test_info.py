@@ -235,8 +235,8 @@ def test_dense_checkpoint(zimage_dense, tmp_path):
     assert r.dense_bytes == sum(v.numel() * v.element_size() for v in zimage_dense.values())
 
 
-@pytest.mark.parametrize("tag,feature,container", [(FORMAT_V2, "ConvRot", "safetensors"),
-                                                   (FORMAT_V3, "NVFP4", "pt")])
+@pytest.mark.parametrize("tag,feature,container", [(FORMAT_V2, "activation_rotation", "safetensors"),
+                                                   (FORMAT_V3, "nvfp4_policy", "pt")])
 def test_refused_format_tags_are_an_invalid_verdict(prequant_files, tmp_path, tag, feature, container):
     src = prequant_files("int8", container)
     dst = tmp_path / f"tagged.{container}"

@@ -128,9 +128,11 @@ def test_weight_only_path_equals_dequantize_then_linear(pack_ops, scheme, dtype)
     x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
     with torch.inference_mode():
         out = lin(x)
-    ref = torch.nn.functional.linear(x, qtensor.dequantize(lin.weight, lin.weight_scale, dtype), lin.bias.to(dtype))
+    ref = torch.nn.functional.linear(x, qtensor.dequantize_parts(lin.prequant_parts(), lin.prequant_spec, dtype),
+                                     lin.bias.to(dtype))
     assert out.dtype == dtype
-    if dtype == torch.float32:  # scales applied to the output columns: same product, float32-level rounding
+    if dtype == torch.float32 and scheme not in schemes.BLOCK_SCHEMES:
+        # per-row scales applied to the output columns: same product, float32-level rounding
         exact = torch.nn.functional.linear(x, lin.weight.to(dtype)) * lin.weight_scale.reshape(-1) + lin.bias.float()
         assert torch.equal(out, exact), scheme
         assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (scheme, (out - ref).abs().max().item())
@@ -139,7 +141,7 @@ def test_weight_only_path_equals_dequantize_then_linear(pack_ops, scheme, dtype)
     # and it is the dense layer up to the weight rounding (a wrong scale or row order would be far off)
     dense_out = torch.nn.functional.linear(x.float(), dense.float(), lin.bias.float())
     rel = ((out.float() - dense_out).norm() / dense_out.norm()).item()
-    assert rel < 0.05, (scheme, rel)
+    assert rel < (0.15 if scheme == "nvfp4" else 0.05), (scheme, rel)  # nvfp4: 4-bit codes
 
 
 @pytest.mark.parametrize("scheme", ["int8", "fp8"])

@@ -59,9 +59,40 @@ def check_state_dict(sd, path: str, *, read_data: bool = True) -> dict:
     return out
 
 
+def _block_problem(t) -> str | None:
+    """Why a per-block weight (NVFP4 / MX) is not what ``qtensor.parts`` reads, from shapes and dtypes only."""
+    from torchao.prototype.mx_formats.utils import ceil_div
+    q, s = t.qdata, t.scale
+    if q.ndim != 2 or 0 in q.shape:
+        return f"data {tuple(q.shape)}: expected a non-empty 2-D weight"
+    rows = q.shape[0]
+    if qtensor.kind_of(t) == "nvfp4":
+        cols, block = q.shape[1] * 2, int(t.block_size)
+        if q.dtype != torch.uint8 or s.dtype != torch.float8_e4m3fn or block != qtensor.NVFP4_BLOCK:
+            return f"data {q.dtype}, scales {s.dtype}, block {block}: expected uint8, float8_e4m3fn, 16"
+        pts = t.per_tensor_scale
+        if pts is not None and (not isinstance(pts, torch.Tensor) or pts.numel() != 1):
+            return "a per-tensor scale that is not one number"
+    else:
+        cols, block = q.shape[1], int(t.block_size)
+        if t.elem_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or q.dtype != t.elem_dtype:
+            return f"MX elements {t.elem_dtype} / data {q.dtype}: only mxfp8 (float8 elements) is supported"
+        if s.dtype != torch.float8_e8m0fnu:
+            return f"MX scales {s.dtype}, expected float8_e8m0fnu"
+    if block <= 0 or cols % block:
+        return f"width {cols} is not a multiple of the block size {block}"
+    n = cols // block
+    want = ceil_div(rows, 128) * 128 * ceil_div(n, 4) * 4 if t.is_swizzled_scales else rows * n
+    if s.numel() != want:
+        return f"{s.numel()} block scales for data {tuple(q.shape)}, expected {want}"
+    return None
+
+
 def check_quantized(key: str, t, path: str, *, read_data: bool = True) -> None:
     """Shapes and dtypes always; with ``read_data`` also the values ``qtensor.split`` needs (zero points are zero).
     Without it no tensor byte is touched (Prequant Info on a memory-mapped file)."""
+    if qtensor.kind_of(t) in qtensor.BLOCK_KINDS:
+        return _check_block(key, t, path, read_data=read_data)
     try:
         q, s = t.qdata, t.scale
         zp = getattr(t, "zero_point", None)
@@ -93,6 +124,42 @@ def check_quantized(key: str, t, path: str, *, read_data: bool = True) -> None:
             raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' is inconsistent.", path=path,
                                          found=f"{type(e).__name__}: {str(e)[:200]}") from None
         check_scale_finite(key, s, path)
+
+
+def _check_block(key: str, t, path: str, *, read_data: bool) -> None:
+    try:
+        parts = [(t.qdata, " (codes)"), (t.scale, " (block scales)")]
+        pts = getattr(t, "per_tensor_scale", None)
+        if pts is not None:
+            parts.append((pts, " (per-tensor scale)"))
+        problem = None
+        for part, what in parts:
+            if not isinstance(part, torch.Tensor):
+                problem = f"{what.strip(' ()')} is {type(part).__name__}"
+                break
+        problem = problem or _block_problem(t)
+    except Exception as e:  # noqa: BLE001 - any inconsistency inside a stranger's tensor is corruption
+        problem = f"{type(e).__name__}: {str(e)[:200]}"
+    if problem:
+        raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' ({qtensor.kind_of(t)}) is inconsistent.",
+                                     path=path, found=problem, fix="Download or build the file again.")
+    for part, what in parts:
+        _check_layout(key, part, path, what)
+    if read_data:
+        try:
+            ts, _ = qtensor.parts(t)
+        except Exception as e:  # noqa: BLE001
+            raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' is inconsistent.", path=path,
+                                         found=f"{type(e).__name__}: {str(e)[:200]}") from None
+        if pts is not None:
+            check_scale_finite(key, pts.reshape(1), path)
+        if qtensor.kind_of(t) == "nvfp4":  # e4m3 bytes 0x7f / 0xff are NaN: every weight of that block would be
+            bad = ((ts[1] & 0x7F) == 0x7F).any()
+        else:  # e8m0 byte 0xff is NaN
+            bad = (ts[1] == 0xFF).any()
+        if bool(bad):
+            raise CorruptCheckpointError(f"A block scale of quantized tensor '{key[:80]}' is NaN: every output of "
+                                         "that layer would be NaN.", path=path, fix="Download or build the file again.")
 
 
 def check_scale_finite(key: str, s, path: str) -> None:

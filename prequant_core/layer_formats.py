@@ -1,0 +1,179 @@
+"""What a v2 (ConvRot) or v3 (NVFP4 layer policy) file declares about its layers, checked against what it holds
+(docs/FORMAT.md section 9). Every reason names the field, what was expected and what was found; nothing about a
+layer changes before all of them pass."""
+from __future__ import annotations
+
+from . import qtensor, rotation
+from .checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
+
+POLICY_KIND = "unsloth_nvfp4_layer_policy_v1"
+# a policy's format names -> what the file's weights are (qtensor.kind_of); "bf16" layers are plain weights
+POLICY_FORMATS = {"nvfp4": "nvfp4", "fp8": "float8", "int8": "int8", "mxfp8": "mxfp8", "bf16": None}
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _names(v, field: str, reasons: list[str]) -> list[str] | None:
+    if not isinstance(v, (list, tuple)) or not v:
+        reasons.append(f"metadata '{field}' must be a non-empty list of layer names, found {type(v).__name__} "
+                       f"{str(v)[:60]!r}")
+        return None
+    bad = [x for x in v if not isinstance(x, str) or not x]
+    if bad:
+        reasons.append(f"metadata '{field}' must hold non-empty layer names, found {str(bad[0])[:60]!r}")
+        return None
+    dup = sorted({x for x in v if list(v).count(x) > 1})
+    if dup:
+        reasons.append(f"metadata '{field}' names layers more than once: {', '.join(dup[:3])}")
+        return None
+    return list(v)
+
+
+def expected_tag(meta: dict) -> str:
+    if meta.get("nvfp4_policy") is not None:
+        return FORMAT_V3
+    if meta.get("activation_rotation"):
+        return FORMAT_V2
+    return FORMAT_V1
+
+
+def tag_reasons(ckpt: Checkpoint) -> list[str]:
+    """v3 exactly when a policy is declared, v2 exactly when a rotation is, never both."""
+    m, tag = ckpt.metadata, ckpt.format_tag
+    if m.get("nvfp4_policy") is not None and m.get("activation_rotation"):
+        return ["metadata declares both 'nvfp4_policy' and 'activation_rotation': a file is either a v3 NVFP4 "
+                "policy or a v2 ConvRot file, never both"]
+    want = expected_tag(m)
+    if tag is not None and tag in (FORMAT_V1, FORMAT_V2, FORMAT_V3) and tag != want:
+        why = {FORMAT_V3: "it declares 'nvfp4_policy'", FORMAT_V2: "it declares 'activation_rotation'",
+               FORMAT_V1: "it declares neither 'nvfp4_policy' nor 'activation_rotation'"}[want]
+        return [f"format tag is '{tag}', expected '{want}' because {why}"]
+    return []
+
+
+def policy_reasons(ckpt: Checkpoint, scheme: str | None) -> list[str]:
+    """The ``nvfp4_policy`` block, and a per-format layer count equal to what the file holds."""
+    pol = ckpt.metadata.get("nvfp4_policy")
+    kinds: dict[str, int] = {}
+    for v in ckpt.tensors.values():
+        if qtensor.is_quantized(v):
+            k = qtensor.kind_of(v)
+            kinds[k] = kinds.get(k, 0) + 1
+    if pol is None:
+        block = [k for k in kinds if k in qtensor.BLOCK_KINDS]
+        if block and len(kinds) > 1:
+            return [f"the file mixes {' and '.join(sorted(kinds))} weights without an 'nvfp4_policy' block saying "
+                    "which layer is which"]
+        return []
+    reasons: list[str] = []
+    if not isinstance(pol, dict):
+        return [f"metadata 'nvfp4_policy' must be an object, found {type(pol).__name__}"]
+    if pol.get("kind") != POLICY_KIND:
+        reasons.append(f"nvfp4_policy 'kind' is {str(pol.get('kind'))[:60]!r}, expected '{POLICY_KIND}'")
+    if not isinstance(pol.get("policy_id"), str) or not pol.get("policy_id"):
+        reasons.append(f"nvfp4_policy 'policy_id' must be a non-empty string, found {str(pol.get('policy_id'))[:60]!r}")
+    ver = pol.get("policy_version")
+    if not _int(ver) or ver < 1:
+        reasons.append(f"nvfp4_policy 'policy_version' must be an integer >= 1, found {str(ver)[:30]!r}")
+    for flag in ("activation_scales_baked", "gptq"):
+        if flag in pol and not isinstance(pol[flag], bool):
+            reasons.append(f"nvfp4_policy '{flag}' must be true/false, found {str(pol[flag])[:30]!r}")
+    if scheme is not None and scheme != "nvfp4":
+        reasons.append(f"a file with an nvfp4_policy must have scheme 'nvfp4', found '{scheme}'")
+    counts = pol.get("counts")
+    if not isinstance(counts, dict) or not counts:
+        reasons.append(f"nvfp4_policy 'counts' must be a non-empty object (format -> layers), found "
+                       f"{str(counts)[:60]!r}")
+        counts = None
+    fqns = _names(pol.get("nvfp4_fqns"), "nvfp4_policy.nvfp4_fqns", reasons)
+    if counts is not None:
+        for fmt, n in counts.items():
+            if fmt not in POLICY_FORMATS:
+                reasons.append(f"nvfp4_policy 'counts' names format '{str(fmt)[:30]}', expected one of "
+                               f"{', '.join(POLICY_FORMATS)}")
+            elif not _int(n) or n < 0:
+                reasons.append(f"nvfp4_policy counts['{fmt}'] must be a whole number, found {str(n)[:30]!r}")
+        if reasons:
+            return reasons
+        for fmt, kind in POLICY_FORMATS.items():
+            if kind is None:
+                continue
+            have, say = kinds.get(kind, 0), counts.get(fmt, 0)
+            if have != say:
+                reasons.append(f"nvfp4_policy counts['{fmt}'] is {say}, the file holds {have} {fmt} layers")
+        plain = sum(1 for k, v in ckpt.tensors.items()
+                    if not qtensor.is_quantized(v) and k.endswith(".weight") and getattr(v, "ndim", 0) == 2)
+        if counts.get("bf16", 0) > plain:
+            reasons.append(f"nvfp4_policy counts['bf16'] is {counts['bf16']}, the file holds only {plain} plain "
+                           "2-D weights")
+        if fqns is not None and len(fqns) != counts.get("nvfp4", 0):
+            reasons.append(f"nvfp4_policy lists {len(fqns)} nvfp4 layers in 'nvfp4_fqns', counts['nvfp4'] is "
+                           f"{counts.get('nvfp4', 0)}")
+    if fqns is not None:
+        notnv = [f for f in fqns if not (qtensor.is_quantized(ckpt.tensors.get(f + ".weight"))
+                                         and qtensor.kind_of(ckpt.tensors[f + ".weight"]) == "nvfp4")]
+        if notnv:
+            reasons.append(f"nvfp4_policy.nvfp4_fqns names {len(notnv)} layers that are not NVFP4 weights in the "
+                           f"file, e.g. '{notnv[0][:80]}'")
+    return reasons
+
+
+def rotation_reasons(ckpt: Checkpoint) -> list[str]:
+    """``activation_rotation`` / ``_group`` / ``_fqns``: each listed layer exists, is a quantized Linear weight,
+    and its input width divides by the group."""
+    m = ckpt.metadata
+    kind = m.get("activation_rotation")
+    if not kind:
+        return []
+    if kind != rotation.KIND:
+        return [f"activation_rotation is {str(kind)[:60]!r}, expected '{rotation.KIND}' (the only rotation this pack "
+                "rebuilds)"]
+    reasons: list[str] = []
+    group = m.get("activation_rotation_group", rotation.DEFAULT_GROUP)
+    if not rotation.is_power_of_4(group):
+        reasons.append(f"activation_rotation_group must be an integer power of 4 (4, 16, 64, 256, ...), found "
+                       f"{type(group).__name__} {str(group)[:30]!r}")
+    fqns = _names(m.get("activation_rotation_fqns"), "activation_rotation_fqns", reasons)
+    if reasons:
+        return reasons
+    for f in fqns:
+        w = ckpt.tensors.get(f + ".weight")
+        if w is None:
+            reasons.append(f"activation_rotation_fqns names '{f[:80]}', which has no weight in the file")
+        elif not qtensor.is_quantized(w) or len(w.shape) != 2:
+            reasons.append(f"activation_rotation_fqns names '{f[:80]}', which is not a quantized Linear weight")
+        elif w.shape[1] % group:
+            reasons.append(f"activation_rotation_fqns names '{f[:80]}' with input width {w.shape[1]}, not divisible "
+                           f"by the rotation group {group}")
+        if len(reasons) >= 5:
+            break
+    return reasons
+
+
+def mark_rotations(ckpt: Checkpoint) -> int:
+    """After ``rotation_reasons`` passed: tag each rotated weight with its group, which its ``QSpec`` then carries
+    through key maps, fusing and into the ComfyUI Linear. Returns how many were tagged."""
+    m = ckpt.metadata
+    if not m.get("activation_rotation"):
+        return 0
+    group = m.get("activation_rotation_group", rotation.DEFAULT_GROUP)
+    for f in m["activation_rotation_fqns"]:
+        setattr(ckpt.tensors[f + ".weight"], qtensor.ROTATION_ATTR, group)
+    return len(m["activation_rotation_fqns"])
+
+
+def summary(meta: dict) -> str | None:
+    """One line for Info: the policy (layers per format) or the rotation."""
+    pol = meta.get("nvfp4_policy")
+    if isinstance(pol, dict):
+        counts = pol.get("counts") if isinstance(pol.get("counts"), dict) else {}
+        per = ", ".join(f"{n} {fmt}" for fmt, n in counts.items())
+        return f"NVFP4 layer policy '{str(pol.get('policy_id'))[:60]}' v{pol.get('policy_version')}: {per} layers"
+    if meta.get("activation_rotation"):
+        fq = meta.get("activation_rotation_fqns")
+        n = len(fq) if isinstance(fq, (list, tuple)) else "?"
+        return (f"ConvRot: {n} layers' inputs rotated by a block Hadamard of "
+                f"{meta.get('activation_rotation_group', rotation.DEFAULT_GROUP)}")
+    return None

@@ -1,0 +1,277 @@
+"""NVFP4 / MXFP8 / v3 layer-policy / ConvRot (v2) files through the real ComfyUI (headless, CPU).
+
+The CPU has no NVFP4 or MX kernels, so every weight here runs the dequantize-at-matmul path, which is the path any
+device other than a Blackwell GPU takes. Files are written with torchao's own tensor classes (the builder, or
+``schemes.quantize_weight``); outputs are compared with quantizing the same dense weights at load time.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from prequant_core import build, families, formats, layer_formats, qtensor, rotation, schemes, writers
+from prequant_core.checkpoint import FORMAT_V2, FORMAT_V3
+from tools import tiny_families as tf
+
+FAMILY = "flux.1"  # fused qkv in ComfyUI: NVFP4 rows with different per-tensor scales end up in one Linear
+
+
+def sample(model, steps=2, seed=0):
+    import comfy.sample
+    ctx, extra = tf.conditioning(FAMILY, seed)
+    cond = [[ctx, dict(extra)]]
+    latent = torch.zeros(tf.TINY[FAMILY].latent)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed + 1))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", cond, cond, latent, seed=seed,
+                                   disable_pbar=True)
+
+
+_dense: dict = {}
+
+
+def dense():
+    if "d" not in _dense:
+        _dense["d"] = tf.dense(FAMILY, seed=0)
+    return _dense["d"]
+
+
+@pytest.fixture(scope="module")
+def folder(comfy):
+    import folder_paths
+    d = os.path.join(folder_paths.get_folder_paths("prequant")[0], "block")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def load(comfy, name, **kw):
+    nodes, _ = comfy
+    with torch.inference_mode():
+        return nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("block/" + name, **kw)
+
+
+def load_time(comfy, tensors):
+    """The reference: the same dense weights quantized in memory, placed by the same ComfyUI model builder."""
+    return comfy[1].nodes.comfy_model.build_patcher(families.get(FAMILY), "diffusers", tensors, {})
+
+
+def built(folder, scheme) -> str:
+    name = f"FLUX.1-schnell-{scheme.upper()}.pt"
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        build.build_from_tensors(path, dense(), family=families.get(FAMILY), scheme=scheme,
+                                 base_model_id=tf.TINY[FAMILY].base_model_id, container="pt")
+    return name
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp8"])
+def test_block_file_equals_load_time_quantization_and_says_its_path(comfy, folder, scheme):
+    name = built(folder, scheme)
+    ck = formats.read(os.path.join(folder, name))
+    assert ck.format_tag == "unsloth_prequant_transformer_state_dict_v1" and ck.metadata["scheme"] == scheme
+    assert ck.schemes_found() == {scheme}
+    res = load(comfy, name, scheme=scheme)
+    model, summary = res["result"][0], res["ui"]["prequant"][0]
+    assert "dequantized at matmul" in summary["matmul"] and scheme in summary["matmul"], summary["matmul"]
+    dm = model.model.diffusion_model
+    qkv = dm.double_blocks[0].img_attn.qkv
+    assert qkv.prequant_spec.kind == scheme
+    if scheme == "nvfp4":  # the fused q/k/v rows keep their own per-tensor scales
+        assert qkv.weight.dtype == torch.uint8 and qkv.weight.shape[1] * 2 == qkv.in_features
+        assert len(torch.unique(qkv.weight_scale_2)) == 3
+    out = sample(model)
+    q, _ = build.quantize_tensors(dense(), scheme)
+    ref = sample(load_time(comfy, q))
+    d = sample(load_time(comfy, dict(dense())))
+    rel = ((out - d).norm() / d.norm()).item()
+    print(f"\n[{scheme}] max |prequant - load-time| = {(out - ref).abs().max().item()}; rel. error vs dense {rel:.4f}")
+    assert torch.isfinite(out).all() and torch.equal(out, ref)
+    assert 0 < rel < 0.25
+
+
+def test_nvfp4_model_size_is_the_real_bytes(comfy, folder):
+    """ComfyUI's memory manager sees the packed 4-bit size, well under the fp8 file's model."""
+    nv = load(comfy, built(folder, "nvfp4"))["result"][0]
+    fp8 = load(comfy, built(folder, "fp8"))["result"][0]
+    mm = {n: sum(p.numel() * p.element_size() for p in m.model.diffusion_model.parameters()) for n, m in
+          (("nv", nv), ("fp8", fp8))}
+    assert nv.model_size() == pytest.approx(mm["nv"], rel=0.01)
+    assert mm["nv"] < 0.8 * mm["fp8"], mm
+
+
+def test_nvfp4_lora_patches_only_its_rows_and_unpatches_exactly(comfy, folder):
+    import comfy.model_management as mm
+    import folder_paths
+    from safetensors.torch import save_file
+    nodes, _ = comfy
+    model = load(comfy, built(folder, "nvfp4"))["result"][0]
+    base = sample(model)
+    qkv = model.model.diffusion_model.double_blocks[0].img_attn.qkv
+    h = model.model.diffusion_model.hidden_size
+    orig = [p.clone() for p in qkv.prequant_parts()]
+    orig_dense = qkv.prequant_dense().clone()
+    g = torch.Generator().manual_seed(5)
+    sd = {"transformer.transformer_blocks.0.attn.to_k.lora_B.weight": (torch.randn(h, 4, generator=g) * 0.2)
+          .to(torch.bfloat16),
+          "transformer.transformer_blocks.0.attn.to_k.lora_A.weight": (torch.randn(4, h, generator=g) * 0.2)
+          .to(torch.bfloat16)}
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    save_file(sd, os.path.join(lora_dir, "tiny_flux1_nvfp4_lora.safetensors"))
+    with torch.inference_mode():
+        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
+            model, "tiny_flux1_nvfp4_lora.safetensors", 1.0)[0]
+    with_lora = sample(lora)
+    assert torch.isfinite(with_lora).all() and not torch.equal(with_lora, base)
+    delta = (qkv.prequant_dense() - orig_dense).abs()
+    assert delta[h:2 * h].max() > 0 and torch.cat([delta[:h], delta[2 * h:]]).max() == 0
+    assert torch.equal(qkv.weight_scale_2[:h], orig[2][:h]) and torch.equal(qkv.weight_scale_2[2 * h:], orig[2][2 * h:])
+    mm.unload_all_models()
+    assert all(torch.equal(a, b) for a, b in zip(qkv.prequant_parts(), orig)), "unpatch restores every part"
+    assert torch.equal(sample(model), base)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# v3: a layer policy mixing NVFP4, per-row fp8 and bf16 layers
+
+
+def policy_tensors():
+    """Unsloth-style policy on the tiny model: attention projections NVFP4, MLPs fp8, one big Linear kept bf16."""
+    fam = families.get(FAMILY)
+    out, fqns, counts = {}, [], {"nvfp4": 0, "fp8": 0, "bf16": 0}
+    flt = schemes.LayerFilter("fp8", schemes.DEFAULT_MIN_FEATURES, ())
+    lin = set(build.linear_weight_keys(dense()))
+    for k, v in dense().items():
+        v = v.to(torch.bfloat16)
+        mod = k[:-len(".weight")]
+        if k not in lin or flt.reason_skipped(mod, v) is not None:
+            out[k] = v
+        elif "single_transformer_blocks.0.proj_out" in k:
+            out[k] = v
+            counts["bf16"] += 1
+        elif ".attn." in k:
+            out[k] = schemes.quantize_weight(v, "nvfp4")
+            fqns.append(mod)
+            counts["nvfp4"] += 1
+        else:
+            out[k] = schemes.quantize_weight(v, "fp8")
+            counts["fp8"] += 1
+    meta = build.make_metadata(family=fam, scheme="nvfp4", base_model_id=tf.TINY[FAMILY].base_model_id,
+                               min_features=schemes.DEFAULT_MIN_FEATURES, exclude=[], tensors=out, skipped=[])
+    meta["nvfp4_policy"] = {"kind": layer_formats.POLICY_KIND, "policy_id": "tiny_flux_attn_v1", "policy_version": 1,
+                            "counts": counts, "nvfp4_fqns": fqns, "activation_scales_baked": False, "gptq": False}
+    return out, meta
+
+
+def test_v3_policy_file_loads_mixed_layers_like_load_time(comfy, folder):
+    tensors, meta = policy_tensors()
+    path = os.path.join(folder, "FLUX.1-schnell-NVFP4-policy.pt")
+    writers.write_pt(path, tensors, meta)
+    ck = formats.read(path)
+    assert ck.format_tag == FORMAT_V3 and ck.schemes_found() == {"nvfp4", "fp8"}
+    res = load(comfy, os.path.basename(path), scheme="nvfp4")
+    model = res["result"][0]
+    kinds = {m.prequant_spec.kind for m in model.model.diffusion_model.modules() if getattr(m, "prequant_spec", None)}
+    assert kinds == {"nvfp4", "float8"}
+    # FLUX fuses q, k, v (nvfp4 here) with the MLP input (fp8): that one weight is kept as its exact dense rows
+    assert getattr(model.model.diffusion_model.single_blocks[0].linear1, "prequant_spec", None) is None
+    assert sample(model).equal(sample(load_time(comfy, dict(tensors))))
+    info = comfy[0].NODE_CLASS_MAPPINGS["PrequantInfo"]().inspect("block/" + os.path.basename(path))
+    text = str(info)
+    assert "tiny_flux_attn_v1" in text and f"{meta['nvfp4_policy']['counts']['nvfp4']} nvfp4" in text
+
+
+def test_v3_policy_with_wrong_counts_is_refused_naming_the_field(comfy, folder):
+    from prequant_core.errors import ValidationError
+    tensors, meta = policy_tensors()
+    meta["nvfp4_policy"]["counts"]["fp8"] += 1
+    path = os.path.join(folder, "FLUX.1-schnell-NVFP4-badpolicy.pt")
+    writers.write_pt(path, tensors, meta)
+    with pytest.raises(ValidationError) as e:
+        load(comfy, os.path.basename(path))
+    msg = str(e.value)
+    assert "counts['fp8']" in msg and "the file holds" in msg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# v2: ConvRot (int8 weights of W·H, inputs rotated by the block Hadamard at run time)
+
+
+def convrot_tensors(group=64):
+    fam = families.get(FAMILY)
+    flt = schemes.LayerFilter("int8", schemes.DEFAULT_MIN_FEATURES, tuple(schemes.exclude_tokens("int8", ())))
+    lin = set(build.linear_weight_keys(dense()))
+    out, fqns = {}, []
+    for k, v in dense().items():
+        v = v.to(torch.bfloat16)
+        mod = k[:-len(".weight")]
+        if k in lin and flt.reason_skipped(mod, v) is None:
+            if ".attn." in k or ".ff." in k:
+                v = rotation.rotate(v.to(torch.float64), group).to(torch.bfloat16)  # W H (H symmetric)
+                fqns.append(mod)
+            out[k] = schemes.quantize_weight(v, "int8")
+        else:
+            out[k] = v
+    meta = build.make_metadata(family=fam, scheme="int8", base_model_id=tf.TINY[FAMILY].base_model_id,
+                               min_features=schemes.DEFAULT_MIN_FEATURES,
+                               exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra), tensors=out, skipped=[])
+    meta.update(activation_rotation=rotation.KIND, activation_rotation_group=group, activation_rotation_fqns=fqns)
+    return out, meta
+
+
+def test_convrot_file_rotates_inputs_and_matches_the_dense_model(comfy, folder):
+    tensors, meta = convrot_tensors()
+    path = os.path.join(folder, "FLUX.1-schnell-INT8-ConvRot.pt")
+    writers.write_pt(path, tensors, meta)
+    assert formats.read(path).format_tag == FORMAT_V2
+    model = load(comfy, os.path.basename(path), scheme="int8")["result"][0]
+    dm = model.model.diffusion_model
+    rotated = [m for m in dm.modules() if getattr(m, "prequant_spec", None) is not None and m.prequant_spec.rotation]
+    assert rotated and all(m.prequant_spec.rotation == 64 for m in rotated)
+    assert dm.double_blocks[0].img_attn.qkv.prequant_spec.rotation == 64  # fused parts, all rotated alike
+
+    # one layer against a float64 reference: (codes * scale) @ (H x), weight-only path
+    lin = dm.double_blocks[0].img_attn.proj
+    lin.prequant_matmul = "weight-only"
+    x = torch.randn(3, lin.in_features, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        got = lin(x)
+    w64 = lin.weight.to(torch.float64) * lin.weight_scale.to(torch.float64)
+    ref = rotation.rotate(x.to(torch.float64), 64) @ w64.T + lin.bias.to(torch.float64)
+    assert ((got.to(torch.float64) - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    lin.prequant_matmul = None
+
+    # the whole model: the rotated int8 file tracks the dense model as well as the plain int8 file does
+    out = sample(model)
+    d = sample(load_time(comfy, dict(dense())))
+    q, _ = build.quantize_tensors(dense(), "int8", exclude=schemes.exclude_tokens("int8", ()))
+    plain = sample(load_time(comfy, q))
+    rel_rot = ((out - d).norm() / d.norm()).item()
+    rel_plain = ((plain - d).norm() / d.norm()).item()
+    print(f"\n[ConvRot] rel. error vs dense: rotated int8 {rel_rot:.4f}, plain int8 {rel_plain:.4f}")
+    assert torch.isfinite(out).all() and rel_rot < 2 * rel_plain + 0.01
+
+
+def test_convrot_without_its_rotation_would_be_wrong(comfy, folder):
+    """The rotation is doing the work: the same file with the rotation fields removed drifts far from dense."""
+    tensors, meta = convrot_tensors()
+    for k in ("activation_rotation", "activation_rotation_group", "activation_rotation_fqns"):
+        meta.pop(k)
+    path = os.path.join(folder, "FLUX.1-schnell-INT8-unrotated.pt")
+    writers.write_pt(path, tensors, meta)
+    out = sample(load(comfy, os.path.basename(path))["result"][0])
+    d = sample(load_time(comfy, dict(dense())))
+    assert ((out - d).norm() / d.norm()).item() > 0.3
+
+
+def test_convrot_with_a_bad_group_is_refused_before_any_layer_changes(comfy, folder):
+    from prequant_core.errors import ValidationError
+    tensors, meta = convrot_tensors()
+    meta["activation_rotation_group"] = 32  # a power of 2, not of 4
+    path = os.path.join(folder, "FLUX.1-schnell-INT8-ConvRot-bad.pt")
+    writers.write_pt(path, tensors, meta)
+    with pytest.raises(ValidationError) as e:
+        load(comfy, os.path.basename(path))
+    assert "activation_rotation_group" in str(e.value) and "power of 4" in str(e.value)
