@@ -90,22 +90,33 @@ def combo_options(spec):
     return None
 
 
-def loader_node(wf):
+def loader_nodes(wf) -> list[dict]:
+    """The workflow's loaders: one, or one per expert of a two-expert model (Wan 2.2 A14B: high / low noise)."""
     loaders = [n for n in wf["nodes"] if n["type"] == LOADER]
-    assert len(loaders) == 1
-    return loaders[0]
+    assert 1 <= len(loaders) <= 2
+    return loaders
+
+
+def loader_node(wf):
+    return loader_nodes(wf)[0]
+
+
+def node_values(node, loader_info) -> dict:
+    named, problems = widget_values(node, loader_info)
+    assert not problems, problems
+    named.setdefault("component", "transformer")  # workflows saved before the input existed
+    return named
 
 
 def loader_values(wf, loader_info) -> dict:
-    named, problems = widget_values(loader_node(wf), loader_info)
-    assert not problems, problems
-    return named
+    return node_values(loader_node(wf), loader_info)
 
 
 def hosted_target(named) -> sources.Candidate:
     """The Hub candidate that serves the file the workflow names (what the node will download)."""
     plan = sources.plan(None, named["hub_repo"], named["family"], named["scheme"],
-                        base_model_id=named["base_model_id"], revision=named["revision"], preset=named["preset"])
+                        base_model_id=named["base_model_id"], revision=named["revision"], preset=named["preset"],
+                        component=named["component"])
     c = sources.provider(plan, named["checkpoint"])
     assert c is not None, f"nothing in the workflow's preset / hub_repo / family serves {named['checkpoint']}"
     return c
@@ -122,25 +133,32 @@ def other_model_files(wf) -> list[tuple[dict, str]]:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, comfy):
-    """The loopback Hub holding, for each workflow, a tiny real model of its family (fp8, built from the base the
-    workflow names) under the hosted repo and file name; a ComfyUI base folder with an empty models/prequant."""
+    """The loopback Hub holding, for each workflow's loader, a tiny real model of its family (of the scheme and
+    component the loader asks for, built from the base the workflow names) under the hosted repo and file name; a
+    ComfyUI base folder with an empty models/prequant. served: {workflow: [(repo, file, local, loader id)]}."""
     from prequant_core import build
     from tools import tiny_families, tiny_models
     _, pack = comfy
     loader_info = {"input": pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()}
     files_dir = tmp_path_factory.mktemp("hosted")
     hub = HubServer().start()
-    served = {}
+    served, by_repo = {}, {}
     for path in WORKFLOWS:
-        named = loader_values(load_wf(path), loader_info)
-        c = hosted_target(named)
-        fam = named["family"]
-        dense = tiny_models.zimage_dense(seed=0) if fam == "z-image" else tiny_families.dense(fam, seed=0)
-        local = str(files_dir / named["checkpoint"])
-        build.build_from_tensors(local, dense, family=families.get(fam), scheme=c.scheme,
-                                 base_model_id=named["base_model_id"])
-        hub.commit(c.repo, {named["checkpoint"]: local})
-        served[os.path.basename(path)] = (c.repo, named["checkpoint"], local)
+        for node in loader_nodes(load_wf(path)):
+            named = node_values(node, loader_info)
+            c = hosted_target(named)
+            fam = named["family"]
+            seed = families.get(fam).components.index(named["component"])  # each expert its own weights
+            dense = tiny_models.zimage_dense(seed=0) if fam == "z-image" else tiny_families.dense(fam, seed=seed)
+            local = str(files_dir / named["checkpoint"])
+            build.build_from_tensors(local, dense, family=families.get(fam), scheme=c.scheme,
+                                     base_model_id=named["base_model_id"], component=named["component"],
+                                     container=os.path.splitext(local)[1][1:])
+            by_repo.setdefault(c.repo, {})[named["checkpoint"]] = local  # one commit per repo holds all its files
+            served.setdefault(os.path.basename(path), []).append((c.repo, named["checkpoint"], local,
+                                                                   str(node["id"])))
+    for repo, files in by_repo.items():
+        hub.commit(repo, files)
     base = tmp_path_factory.mktemp("wf_server")
     models = base / "models"
     (models / "prequant").mkdir(parents=True)
@@ -166,7 +184,7 @@ def server(env):
 def test_there_is_a_workflow_for_every_family(comfy):
     _, pack = comfy
     loader_info = {"input": pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()}
-    covered = {loader_values(load_wf(p), loader_info)["family"] for p in WORKFLOWS}
+    covered = {node_values(n, loader_info)["family"] for p in WORKFLOWS for n in loader_nodes(load_wf(p))}
     # Families no ComfyUI this pack can test has a model class for (comfy_unet_config None: the loader refuses them
     # naming min_comfy) get a workflow once one can be run here; every other family must have one.
     runnable = {n for n, f in families.FAMILIES.items() if f.comfy_unet_config is not None}
@@ -218,23 +236,31 @@ def test_workflow_runs_as_shipped_for_a_user_without_the_file(env, server, path)
     wf = load_wf(path)
     info = server.object_info
     hub = env["hub"]
-    repo, fname, hosted = env["served"][os.path.basename(path)]
-    target = os.path.join(server.base_dir, "models", "prequant", fname)
-    assert not os.path.exists(target)
-    assert fname not in info[LOADER]["input"]["required"]["checkpoint"][0]  # not in the user's list
+    served = env["served"][os.path.basename(path)]
+    prequant_dir = os.path.join(server.base_dir, "models", "prequant")
+    for _, fname, _, _ in served:
+        assert not os.path.exists(os.path.join(prequant_dir, fname))
+        assert fname not in info[LOADER]["input"]["required"]["checkpoint"][0]  # not in the user's list
 
     problems = _graph_problems(wf, info)
     assert not problems, "\n".join(problems)
     assert [n for n in wf["nodes"] if info.get(n["type"], {}).get("output_node")], "the workflow produces nothing"
 
-    # The pre-quantized transformer: a hosted file of the family the node names, built from one of its bases
-    named = loader_values(wf, info[LOADER])
-    fam = named["family"]
-    assert named["base_model_id"] in families.get(fam).base_repos
-    assert sources.hosted_repo(fam, base_model_id=named["base_model_id"]) == repo
-    p = sources.get_preset(named["preset"])
-    assert (p.repo, p.family, p.scheme) == (repo, fam, named["scheme"])
-    assert named["download_to"] == "models/prequant" and named["path"] == "" and named["policy"] == "prequant only"
+    # The pre-quantized transformer(s): a hosted file of the family the node names, built from one of its bases; a
+    # two-expert model has one loader per expert, each asking for its component
+    nodes = {str(n["id"]): n for n in loader_nodes(wf)}
+    components = [node_values(nodes[lid], info[LOADER])["component"] for _, _, _, lid in served]
+    assert len(set(components)) == len(components)
+    for repo, fname, _, lid in served:
+        named = node_values(nodes[lid], info[LOADER])
+        fam = named["family"]
+        assert named["base_model_id"] in families.get(fam).base_repos
+        assert named["component"] in families.get(fam).components
+        assert sources.hosted_repo(fam, base_model_id=named["base_model_id"]) == repo
+        p = sources.get_preset(named["preset"])
+        assert (p.repo, p.family, p.scheme) == (repo, fam, named["scheme"])
+        assert named["download_to"] == "models/prequant" and named["path"] == "" and \
+            named["policy"] == "prequant only"
 
     # 1. ComfyUI's own validation accepts the whole graph as shipped (it used to answer "Value not in list")
     prompt = wfmod.to_api(wf, info)
@@ -244,26 +270,28 @@ def test_workflow_runs_as_shipped_for_a_user_without_the_file(env, server, path)
         pytest.fail(f"ComfyUI rejected the workflow: {e}")
     first = server.wait(pid, timeout=300)  # runs until a placeholder text encoder / VAE fails to load
 
-    # 2. The loader with the workflow's values, to a model: the named file is fetched into models/prequant
-    lid = str(loader_node(wf)["id"])
-    partial = {lid: prompt[lid], "999": {"class_type": "PreviewAny", "inputs": {"source": [lid, 0]}}}
-    entry = server.run(partial, timeout=300)
-    assert execution_error(entry) is None, execution_error(entry) or server.log_tail()
-    s = entry["outputs"][lid]["prequant"][0]
-    assert (s["file"], s["family"], s["scheme"]) == (fname, fam, named["scheme"])
-    assert s["location"] == target and s["base_model_id"] == named["base_model_id"]
-    assert sha256(target) == sha256(hosted)
-    assert len(hub.body_gets(fname)) == 1, "downloaded exactly once"
-    downloads = [o["prequant"][0] for e in (first, entry) for o in e["outputs"].values() if "prequant" in o]
-    assert any(d.get("source") == f"hub:{repo}@main" and d.get("downloaded") for d in downloads), downloads
-    text = [o["text"][0] for e in (first, entry) for o in e["outputs"].values() if "text" in o]
-    assert any(f"File: {target}" in t and f"from {repo}@main" in t for t in text), text
-    # nothing half-written or left over next to it; the file is in the node's list now
-    prequant_dir = os.path.join(server.base_dir, "models", "prequant")
+    # 2. Each loader with the workflow's values, to a model: the named file is fetched into models/prequant
+    for repo, fname, hosted, lid in served:
+        named = node_values(nodes[lid], info[LOADER])
+        target = os.path.join(prequant_dir, fname)
+        partial = {lid: prompt[lid], "999": {"class_type": "PreviewAny", "inputs": {"source": [lid, 0]}}}
+        entry = server.run(partial, timeout=300)
+        assert execution_error(entry) is None, execution_error(entry) or server.log_tail()
+        s = entry["outputs"][lid]["prequant"][0]
+        assert (s["file"], s["family"], s["scheme"]) == (fname, named["family"], named["scheme"])
+        assert s["location"] == target and s["base_model_id"] == named["base_model_id"]
+        assert sha256(target) == sha256(hosted)
+        assert len(hub.body_gets(fname)) == 1, "downloaded exactly once"
+        downloads = [o["prequant"][0] for e in (first, entry) for k, o in e["outputs"].items()
+                     if "prequant" in o and k == lid]
+        assert any(d.get("source") == f"hub:{repo}@main" and d.get("downloaded") for d in downloads), downloads
+        text = [o["text"][0] for e in (first, entry) for o in e["outputs"].values() if "text" in o]
+        assert any(f"File: {target}" in t and f"from {repo}@main" in t for t in text), text
+        listed = server.get(f"/object_info/{LOADER}")[LOADER]["input"]["required"]["checkpoint"][0]
+        assert fname in listed
+    # nothing half-written or left over next to them
     left = [os.path.relpath(os.path.join(r, f), prequant_dir) for r, _, fs in os.walk(prequant_dir) for f in fs]
     assert not [f for f in left if f.endswith(".incomplete") or f.startswith(".prequant-download")], left
-    listed = server.get(f"/object_info/{LOADER}")[LOADER]["input"]["required"]["checkpoint"][0]
-    assert fname in listed
 
 
 def test_later_runs_need_no_network(env, server):
@@ -271,7 +299,7 @@ def test_later_runs_need_no_network(env, server):
     from tools.comfy_server import ComfyServer, execution_error
     prequant_dir = os.path.join(server.base_dir, "models", "prequant")
     have = sorted(os.listdir(prequant_dir))
-    want = sorted(f for _, f, _ in env["served"].values())
+    want = sorted(f for served in env["served"].values() for _, f, _, _ in served)
     assert [f for f in want if f in have] == want, "run the per-workflow test first (same module) to download"
     server.stop()
     hub = env["hub"]
@@ -282,13 +310,13 @@ def test_later_runs_need_no_network(env, server):
         for path in WORKFLOWS:
             wf = load_wf(path)
             prompt = wfmod.to_api(wf, info)
-            lid = str(loader_node(wf)["id"])
-            entry = s.run({lid: prompt[lid], "999": {"class_type": "PreviewAny", "inputs": {"source": [lid, 0]}}},
-                          timeout=300)
-            assert execution_error(entry) is None, execution_error(entry)
-            summary = entry["outputs"][lid]["prequant"][0]
-            assert summary["location"] == os.path.join(prequant_dir, env["served"][os.path.basename(path)][1])
-            assert "source" not in summary  # a local file, opened directly
+            for _, fname, _, lid in env["served"][os.path.basename(path)]:
+                entry = s.run({lid: prompt[lid],
+                               "999": {"class_type": "PreviewAny", "inputs": {"source": [lid, 0]}}}, timeout=300)
+                assert execution_error(entry) is None, execution_error(entry)
+                summary = entry["outputs"][lid]["prequant"][0]
+                assert summary["location"] == os.path.join(prequant_dir, fname)
+                assert "source" not in summary  # a local file, opened directly
     assert len(hub.log) == n, "no request reached the Hub"
     server.start()  # leave the module's server running for the tests after this one
     server.object_info = server.get("/object_info")
@@ -326,9 +354,10 @@ def test_workflows_declare_their_models_and_say_where_they_go(comfy):
         notes = [n for n in wf["nodes"] if n["type"] in NOTES]
         assert len(notes) == 1, f"{where}: one Note saying what the workflow needs"
         note = notes[0]["widgets_values"][0]
-        named = loader_values(wf, loader_info)
-        c = hosted_target(named)
-        assert named["checkpoint"] in note and c.repo in note and "models/prequant" in note, where
+        for node in loader_nodes(wf):
+            named = node_values(node, loader_info)
+            c = hosted_target(named)
+            assert named["checkpoint"] in note and c.repo in note and "models/prequant" in note, where
         files = other_model_files(wf)
         assert files, where
         for n, name in files:
