@@ -134,6 +134,15 @@ def test_builder_records_the_component(tmp_path):
     with pytest.raises(BuildError, match="has no component"):  # single-transformer families have none other
         build.build(dense(TI2V, 0), str(tmp_path / "y.safetensors"), scheme="fp8", family=families.get(TI2V),
                     component="transformer_2")
+    # the command line: --component, and the default name it gives the second expert's file
+    from prequant_core import cli, formats
+    from safetensors.torch import save_file
+    src = str(tmp_path / "dense_expert2.safetensors")
+    save_file(dense(A14B, 1), src)
+    assert cli.main(["build", "-i", src, "-o", str(tmp_path), "--scheme", "int8", "--family", A14B,
+                     "--component", "transformer_2", "-q"]) == 0
+    out = tmp_path / "Wan2.2-T2V-A14B-Diffusers-transformer_2-INT8.safetensors"
+    assert formats.read(str(out)).metadata["component"] == "transformer_2"
 
 
 def test_hub_names_of_the_nvfp4_repos():
