@@ -64,6 +64,11 @@ def read_time(path: str, cold: bool = False) -> float:
     return time.perf_counter() - t
 
 
+def prequant_name(scheme: str) -> str:
+    """Per-block schemes (nvfp4, mxfp8) are written as .pt, the others as .safetensors."""
+    return f"Z-Image-Turbo-{scheme.upper()}." + ("pt" if scheme in ("nvfp4", "mxfp8") else "safetensors")
+
+
 def make_files(folder: str, layers: int, schemes: list[str]) -> dict:
     """Dense ComfyUI-layout file (what ComfyUI detects) and pre-quantized diffusers-layout files."""
     import torch
@@ -86,8 +91,9 @@ def make_files(folder: str, layers: int, schemes: list[str]) -> dict:
     save_file(keymap.to_comfy(dense, comfy.utils.z_image_to_diffusers(cfg)), files["dense"])
     os.makedirs(os.path.join(folder, "prequant"), exist_ok=True)
     for s in schemes:
-        files[s] = os.path.join(folder, "prequant", f"Z-Image-Turbo-{s.upper()}.safetensors")
-        build.build_from_tensors(files[s], dense, family=fam, scheme=s, base_model_id="Tongyi-MAI/Z-Image-Turbo")
+        files[s] = os.path.join(folder, "prequant", prequant_name(s))
+        build.build_from_tensors(files[s], dense, family=fam, scheme=s, base_model_id="Tongyi-MAI/Z-Image-Turbo",
+                                 container=os.path.splitext(files[s])[1][1:])
     return files
 
 

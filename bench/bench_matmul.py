@@ -11,7 +11,8 @@ machine is shared: load drifts between rounds, much less within one).
 
     .venv/bin/python bench/bench_matmul.py [--latents 16,64] [--rounds 5] [--methods dense,fp8,int8] [--out FILE]
 
-``--methods``: ``dense``, ``fp8``, ``int8`` (the loader's choice) and ``fp8:quantized``, ``int8:weight-only`` ... (forced).
+``--methods``: ``dense``, ``fp8``, ``int8``, ``nvfp4``, ``mxfp8`` (the loader's choice) and ``fp8:quantized``,
+``int8:weight-only`` ... (forced). The file sizes of every scheme are printed side by side with the step times.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def main():
     latents = [int(x) for x in args.latents.split(",")]
     wanted = [m.strip() for m in args.methods.split(",")]
     methods = [(m.split(":")[0], m.split(":")[1] if ":" in m else None,
-                "default" if m in ("fp8", "int8") else None) for m in wanted]
+                "default" if m in ("fp8", "int8", "nvfp4", "mxfp8") else None) for m in wanted]
     assert methods[0][0] == "dense", "the first method must be dense (the reference)"
     base = tempfile.mkdtemp(prefix="prequant-bench-matmul-")
     try:
@@ -52,8 +53,11 @@ def main():
         import bench_load
         from prequant_core import devices
         t = time.time()
-        bench_load.make_files(os.path.join(base, "models"), args.layers, ["int8", "fp8"])
-        print(f"files made in {time.time() - t:.0f}s", flush=True)
+        made = sorted({s for s, _, _ in methods if s != "dense"} | {"fp8"})
+        files = bench_load.make_files(os.path.join(base, "models"), args.layers, made)
+        sizes = {s: os.path.getsize(p) for s, p in files.items()}
+        print(f"files made in {time.time() - t:.0f}s: " + ", ".join(f"{s} {sizes[s] / 2**20:.0f} MiB" for s in sizes),
+              flush=True)
         models, texts = {}, {}
         with torch.inference_mode():
             for scheme, force, _ in methods:
@@ -65,8 +69,7 @@ def main():
                 os.environ.pop(devices.ENV, None)
                 if force:
                     os.environ[devices.ENV] = force
-                res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(
-                    f"Z-Image-Turbo-{scheme.upper()}.safetensors")
+                res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(bench_load.prequant_name(scheme))
                 os.environ.pop(devices.ENV, None)
                 models[key] = res["result"][0]
                 texts[key] = res["ui"]["prequant"][0].get("matmul") or "?"
@@ -117,6 +120,8 @@ def main():
                 if mark == "default":
                     summary.append(f"- latent {latent}: {scheme} (loader's choice: {path}) step / dense = "
                                    f"{r['ratio']:.2f} (median of rounds; lowest {min(r['ratios']):.2f})")
+        summary.append("- file sizes: " + ", ".join(f"{s} {sizes[s] / 2**20:.0f} MiB" for s in sizes) + "; " + ", ".join(
+            f"{s} / fp8 = {sizes[s] / sizes['fp8']:.2f}" for s in sizes if s not in ("dense", "fp8")))
         table = "\n".join(lines + [""] + summary)
         print(table)
         if args.out:

@@ -73,9 +73,9 @@ def model_family(patcher, family: str) -> Family:
     candidates = [f for f in families.FAMILIES.values() if cfg_name in f.comfy_models]
     if len(candidates) == 1:
         return candidates[0]
-    keys = list(patcher.model.diffusion_model.state_dict().keys())
+    sd = patcher.model.diffusion_model.state_dict()
     try:
-        fam = families.detect(keys)[0]
+        fam = families.detect(list(sd), shapes={k: tuple(v.shape) for k, v in sd.items()})[0]
         return fam if not candidates or fam in candidates else candidates[0]
     except UnknownFamilyError as e:
         if candidates:
@@ -118,7 +118,7 @@ class PrequantBuildCheckpoint:
     OUTPUT_NODE = True
     SEARCH_ALIASES = ["int8", "fp8", "quantized", "quantize", "pre-quantized", "prequant", "unsloth", "torchao",
                       "save quantized model"]
-    DESCRIPTION = ("Quantizes a dense diffusion transformer (torchao int8 / fp8, per row) and writes a pre-quantized "
+    DESCRIPTION = ("Quantizes a dense diffusion transformer (torchao int8 / fp8 per row, or nvfp4 / mxfp8) and writes a pre-quantized "
                    "checkpoint into models/prequant, in the same format as Unsloth's quantized files. Connect a MODEL "
                    "from any stock loader, or pick a dense file from diffusion_models. Returns the written path "
                    "(feed it to Prequant Info).")
@@ -131,7 +131,9 @@ class PrequantBuildCheckpoint:
                                "(diffusers or ComfyUI keys; a shard of a diffusers folder builds the whole folder). "
                                "Leave on '(none)' to build from the model input."}),
                 "scheme": (list(schemes.SCHEMES), {"default": "int8", "tooltip": "int8 / fp8 quantize weights and "
-                           "activations; the weight-only variants keep activations in bf16."}),
+                           "activations; the weight-only variants keep activations in bf16. nvfp4 (4-bit) / mxfp8: "
+                           "per-block formats, written as .pt (set container to pt); they run natively on Blackwell "
+                           "GPUs and dequantize at matmul time elsewhere."}),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Recorded in the file so loaders can check it "
                                   "(e.g. Tongyi-MAI/Z-Image-Turbo). Empty: the family's base model."}),
                 "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO, "tooltip": "The model family "

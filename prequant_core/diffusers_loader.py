@@ -193,9 +193,38 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
                                      fix="Check that base and file are the same model and size.") from None
     _rebuild_non_persistent_buffers(model, ck.path)
     model = model.eval().to(device)
+    notes = notes + attach_layer_formats(model, device)
     f = located.fetched
     where = f"hub:{f.repo}@{f.revision}/{f.filename}" if f else "local"
     return Loaded(model, ck.path, fam.name, metadata_scheme(ck), where, notes + list(opened.verdict.notes))
+
+
+def attach_layer_formats(model: torch.nn.Module, device) -> list[str]:
+    """What torchao's own Linear dispatch does not do for these files: ConvRot layers rotate their input (a forward
+    pre-hook), and NVFP4 / MX weights on a device without their kernels dequantize at matmul time (the layer's
+    forward). Returns notes saying what was attached."""
+    from . import devices, qtensor, rotation
+    dev = devices.describe(device)
+    rotated = dequant = 0
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if not isinstance(m, torch.nn.Linear) or not qtensor.is_quantized(w):
+            continue
+        spec = qtensor.parts(w)[1]
+        if spec.rotation:
+            m.register_forward_pre_hook(lambda mod, args, g=spec.rotation: (rotation.rotate(args[0], g), *args[1:]))
+            rotated += 1
+        if spec.kind in qtensor.BLOCK_KINDS and devices.choose(spec.kind, spec.dynamic, dev).path == \
+                devices.WEIGHT_ONLY:
+            m.forward = lambda x, mod=m: torch.nn.functional.linear(
+                x, qtensor.dequantize_parts(*qtensor.parts(mod.weight), x.dtype), mod.bias)
+            dequant += 1
+    notes = []
+    if rotated:
+        notes.append(f"{rotated} ConvRot layers rotate their input (block Hadamard)")
+    if dequant:
+        notes.append(f"{dequant} NVFP4 / MX layers dequantize at matmul time on {dev.label()} (no native kernels)")
+    return notes
 
 
 def metadata_scheme(ck) -> str | None:

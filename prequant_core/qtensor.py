@@ -153,6 +153,25 @@ def _unswizzle(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return from_blocked(scale.reshape(-1), rows, cols).contiguous()
 
 
+BLOCK_TORCHAO = (0, 18)  # the torchao whose NVFP4Tensor / MXTensor fields this pack reads (earlier ones differ)
+
+
+def require_block_torchao() -> None:
+    """NVFP4 / MX weights need torchao's current tensor classes: say which torchao, rather than fail inside it."""
+    import torchao
+    from .errors import DependencyError
+    try:
+        have = tuple(int(x) for x in torchao.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return
+    if have < BLOCK_TORCHAO:
+        raise DependencyError("NVFP4 and MXFP8 weights need a newer torchao.",
+                              expected=f"torchao >= {BLOCK_TORCHAO[0]}.{BLOCK_TORCHAO[1]}",
+                              found=f"torchao {torchao.__version__}",
+                              fix=f"pip install -U 'torchao>={BLOCK_TORCHAO[0]}.{BLOCK_TORCHAO[1]}' in ComfyUI's "
+                                  "Python environment.")
+
+
 def parts(t) -> tuple[tuple, QSpec]:
     """Any quantized weight -> (plain tensors, spec); the inverse of ``assemble``. Rows come first in every part."""
     if isinstance(t, QParts):
@@ -160,6 +179,7 @@ def parts(t) -> tuple[tuple, QSpec]:
     if isinstance(t, (Int8Tensor, Float8Tensor)):
         q, s, spec = split(t)
         return (q, s), spec
+    require_block_torchao()
     if isinstance(t, NVFP4Tensor):
         q = t.qdata
         if q.ndim != 2 or q.stride(-2) < q.stride(-1):

@@ -91,6 +91,9 @@ def quantize_weight(weight: torch.Tensor, scheme: str):
             reduce_range=cfg.reduce_range)
     if scheme == "int8-weight-only":
         return Int8Tensor.from_hp(weight, granularity=cfg.granularity)
+    if scheme in BLOCK_SCHEMES:
+        from .qtensor import require_block_torchao
+        require_block_torchao()
     if scheme == "nvfp4":
         return _nvfp4_weight(weight, cfg)
     if scheme == "mxfp8":

@@ -104,8 +104,8 @@ def test_dense_pt_is_not_a_container(folder):
 
 
 @pytest.mark.parametrize("tag,needle", [
-    ("unsloth_prequant_transformer_state_dict_v2", "ConvRot"),
-    ("unsloth_prequant_transformer_state_dict_v3", "NVFP4"),
+    ("unsloth_prequant_transformer_state_dict_v2", "activation_rotation"),  # v2 / v3 tags need their fields
+    ("unsloth_prequant_transformer_state_dict_v3", "nvfp4_policy"),
     ("something_else_v9", "unknown format tag"),
 ])
 def test_format_tags_refused(prequant_files, folder, tag, needle):

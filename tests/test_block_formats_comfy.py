@@ -275,3 +275,24 @@ def test_convrot_with_a_bad_group_is_refused_before_any_layer_changes(comfy, fol
     with pytest.raises(ValidationError) as e:
         load(comfy, os.path.basename(path))
     assert "activation_rotation_group" in str(e.value) and "power of 4" in str(e.value)
+
+
+def test_nvfp4_on_the_low_vram_path_equals_the_full_load(comfy, folder):
+    """ComfyUI's low-VRAM mode streams each Linear's parts to the compute device per call (here the CPU again):
+    the same output as the model loaded whole."""
+    import comfy.model_management as mm
+    name = built(folder, "nvfp4")
+    full_model = load(comfy, name)["result"][0]
+    mm.unload_all_models()
+    with torch.inference_mode():
+        full_model.load(full_model.load_device, force_patch_weights=False, full_load=True)
+    full = sample(full_model)
+    del full_model
+    mm.unload_all_models()
+    model = load(comfy, name)["result"][0]
+    with torch.inference_mode():
+        model.load(model.load_device, lowvram_model_memory=1, force_patch_weights=False, full_load=False)
+    streamed = [m for m in model.model.diffusion_model.modules()
+                if getattr(m, "comfy_cast_weights", False) and getattr(m, "prequant_spec", None)]
+    assert len(streamed) >= 4 and all(m.prequant_spec.kind == "nvfp4" for m in streamed)
+    assert torch.equal(sample(model), full)

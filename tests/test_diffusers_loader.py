@@ -204,3 +204,25 @@ def test_missing_extra_is_a_typed_error_naming_the_fix():
     out = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr[-2000:]
     assert out.startswith("DEPENDENCY DependencyError |"), out
     assert "'accelerate'" in out and "requirements-diffusers.txt" in out
+
+
+def test_nvfp4_file_dequantizes_at_matmul_in_the_diffusers_class(tmp_path):
+    """The CPU has no NVFP4 kernels: each NVFP4 Linear computes with its weight dequantized exactly as torchao
+    dequantizes it, i.e. the dense model whose Linear weights are those dequantized weights."""
+    family = "qwen-image"
+    fam = families.get(family)
+    base_id = diffusers_check.base_model_id(family)
+    base_dir = tmp_path / "bases" / base_id.rsplit("/", 1)[-1]
+    tf.any_diffusers_model(family).save_config(str(base_dir / "transformer"))
+    dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
+    path = str(tmp_path / "Qwen-Image-NVFP4.pt")
+    build.build_from_tensors(path, dense, family=fam, scheme="nvfp4", base_model_id=base_id, container="pt")
+    loaded = diffusers_loader.load(fam.diffusers_class, str(base_dir), path, scheme="nvfp4", allow_dirs=[tmp_path])
+    assert any("dequantize at matmul" in n for n in loaded.notes), loaded.notes
+    q = formats.read(path).tensors
+    ref = diffusers_check.dense_load(family)
+    ref.load_state_dict({k: (v.dequantize(torch.bfloat16) if hasattr(v, "qdata") else v) for k, v in q.items()},
+                        assign=True)
+    with torch.no_grad():
+        got, want = tf.diffusers_forward(family, loaded.model), tf.diffusers_forward(family, ref.eval())
+    assert torch.isfinite(got).all() and torch.equal(got, want)
