@@ -369,7 +369,7 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
     elif family and str(family).strip().lower() != "auto":
         fam = families.get(family)
     else:
-        fam = families.detect(keys, src.hints, src.path)[0]
+        fam = families.detect(keys, src.hints, src.path, shapes={k: tuple(i.shape) for k, i in infos.items()})[0]
     found_layout = fam.layout_of(keys)
     if layout and layout != "auto":
         found_layout = layout

@@ -66,6 +66,9 @@ class Family:
     # One repo hosting a file per base (HunyuanVideo 1.5 480p / 720p): {repo: {base: {scheme: filename}}}; the
     # requested base picks its file, without one every variant's name is tried in the order listed.
     variant_filenames: Mapping[str, Mapping[str, Mapping[str, str]]] = dataclasses.field(default_factory=dict)
+    # Families sharing class and key names (Wan 2.2 TI2V-5B / A14B): which one a file without a ``family`` field is,
+    # from its shapes (tried in registry order when ``detect`` is given shapes).
+    shape_test: Callable[[Shapes], bool] | None = None
 
     def excluded_base(self, wanted: str | None) -> str | None:
         """The excluded base ``wanted`` names, else None."""
@@ -366,6 +369,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
         comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=keymaps.wan_to_diffusers,
         comfy_unet_config=_wan_config, hosted_schemes=("nvfp4",),
+        shape_test=lambda s: s["patch_embedding.weight"][1] == 48,  # Wan 2.2's 48-channel latents
         hub_filenames={"unsloth/Wan2.2-TI2V-5B-NVFP4": {"nvfp4": "Wan2.2-TI2V-5B-NVFP4.pt"}},
     ),
     Family(
@@ -376,6 +380,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
         comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=keymaps.wan_to_diffusers,
         comfy_unet_config=_wan_config, hosted_schemes=("nvfp4",),
+        shape_test=lambda s: s["patch_embedding.weight"][1] == 16,  # Wan 2.1's 16-channel latents
         # two experts: transformer (high noise, the first steps), transformer_2 (low noise, the rest)
         components=("transformer", "transformer_2"),
         hub_filenames={"unsloth/Wan2.2-T2V-A14B-NVFP4": {"nvfp4": "Wan2.2-T2V-A14B-NVFP4.pt"}},
@@ -497,8 +502,10 @@ def get(name: str) -> Family:
                              fix="Pick one of the supported families.")
 
 
-def detect(keys, metadata: Mapping | None = None, path: str | None = None) -> tuple[Family, str]:
-    """(family, layout) from metadata, else from the keys. Layout is 'diffusers' or 'comfyui'."""
+def detect(keys, metadata: Mapping | None = None, path: str | None = None,
+           shapes: Shapes | None = None) -> tuple[Family, str]:
+    """(family, layout) from metadata, else from the keys (and, where families share their names, the shapes).
+    Layout is 'diffusers' or 'comfyui'."""
     metadata = metadata or {}
     keys = list(keys)
     named = metadata.get("family")
@@ -512,10 +519,18 @@ def detect(keys, metadata: Mapping | None = None, path: str | None = None) -> tu
         fam = FAMILIES[CLASS_TO_FAMILY[cls]]
         if fam.layout_of(keys):
             return fam, fam.layout_of(keys)
-    for fam in FAMILIES.values():
-        layout = fam.layout_of(keys)
-        if layout:
-            return fam, layout
+    matches = [(fam, fam.layout_of(keys)) for fam in FAMILIES.values()]
+    matches = [(fam, layout) for fam, layout in matches if layout]
+    if shapes:
+        for fam, layout in matches:
+            if fam.shape_test is not None:
+                try:
+                    if fam.shape_test(shapes):
+                        return fam, layout
+                except (KeyError, IndexError, TypeError):
+                    pass
+    if matches:
+        return matches[0]
     raise UnknownFamilyError(
         "Could not tell which model family this checkpoint is.", path=path,
         expected="one of: " + ", ".join(sorted(FAMILIES)),

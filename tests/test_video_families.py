@@ -239,3 +239,37 @@ def test_long_video_latent_on_the_low_vram_path_does_not_grow(comfy, prequant_di
     print("\n" + line)
     assert tail - base < RSS_GROWTH_LIMIT, line
     assert max(rss[WARMUP:]) - base < 2 * RSS_GROWTH_LIMIT, line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building from ComfyUI's own dense video MODEL (ComfyUI layout) gives the file built from the diffusers weights:
+# our key maps invert exactly (HunyuanVideo 1.5's fused qkv rows included), and the family is told from the shapes
+# where Wan 2.2's two families share class and names.
+
+@pytest.mark.parametrize("family", [A14B, TI2V, "hunyuanvideo-1.5"])
+def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy, prequant_dir, family):
+    from prequant_core import formats, qtensor
+    nodes, pack = comfy
+    fam = families.get(family)
+    d = dense(family, 0)
+    model = pack.nodes.comfy_model.build_patcher(fam, "diffusers", dict(d), {})  # dense, ComfyUI's class and names
+    assert "blocks.0.attn1.to_q.weight" not in model.model.diffusion_model.state_dict()
+    name = f"from-comfy-{family}-INT8.safetensors"
+    with torch.inference_mode():
+        res = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]().build(
+            pack.nodes.build.NO_FILE, "int8", 512, "", "auto", name, "safetensors", True, model=model)
+    ck = formats.read(res["result"][0])
+    assert ck.metadata["family"] == family and ck.metadata["base_model_id"] == fam.base_repos[0]
+    want, _ = build.quantize_tensors(d, "int8", exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra))
+    assert set(ck.tensors) == set(want)
+    for k, w in want.items():
+        got = ck.tensors[k]
+        assert qtensor.is_quantized(got) == qtensor.is_quantized(w), k
+        if qtensor.is_quantized(w):
+            (gq, gs, gspec), (wq, ws, wspec) = qtensor.split(got), qtensor.split(w)
+            assert torch.equal(gq, wq) and torch.equal(gs, ws) and gspec == wspec, k
+        else:
+            assert torch.equal(got, w.to(got.dtype)), k
+    # a dense diffusers file without a family field: the family from its shapes too
+    out = build.build(d, os.path.join(prequant_dir, f"auto-{family}-FP8.safetensors"), scheme="fp8", overwrite=True)
+    assert out.family == family
