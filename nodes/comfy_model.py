@@ -57,6 +57,30 @@ def check_loadable(family: Family) -> None:
     model_class_for(family, {})
 
 
+def _param_fields(module: str, cls: str) -> set:
+    import dataclasses
+    import importlib
+    try:
+        return {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), cls))}
+    except (ImportError, AttributeError, TypeError):
+        return set()
+
+
+def complete_for_this_comfyui(unet_config: dict) -> dict:
+    """Fields that a newer ComfyUI's model parameters require and an older one's refuse (0.12.1 added Flux's
+    ``txt_ids_dims`` and HunyuanVideo's ``meanflow_sum``): set, with the value ComfyUI's own detection gives the
+    same weights, only where this ComfyUI's parameter class has the field."""
+    cfg = dict(unet_config)
+    model = cfg.get("image_model")
+    if model in ("flux", "flux2") and "txt_ids_dims" not in cfg and \
+            "txt_ids_dims" in _param_fields("comfy.ldm.flux.model", "FluxParams"):
+        cfg["txt_ids_dims"] = [3] if model == "flux2" else []
+    if model == "hunyuan_video" and "meanflow_sum" not in cfg and \
+            "meanflow_sum" in _param_fields("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams"):
+        cfg["meanflow_sum"] = cfg.get("vision_in_dim") is not None
+    return cfg
+
+
 def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16):
     if family.comfy_unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
         model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"
@@ -66,7 +90,7 @@ def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.
                                 found=f"ComfyUI {comfy_version()}",
                                 fix="Update ComfyUI-Prequant, or load the repo's -ComfyUI twin with ComfyUI's own loader.")
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    unet_config = family.comfy_unet_config(shapes, metadata)
+    unet_config = complete_for_this_comfyui(family.comfy_unet_config(shapes, metadata))
     cls = model_class_for(family, unet_config)
     return cls(dict(unet_config)), unet_config
 

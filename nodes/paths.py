@@ -20,7 +20,9 @@ def register() -> None:
     default = os.path.join(folder_paths.models_dir, FOLDER)
     if FOLDER in folder_paths.folder_names_and_paths:
         paths, exts = folder_paths.folder_names_and_paths[FOLDER]
-        folder_paths.folder_names_and_paths[FOLDER] = (paths, set(exts) | EXTENSIONS)
+        # copies first: ComfyUI 0.12.1's pip-installable layout returns live views that re-assigning empties
+        paths, exts = list(paths), set(exts)
+        folder_paths.folder_names_and_paths[FOLDER] = (paths, exts | EXTENSIONS)
     else:
         # Extensions are given explicitly: an empty set means "no files" on some ComfyUI distributions.
         folder_paths.folder_names_and_paths[FOLDER] = ([default], set(EXTENSIONS))

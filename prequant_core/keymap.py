@@ -2,13 +2,15 @@
 
 A map entry is ``diffusers_key -> comfy_key`` or ``diffusers_key -> (comfy_key, (dim, offset, length))`` (a row
 slice of a fused ComfyUI weight, e.g. ``to_q/to_k/to_v`` -> ``qkv``), the form ComfyUI's own maps use.
-Per-row quantized rows carry their own scales, so fusing and splitting them is exact.
+Per-row quantized rows carry their own scales, so fusing and splitting them is exact. A fused weight is a copy:
+the parts' pages of a memory-mapped file are given back once it is made (``pages.release``), so the file's rows are
+not resident twice.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
-from . import qtensor
+from . import pages, qtensor
 from .errors import CorruptCheckpointError
 
 
@@ -48,7 +50,16 @@ def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None) -> 
             out[name] = qtensor.cat_rows([v for _, _, v in parts])
         except ValueError as e:
             raise CorruptCheckpointError(f"Cannot fuse '{name}': {e}.", path=path) from None
+        pages.release(_plain_parts(v for _, _, v in parts))
     return out
+
+
+def _plain_parts(weights):
+    for w in weights:
+        if qtensor.is_quantized(w):
+            yield from qtensor.parts(w)[0]
+        else:
+            yield w
 
 
 def to_diffusers(tensors: Mapping, key_map: Mapping) -> dict:

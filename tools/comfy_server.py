@@ -5,12 +5,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
-from .comfy_headless import COMFY, ROOT
+from .comfy_headless import COMFY, COMFY_PYTHON, ROOT, is_package_layout, link_pack  # noqa: F401  (ROOT: re-exported)
 
 
 def free_port() -> int:
@@ -21,7 +20,7 @@ def free_port() -> int:
 
 class ComfyServer:
     def __init__(self, base_dir: str, *, port: int | None = None, env: dict | None = None, extra_args=(),
-                 python: str = sys.executable):
+                 python: str = COMFY_PYTHON):
         self.base_dir = os.path.abspath(base_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -36,14 +35,20 @@ class ComfyServer:
             raise RuntimeError("ComfyUI is absent in the core test tier: this test belongs to the ComfyUI tier")
         for d in ("custom_nodes", "models", "input", "output", "temp", "user"):
             os.makedirs(os.path.join(self.base_dir, d), exist_ok=True)
-        link = os.path.join(self.base_dir, "custom_nodes", "ComfyUI-Prequant")
-        if not os.path.lexists(link):
-            os.symlink(ROOT, link)
+        link_pack(self.base_dir)
         self._log = open(self.log_path, "ab")
+        if is_package_layout():
+            # ComfyUI 0.12.1's pip-installable layout: started as a module, in BASE (so no stray
+            # extra_model_paths.yaml is read); its front end is not served (see scripts/test.sh)
+            front = os.path.join(self.base_dir, "front_end_empty")
+            os.makedirs(front, exist_ok=True)
+            cmd, cwd = [self.python, "-m", "comfy.cmd.main", "--front-end-root", front], self.base_dir
+        else:
+            cmd, cwd = [self.python, "main.py"], COMFY
         self.proc = subprocess.Popen(
-            [self.python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+            [*cmd, "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
              "--base-directory", self.base_dir, "--disable-auto-launch", *self.extra_args],
-            cwd=COMFY, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            cwd=cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -126,7 +131,7 @@ class PromptRejected(Exception):
 
 def execution_error(entry: dict) -> str | None:
     """The exception message of a failed prompt, from its history entry."""
-    for kind, data in entry.get("status", {}).get("messages", []):
-        if kind == "execution_error":
-            return data.get("exception_message", "")
+    for msg in entry.get("status", {}).get("messages", []):  # [kind, data] (0.12.1 may add more fields)
+        if msg[0] == "execution_error":
+            return msg[1].get("exception_message", "")
     return None

@@ -1,0 +1,75 @@
+"""Giving back the resident pages of memory-mapped checkpoint tensors that the model no longer uses.
+
+A checkpoint is memory-mapped (``torch.load(mmap=True)``, safetensors): its tensors cost resident memory only
+where their pages have been read. Fusing rows (``to_q/to_k/to_v`` -> ComfyUI's ``qkv``) reads the parts and
+copies them into a new tensor; the parts' pages would stay mapped and counted in the process's RSS next to the copy
+for as long as the file's mapping lives (the whole load, or the model's life). ``release`` asks the kernel to
+reclaim those pages (``MADV_PAGEOUT``): only pages of file-backed mappings are touched, the call never changes what
+the memory holds (a page read again is faulted back in from the file), and it is a no-op where unsupported.
+"""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import sys
+
+MADV_PAGEOUT = 21  # Linux >= 5.4
+_PAGE = 4096
+_libc = None
+
+
+def _madvise():
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        except (OSError, AttributeError):
+            _libc = False
+    return _libc.madvise if _libc else None
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """(start, end) of this process's mappings of regular files, sorted."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0":  # a path and an inode
+                a, b = fields[0].split("-")
+                out.append((int(a, 16), int(b, 16)))
+    out.sort()
+    return out
+
+
+def release(tensors) -> int:
+    """Reclaim the whole pages of these CPU tensors that lie in file mappings; returns the bytes advised."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    madvise = _madvise()
+    if madvise is None:
+        return 0
+    spans = []
+    for t in tensors:
+        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+            continue
+        ptr = t.data_ptr()
+        start = -(-ptr // _PAGE) * _PAGE  # only pages wholly inside the tensor (neighbours keep theirs)
+        end = (ptr + t.numel() * t.element_size()) // _PAGE * _PAGE
+        if end > start:
+            spans.append((start, end))
+    if not spans:
+        return 0
+    try:
+        maps = _file_mappings()
+    except OSError:
+        return 0
+    starts = [m[0] for m in maps]
+    done = 0
+    for start, end in spans:
+        i = bisect.bisect_right(starts, start) - 1
+        if i < 0 or not (maps[i][0] <= start and end <= maps[i][1]):
+            continue  # not (wholly) in one file mapping: anonymous memory is never advised
+        if madvise(start, end - start, MADV_PAGEOUT) == 0:
+            done += end - start
+    return done
