@@ -367,7 +367,11 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     fam = families.get(family)
     name = f"{t.file_stem}-INT8.safetensors"
     path = os.path.join(prequant_dir, name)
-    p = subprocess.run([sys.executable, "-m", "tools.diffusers_check", "build", family, "int8", path], cwd=ROOT,
+    # the side-by-side diffusers 0.42 is installed for the dev venv's packages (scripts/setup_test_extras.sh); the build
+    # needs no ComfyUI, so it runs there whichever ComfyUI (and venv) this test runs on
+    dev_py = os.path.join(ROOT, ".venv", "bin", "python")
+    p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable, "-m", "tools.diffusers_check", "build",
+                        family, "int8", path], cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT])), capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

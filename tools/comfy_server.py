@@ -131,7 +131,11 @@ class PromptRejected(Exception):
 
 def execution_error(entry: dict) -> str | None:
     """The exception message of a failed prompt, from its history entry."""
-    for msg in entry.get("status", {}).get("messages", []):  # [kind, data] (0.12.1 may add more fields)
-        if msg[0] == "execution_error":
+    for msg in entry.get("status", {}).get("messages", []):
+        if isinstance(msg, str):  # ComfyUI 0.12.1's distribution: "kind: message" strings
+            kind, _, text = msg.partition(": ")
+            if kind == "execution_error":
+                return text
+        elif msg[0] == "execution_error":  # upstream: [kind, data]
             return msg[1].get("exception_message", "")
     return None
