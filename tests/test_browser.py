@@ -194,7 +194,7 @@ def _single(values, node_type="PrequantLoadTransformer") -> dict:
 
 DEFAULTS = {"preset": "none", "hub_repo": "", "scheme": "auto", "family": "auto", "base_model_id": "",
             "policy": "prequant only", "dense_fallback": "none", "download_to": "models/prequant", "revision": "",
-            "min_features": 512, "path": ""}
+            "min_features": 512, "path": "", "component": "transformer"}
 # (widgets_values as saved by an earlier version of the node, the values by name the node must show)
 OLD_LAYOUTS = {
     "five inputs": (["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", "z-image"],
@@ -212,6 +212,12 @@ OLD_LAYOUTS = {
         {**DEFAULTS, "checkpoint": "Qwen-Image-FP8.safetensors", "path": "/some/where/file.safetensors",
          "base_model_id": "Qwen/Qwen-Image", "scheme": "fp8", "family": "qwen-image", "revision": "refs/pr/1",
          "min_features": 1024, "policy": "prequant, else quantize dense"}),
+    # the layout before the component input (Wan 2.2 A14B's experts) was added last: it gets the default
+    "twelve inputs, before component": (
+        ["Qwen-Image-FP8.safetensors", "Qwen-Image / fp8", "", "fp8", "qwen-image", "Qwen/Qwen-Image",
+         "prequant only", "none", "models/prequant", "", 768, ""],
+        {**DEFAULTS, "checkpoint": "Qwen-Image-FP8.safetensors", "preset": "Qwen-Image / fp8", "scheme": "fp8",
+         "family": "qwen-image", "base_model_id": "Qwen/Qwen-Image", "min_features": 768}),
     # the other two nodes: expert inputs moved last as well
     "info": (["Z-Image-Turbo-INT8.safetensors", "/x/y.safetensors", BASE_ID, "int8", True],
              {"checkpoint": "Z-Image-Turbo-INT8.safetensors", "base_model_id": BASE_ID, "scheme": "int8",
@@ -222,7 +228,8 @@ OLD_LAYOUTS = {
                              "verify_fingerprint": False, "path": "/x/y.safetensors"}, "PrequantInfo"),
     "build": (["dense.safetensors", "fp8", 768, BASE_ID, "z-image", "mine.safetensors", "pt", True],
               {"dense_file": "dense.safetensors", "scheme": "fp8", "base_model_id": BASE_ID, "family": "z-image",
-               "filename": "mine.safetensors", "min_features": 768, "container": "pt", "overwrite": True},
+               "filename": "mine.safetensors", "min_features": 768, "container": "pt", "overwrite": True,
+               "component": "transformer"},
               "PrequantBuildCheckpoint"),
 }
 
@@ -313,7 +320,8 @@ def test_shipped_workflows_laid_out_run_and_kept_in_the_real_front_end(prequant_
     # the other families' loaders are pointed at it (their own files and text encoders are not on this server)
     shutil.copy(prequant_files("fp8", "safetensors"), base / "models" / "prequant" / SHIPPED_FILE)
     run_elsewhere = {"checkpoint": SHIPPED_FILE, "preset": "none", "hub_repo": "", "scheme": "auto", "family": "auto",
-                     "base_model_id": "", "policy": "prequant only", "dense_fallback": "none", "revision": ""}
+                     "base_model_id": "", "policy": "prequant only", "dense_fallback": "none", "revision": "",
+                     "component": "transformer"}
     workflows = []
     for f in SHIPPED:
         with open(os.path.join(ROOT, "example_workflows", f)) as fh:
