@@ -110,6 +110,20 @@ def test_a_file_of_another_component_is_refused(comfy, experts):
     assert "component is 'transformer', expected 'transformer_2'" in str(e.value)
 
 
+def test_info_accepts_an_expert_as_what_it_records(comfy, experts):
+    """Prequant Info judges base and scheme: the second expert's file is valid, with a note saying which component
+    the loader must ask for; a wrong scheme is still refused."""
+    import folder_paths
+    from prequant_core import info, metadata
+    path = folder_paths.get_full_path_or_raise("prequant", experts["transformer_2"])
+    for req in (None, metadata.Request(scheme="int8", base_model_id="Wan2.2-T2V-A14B-Diffusers")):
+        r = info.info(path, req)
+        assert r.valid, r.reasons
+        assert r.component == "transformer_2"
+        assert any("component set to transformer_2" in n for n in r.notes), r.notes
+    assert not info.info(path, metadata.Request(scheme="fp8")).valid
+
+
 def test_loader_component_input_is_last_with_a_tooltip(comfy):
     _, pack = comfy
     spec = pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()["optional"]
