@@ -5,8 +5,10 @@ import os
 
 import folder_paths
 
+from prequant_core.formats import registry
+
 FOLDER = "prequant"
-EXTENSIONS = {".safetensors", ".pt"}
+EXTENSIONS = registry.extensions()  # every container the readers know (prequant_core.formats.registry)
 DIFFUSION_PREFIX = "diffusion_models/"
 NONE_CHOICE = "(none: use path or hub_repo)"  # the loader's first entry
 INFO_NONE_CHOICE = "(none: use path)"  # Prequant Info has no hub_repo

@@ -29,10 +29,13 @@ from typing import Callable, Mapping
 import torch
 
 from . import families, fingerprint, qtensor, schemes
+from .formats import registry
 from .errors import BuildError
 from .families import Family
 
-EXTENSIONS = {"safetensors": ".safetensors", "pt": ".pt"}
+# the writable containers of the registry (docs/FORMAT.md sections 1 and 2), in the order the node offers them
+CONTAINERS = tuple(c.name for c in sorted(registry.writable(), key=lambda c: c.name != "safetensors"))
+EXTENSIONS = {c.name: c.extension for c in registry.writable()}
 
 # The pieces live in their own modules (dense_sources, quantize, output_file, writers); ``build`` is the public entry
 # point and re-exports what callers use.
@@ -43,7 +46,7 @@ from .output_file import (HEADER_SLACK, TEMP_PREFIX, TEMP_SUFFIX, FreeSpaceFn, _
                           estimate_output_bytes, human_bytes, temp_name)
 from .quantize import (ProgressFn, is_linear_weight, linear_weight_keys, quantize_items,  # noqa: E402,F401
                        quantize_one, quantize_rows, quantize_tensors, release_free_memory)
-from .writers import CONTAINERS, BuildProgress, write_checkpoint, write_pt, write_safetensors  # noqa: E402,F401
+from .writers import BuildProgress, write_checkpoint  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------------
 # Metadata
@@ -124,14 +127,16 @@ class BuildResult:
 def container_for(dest: str, container: str | None, scheme: str | None = None) -> str:
     ext = os.path.splitext(dest)[1].lower()
     by_ext = {v: k for k, v in EXTENSIONS.items()}.get(ext)
-    block = scheme in schemes.BLOCK_SCHEMES
+    holds = [c for c in CONTAINERS if scheme is None or registry.by_name(c).writes_schemes is None
+             or scheme in registry.by_name(c).writes_schemes]
     if container is None or container == "auto":
-        container = by_ext or ("pt" if block else "safetensors")
-    if block and container != "pt":
-        raise BuildError(f"{scheme} checkpoints are written as .pt only (the container Unsloth's {scheme} files use; "
-                         "this pack's safetensors layout holds int8 / fp8 weights).", path=dest,
-                         expected="the 'pt' container, a *.pt file name", found=container,
-                         fix="Pick the 'pt' container and name the file *.pt.")
+        container = by_ext or ("safetensors" if "safetensors" in holds else holds[0])
+    if container in CONTAINERS and container not in holds:
+        raise BuildError(f"{scheme} checkpoints are written as {' / '.join(EXTENSIONS[c] for c in holds)} only (the "
+                         f"container Unsloth's {scheme} files use; this pack's {container} layout holds "
+                         f"{' / '.join(registry.by_name(container).writes_schemes)} weights).", path=dest,
+                         expected=f"the '{holds[0]}' container, a *{EXTENSIONS[holds[0]]} file name", found=container,
+                         fix=f"Pick the '{holds[0]}' container and name the file *{EXTENSIONS[holds[0]]}.")
     if container not in CONTAINERS:
         raise BuildError(f"Unknown output container '{container}'.", expected=" or ".join(CONTAINERS), found=container)
     if by_ext and by_ext != container:
@@ -276,8 +281,7 @@ def _cli_build(args) -> int:
             fam = families.get(family)
         else:
             fam = open_input(args.input, key_map=None if not args.comfyui else comfy_key_map_from(args.comfyui)).family
-        c = container if container in CONTAINERS else \
-            ("pt" if schemes.normalize(args.scheme) in schemes.BLOCK_SCHEMES else "safetensors")
+        c = container_for(os.path.join(folder, "x"), container, schemes.normalize(args.scheme))
         output = os.path.join(folder, default_filename(args.base_model_id or fam.base_repos[0], args.scheme, c,
                                                        args.component))
     res = build(args.input, output, scheme=args.scheme, family=family, base_model_id=args.base_model_id,

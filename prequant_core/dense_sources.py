@@ -13,6 +13,7 @@ import torch
 from . import families, qtensor
 from .checkpoint import COMFY_PREFIX
 from .errors import BuildError, CorruptCheckpointError
+from .formats.safetensors_container import NAME_DTYPES
 from .families import Family
 
 
@@ -20,13 +21,6 @@ from .families import Family
 KNOWN_PREFIXES = (COMFY_PREFIX, "diffusion_model.", "transformer.")
 INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
 QUANTIZED_MARKERS = ("._weight_qdata", ".weight_scale", ".comfy_quant", "scaled_fp8", ".scale_weight")
-ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
-             torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
-             torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
-for _name, _st in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
-    if hasattr(torch, _name):
-        ST_DTYPES[getattr(torch, _name)] = _st
-TORCH_DTYPES = {v: k for k, v in ST_DTYPES.items()}
 
 
 
@@ -110,11 +104,11 @@ class SafetensorsSource(Source):
                     raise BuildError(f"Tensor '{name}' appears in two weight files.", path=f,
                                      found=f"{self.files[self.entries[name].file]} and {f}",
                                      fix="Remove the stray shard from the folder.")
-                if e["dtype"] not in TORCH_DTYPES:
+                if e["dtype"] not in NAME_DTYPES:
                     raise BuildError(f"Tensor '{name}' has a dtype this builder cannot read.", path=f,
-                                     expected=", ".join(sorted(TORCH_DTYPES)), found=e["dtype"])
+                                     expected=", ".join(sorted(NAME_DTYPES)), found=e["dtype"])
                 a, b = e["data_offsets"]
-                self.entries[name] = _Entry(i, 8 + n + a, b - a, TensorInfo(tuple(e["shape"]), TORCH_DTYPES[e["dtype"]]))
+                self.entries[name] = _Entry(i, 8 + n + a, b - a, TensorInfo(tuple(e["shape"]), NAME_DTYPES[e["dtype"]]))
         if not self.entries:
             raise BuildError("The weight file holds no tensors.", path=self.path, fix="Pick the dense model file.")
 

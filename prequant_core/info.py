@@ -27,20 +27,13 @@ import torch
 from . import families, fingerprint, formats, layer_formats, metadata, qtensor
 from .checkpoint import Checkpoint
 from .errors import CorruptCheckpointError, UnknownFamilyError
-from .formats.safetensors_container import is_comfy_native
+from .formats import registry
+from .formats.registry import READ_FULL, READ_HEADER, READ_MMAP, Light
 from .safe_text import escape
 from .units import human_bytes
 
-READ_HEADER = "header"  # safetensors: length + JSON header only
-READ_MMAP = "mmap"  # torch.load(mmap=True): pickle only, tensor bytes mapped, untouched
-READ_FULL = "full"  # the full reader: every tensor loaded (kinds the light paths do not understand)
 READ_MODE_TEXT = {READ_HEADER: "header only, no weight bytes", READ_MMAP: "index only (memory-mapped, weights untouched)",
                   READ_FULL: "full read"}
-
-ST_TORCH_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "F8_E4M3": torch.float8_e4m3fn,
-                   "F8_E5M2": torch.float8_e5m2, "I16": torch.int16, "U16": torch.uint16, "F16": torch.float16,
-                   "BF16": torch.bfloat16, "I32": torch.int32, "U32": torch.uint32, "F32": torch.float32,
-                   "I64": torch.int64, "U64": torch.uint64, "F64": torch.float64}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,56 +187,10 @@ def _jsonable(v):
     return str(v)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Light readers: a Checkpoint whose tensors carry shapes and dtypes but whose bytes were never read
-
-@dataclasses.dataclass
-class _Light:
-    checkpoint: Checkpoint
-    read_mode: str
-    # safetensors only: logical name -> (torchao JSON entry, {part: stored key}) for streaming verification
-    quantized_parts: dict | None = None
-
-
-def _meta_tensor(info: dict) -> torch.Tensor:
-    return torch.empty(info["shape"], dtype=ST_TORCH_DTYPES[info["dtype"]], device="meta")
-
-
-def _safetensors_light(fh) -> _Light | None:
-    """Header-only read, mirroring ``read_safetensors`` key for key. None: not a layout this path understands."""
-    from .formats import safetensors_container as sc
-    path = fh.path
-    index, meta, _ = sc.read_header(fh)
-    if is_comfy_native(index, meta):
-        return None
-    tag = meta.get("unsloth_format")
-    md = sc.json_entry(meta, "unsloth_metadata", path, {})
-    if not isinstance(md, dict):
-        raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
-    tensors, qparts = sc.assemble(path, index, meta, lambda k: _meta_tensor(index[k]), read_data=False)
-    ck = Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=md, tensors=tensors)
-    return _Light(ck, READ_HEADER, qparts)
-
-
-def _pt_light(fh) -> _Light | None:
-    """torch.load(mmap=True, weights_only=True); container checks as ``read_pt``; no tensor byte touched.
-
-    None: a legacy torchao-v1 file (the full reader knows how to convert it).
-    """
-    from .formats import pt as ptf
-    try:
-        obj = ptf.load_weights_only(fh, mmap=True)
-    except ptf._LegacyV1:  # noqa: SLF001 - the .pt reader's own signal for torchao-v1 pickles
-        return None
-    return _Light(ptf.container(obj, fh.path, read_data=False), READ_MMAP)
-
-
-def _open(fh) -> _Light:
-    kind = formats.sniff(fh)
-    light = _safetensors_light(fh) if kind == "safetensors" else _pt_light(fh)
-    if light is not None:
-        return light
-    return _Light(formats.read(fh), READ_FULL)
+def _open(fh) -> Light:
+    """The container's light read (header / index only), else the full read."""
+    light = registry.recognise(fh).read_light(fh)
+    return light if light is not None else Light(formats.read(fh), READ_FULL)
 
 
 class _StreamedWeights(Mapping):
@@ -289,7 +236,7 @@ class _ScalesChecked(Mapping):
         return t
 
 
-def _verify_fingerprint(light: _Light, fp: dict, fh) -> list[str]:
+def _verify_fingerprint(light: Light, fp: dict, fh) -> list[str]:
     ck = light.checkpoint
     if light.quantized_parts is None:
         return fingerprint.verify(_ScalesChecked(ck.tensors, ck.path), fp)

@@ -40,16 +40,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Callable, Mapping
 
-from .checkpoint import COMFY_PREFIX
 from .errors import MemoryBudgetError
 from .units import human_bytes
 
 ENV_VAR = "PREQUANT_MEMORY_CHECK"
 HOST_HEADROOM = 256 * 2**20  # Python objects, the model skeleton, placement temporaries
-_DATA_RECORD = re.compile(r"(^|/)data/[^/]+$")
 _OFF_WORDS = {"0", "false", "no", "off", "n"}
 
 
@@ -95,23 +92,10 @@ class Budget:
 def declared_bytes(src) -> int | None:
     """Bytes of tensor data the checkpoint declares, from its index only; None when the index cannot be read
     cheaply (the reader then reports what is wrong with the file). ``src``: a path or an ``OpenedFile``."""
-    from . import formats
-    with formats.opened(src) as f:
-        kind = formats.sniff(f)  # missing / empty / not a checkpoint: the same errors the reader raises
-        if kind == "safetensors":
-            from .formats.safetensors_container import read_header
-            index, _, _ = read_header(f)
-            names = list(index)
-            if any(n.startswith(COMFY_PREFIX) for n in names):
-                names = [n for n in names if n.startswith(COMFY_PREFIX) or n == "scaled_fp8"]
-            return sum(index[n]["data_offsets"][1] - index[n]["data_offsets"][0] for n in names)
-        from .formats import pickle_guard
-        try:
-            with open(f.io_path, "rb") as raw:
-                infos = pickle_guard.check_zip_index(raw, f.path)  # bounds the entry count before listing them
-            return sum(i.file_size for i in infos if _DATA_RECORD.search(i.filename))
-        except Exception:  # noqa: BLE001 - a damaged zip index: no estimate; the reader names what is wrong
-            return None
+    from .formats import opened, registry
+    with opened(src) as f:
+        # missing / empty / not a checkpoint: the same errors the reader raises
+        return registry.recognise(f).declared_bytes(f)
 
 
 def logical_bytes(ckpt) -> int:

@@ -1,4 +1,4 @@
-"""Writing the two containers from a state dict holding torchao tensors, streaming tensor by tensor."""
+"""Writing a checkpoint: the container's own writer (``formats.registry``) behind an atomic output file."""
 from __future__ import annotations
 
 import errno
@@ -10,110 +10,25 @@ from typing import Callable, Mapping
 import torch
 
 from . import qtensor
-from .layer_formats import expected_tag
 from .errors import BuildError
+from .formats import registry
 from .output_file import atomic_output
 
 
 BuildProgress = Callable[[str, int, int, str], None]  # (stage "quantize" | "write", done, total, key)
-CONTAINERS = ("safetensors", "pt")
-from .dense_sources import ST_DTYPES  # noqa: E402
 
 
 
-
-
-def _flat_parts(key: str, t) -> tuple[str | None, list[tuple[str, torch.Tensor]]]:
-    """(torchao header JSON or None, [(flat name, tensor)]) exactly as the container's ``flatten`` lays them out,
-    without cloning the tensor data."""
-    from .formats.safetensors_container import ROOT_PREFIX
-    if "." not in key:
-        if qtensor.is_quantized(t):
-            raise BuildError(f"Root-level tensor '{key}' cannot be quantized.")
-        return None, [(ROOT_PREFIX + key, t)]
-    if not qtensor.is_quantized(t):
-        return json.dumps({"_type": torch.Tensor.__name__}), [(key, t)]
-    from torchao.prototype.safetensors.safetensors_utils import TensorSubclassAttributeJSONEncoder
-    mod, attr = key.rsplit(".", 1)
-    names = list(t.tensor_data_names) + list(getattr(t, "optional_tensor_data_names", None) or [])
-    parts = [(f"{mod}._{attr}_{n}", getattr(t, n)) for n in names if getattr(t, n) is not None]
-    return json.dumps(t, cls=TensorSubclassAttributeJSONEncoder), parts
-
-
-def safetensors_layout(tensors: Mapping, metadata: dict) -> tuple[dict, list[tuple[str, str, torch.Tensor]]]:
-    """(``__metadata__`` header dict, [(key, flat name, tensor)]) for the safetensors container."""
-    header: dict = {}
-    dotted, roots, flat = [], [], []
-    for k, v in tensors.items():
-        entry, parts = _flat_parts(k, v)
-        if entry is None:
-            roots.append(k)
-        else:
-            dotted.append(k)
-            header[k] = entry
-        flat.extend((k, n, p) for n, p in parts)
-    header["tensor_names"] = json.dumps(dotted)
-    header["unsloth_format"] = expected_tag(metadata)
-    header["unsloth_metadata"] = json.dumps(metadata, sort_keys=True, default=str)
-    header["unsloth_root_tensors"] = json.dumps(sorted(roots))
-    return header, flat
-
-
-def write_safetensors(path: str, tensors: Mapping, metadata: dict, *, progress: BuildProgress | None = None) -> None:
-    """Stream the container to ``path``: header first, then each tensor's bytes straight from its storage.
-
-    ``safetensors.save_file`` would need every flattened tensor at once (torchao's flatten clones them; older
-    safetensors versions also copy every tensor to ``bytes``); this writer never holds more than the input.
-    Tensors are ordered by element size (largest first), so every tensor starts aligned to its element size.
-    """
-    meta_header, flat = safetensors_layout(tensors, metadata)
-    seen = set()
-    for _, name, _ in flat:
-        if name in seen:
-            raise BuildError(f"Two tensors flatten to the same name '{name}'.")
-        seen.add(name)
-    order = sorted(range(len(flat)), key=lambda i: (-flat[i][2].element_size(), i))
-    header: dict = {"__metadata__": meta_header}
-    offset = 0
-    for i in order:
-        _, name, t = flat[i]
-        if t.dtype not in ST_DTYPES:
-            raise BuildError(f"Tensor '{name}' has dtype {t.dtype}, which safetensors cannot store.")
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    blob += b" " * (-(8 + len(blob)) % 8)
-    total = len(order)
-    with open(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for done, i in enumerate(order, 1):
-            key, name, t = flat[i]
-            t = t.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
-            t = t.contiguous()
-            if t.numel():
-                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            if progress:
-                progress("write", done, total, name)
-
-
-def write_pt(path: str, tensors: Mapping, metadata: dict, *, progress: BuildProgress | None = None) -> None:
-    sd = {k: (v if qtensor.is_quantized(v) else v.contiguous()) for k, v in tensors.items()}
-    if progress:
-        progress("write", 0, 1, os.path.basename(path))
-    torch.save({"format": expected_tag(metadata), "metadata": metadata, "state_dict": sd}, path)
-    if progress:
-        progress("write", 1, 1, os.path.basename(path))
 
 
 def write_checkpoint(dest: str, tensors: Mapping, metadata: dict, *, container: str = "safetensors",
                      overwrite: bool = False, progress: BuildProgress | None = None) -> str:
-    if container not in CONTAINERS:
-        raise BuildError(f"Unknown output container '{container}'.", expected=" or ".join(CONTAINERS))
-    writer = write_safetensors if container == "safetensors" else write_pt
+    """Write ``tensors`` + ``metadata`` with the registry's writer for ``container``, atomically (a temp file in the
+    same folder, fsync, rename), turning the file system's refusals into clear errors."""
+    names = [c.name for c in registry.writable()]
+    if container not in names:
+        raise BuildError(f"Unknown output container '{container}'.", expected=" or ".join(names), found=container)
+    writer = registry.by_name(container).write
     try:
         with atomic_output(dest, overwrite=overwrite) as tmp:
             writer(tmp, tensors, metadata, progress=progress)

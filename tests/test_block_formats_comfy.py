@@ -168,7 +168,7 @@ def policy_tensors():
 def test_v3_policy_file_loads_mixed_layers_like_load_time(comfy, folder):
     tensors, meta = policy_tensors()
     path = os.path.join(folder, "FLUX.1-schnell-NVFP4-policy.pt")
-    writers.write_pt(path, tensors, meta)
+    writers.write_checkpoint(path, tensors, meta, container="pt", overwrite=True)
     ck = formats.read(path)
     assert ck.format_tag == FORMAT_V3 and ck.schemes_found() == {"nvfp4", "fp8"}
     res = load(comfy, os.path.basename(path), scheme="nvfp4")
@@ -188,7 +188,7 @@ def test_v3_policy_with_wrong_counts_is_refused_naming_the_field(comfy, folder):
     tensors, meta = policy_tensors()
     meta["nvfp4_policy"]["counts"]["fp8"] += 1
     path = os.path.join(folder, "FLUX.1-schnell-NVFP4-badpolicy.pt")
-    writers.write_pt(path, tensors, meta)
+    writers.write_checkpoint(path, tensors, meta, container="pt", overwrite=True)
     with pytest.raises(ValidationError) as e:
         load(comfy, os.path.basename(path))
     msg = str(e.value)
@@ -224,7 +224,7 @@ def convrot_tensors(group=64):
 def test_convrot_file_rotates_inputs_and_matches_the_dense_model(comfy, folder):
     tensors, meta = convrot_tensors()
     path = os.path.join(folder, "FLUX.1-schnell-INT8-ConvRot.pt")
-    writers.write_pt(path, tensors, meta)
+    writers.write_checkpoint(path, tensors, meta, container="pt", overwrite=True)
     assert formats.read(path).format_tag == FORMAT_V2
     model = load(comfy, os.path.basename(path), scheme="int8")["result"][0]
     dm = model.model.diffusion_model
@@ -260,7 +260,7 @@ def test_convrot_without_its_rotation_would_be_wrong(comfy, folder):
     for k in ("activation_rotation", "activation_rotation_group", "activation_rotation_fqns"):
         meta.pop(k)
     path = os.path.join(folder, "FLUX.1-schnell-INT8-unrotated.pt")
-    writers.write_pt(path, tensors, meta)
+    writers.write_checkpoint(path, tensors, meta, container="pt", overwrite=True)
     out = sample(load(comfy, os.path.basename(path))["result"][0])
     d = sample(load_time(comfy, dict(dense())))
     assert ((out - d).norm() / d.norm()).item() > 0.3
@@ -271,7 +271,7 @@ def test_convrot_with_a_bad_group_is_refused_before_any_layer_changes(comfy, fol
     tensors, meta = convrot_tensors()
     meta["activation_rotation_group"] = 32  # a power of 2, not of 4
     path = os.path.join(folder, "FLUX.1-schnell-INT8-ConvRot-bad.pt")
-    writers.write_pt(path, tensors, meta)
+    writers.write_checkpoint(path, tensors, meta, container="pt", overwrite=True)
     with pytest.raises(ValidationError) as e:
         load(comfy, os.path.basename(path))
     assert "activation_rotation_group" in str(e.value) and "power of 4" in str(e.value)

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 
 from conftest import BASE_ID, ROOT
 from hostile_corpus import rezip, torch_save_bytes, zip_entries
-from prequant_core import build, errors, families, formats, info, loader, metadata, schemes
+from prequant_core import build, errors, families, formats, info, loader, metadata, schemes, writers
 from prequant_core.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
 from prequant_core.formats import legacy_v1
 from prequant_core.metadata import Request
@@ -207,7 +207,7 @@ def bases(work):
         m = tiny_metadata(t, scheme)
         out[f"pt-{scheme}"] = torch_save_bytes({"format": FORMAT_V1, "metadata": m, "state_dict": t})
         p = work / f"base-{scheme}.safetensors"
-        build.write_safetensors(str(p), t, m)
+        writers.write_checkpoint(str(p), t, m, container="safetensors", overwrite=True)
         out[f"st-{scheme}"] = p.read_bytes()
         out[f"tensors-{scheme}"] = t
         out[f"meta-{scheme}"] = m

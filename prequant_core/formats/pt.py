@@ -11,6 +11,7 @@ from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError
 from . import pickle_guard, plain_data
 from .file_handle import opened
+from .registry import READ_MMAP, Container, Light
 from .validate_tensors import check_state_dict
 
 LEGACY_V1_MARKERS = ("LinearActivationQuantizedTensor", "AffineQuantizedTensor", "PlainAQTTensorImpl")
@@ -115,3 +116,47 @@ def container(obj, path: str, *, read_data: bool = True) -> Checkpoint:
     meta = plain_data.plain(meta, path)
     sd = check_state_dict(obj["state_dict"], path, read_data=read_data)
     return Checkpoint(path=path, container="pt", format_tag=tag, metadata=meta, tensors=sd)
+
+
+ZIP_MAGIC = b"PK\x03\x04"
+_DATA_RECORD = re.compile(r"(^|/)data/[^/]+$")
+
+
+def read_light(f) -> Light | None:
+    """``torch.load(mmap=True, weights_only=True)``: the container checked as ``read_pt`` does, no tensor byte
+    touched. None: a legacy torchao-v1 file (only the full reader converts those)."""
+    try:
+        obj = load_weights_only(f, mmap=True)
+    except _LegacyV1:
+        return None
+    return Light(container(obj, f.path, read_data=False), READ_MMAP)
+
+
+def declared_bytes(f) -> int | None:
+    """The stored tensor records' sizes, from the zip index (after ``pickle_guard``'s bounds on it)."""
+    try:
+        with open(f.io_path, "rb") as raw:
+            infos = pickle_guard.check_zip_index(raw, f.path)  # bounds the entry count before listing them
+        return sum(i.file_size for i in infos if _DATA_RECORD.search(i.filename))
+    except Exception:  # noqa: BLE001 - a damaged zip index: no estimate; the reader names what is wrong
+        return None
+
+
+def write(path: str, tensors, metadata: dict, *, progress=None) -> None:
+    """``torch.save`` of the container; the format tag follows what the metadata declares (v1 / v2 / v3)."""
+    import os
+    from .. import qtensor
+    from ..layer_formats import expected_tag
+    sd = {k: (v if qtensor.is_quantized(v) else v.contiguous()) for k, v in tensors.items()}
+    if progress:
+        progress("write", 0, 1, os.path.basename(path))
+    torch.save({"format": expected_tag(metadata), "metadata": metadata, "state_dict": sd}, path)
+    if progress:
+        progress("write", 1, 1, os.path.basename(path))
+
+
+CONTAINER = Container(
+    name="pt", description="a torch.save archive", extensions=(".pt",),
+    recognise=lambda head, size: head.startswith(ZIP_MAGIC),
+    read=lambda f, mmap=True: read_pt(f, mmap=mmap), read_light=read_light, declared_bytes=declared_bytes,
+    write=write)

@@ -15,10 +15,12 @@ import os
 import torch
 
 from .. import qtensor
-from ..checkpoint import Checkpoint
-from ..errors import CorruptCheckpointError
+from ..checkpoint import COMFY_PREFIX, Checkpoint
+from ..layer_formats import expected_tag
+from ..errors import BuildError, CorruptCheckpointError
 from . import plain_data, torchao_json
 from .file_handle import opened
+from .registry import READ_HEADER, Container, Light
 from ..units import human_bytes
 from .validate_tensors import check_quantized
 
@@ -29,8 +31,15 @@ MAX_HEADER = 16 * 2**20
 MAX_DIMS = 8
 MAX_DIM = 2**40
 MAX_EMPTY_DIM = 2**32
-ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+# The one safetensors dtype table: torch dtype <-> the header's name (and so the element size)
+DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
+               torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+               torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+for _name, _st in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
+    if hasattr(torch, _name):
+        DTYPE_NAMES[getattr(torch, _name)] = _st
+NAME_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+ELEMENT_SIZES = {n: torch.empty((), dtype=d).element_size() for n, d in NAME_DTYPES.items()}
 
 
 def read_header(src) -> tuple[dict, dict, int]:
@@ -68,7 +77,7 @@ def read_header(src) -> tuple[dict, dict, int]:
     data_len = size - 8 - n
     spans = []
     for name, info in header.items():
-        ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str) and info["dtype"] in ST_DTYPES
+        ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str) and info["dtype"] in ELEMENT_SIZES
               and isinstance(info.get("shape"), list) and len(info["shape"]) <= MAX_DIMS
               and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in info["shape"])
               and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
@@ -80,7 +89,7 @@ def read_header(src) -> tuple[dict, dict, int]:
         numel = 1
         for d in info["shape"]:
             numel *= d
-        if not (0 <= a <= b <= data_len) or b - a != numel * ST_DTYPES[info["dtype"]]:
+        if not (0 <= a <= b <= data_len) or b - a != numel * ELEMENT_SIZES[info["dtype"]]:
             raise CorruptCheckpointError(f"Tensor '{name[:80]}' points outside the file or has the wrong length "
                                          "for its shape (truncated or corrupt).", path=path,
                                          found=f"offsets {a}..{b}, data section {data_len} bytes, "
@@ -209,3 +218,127 @@ def flatten(tensors: dict, *, format_tag: str, metadata: dict) -> tuple[dict, di
     header["unsloth_root_tensors"] = json.dumps(sorted(roots))
     flat = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in flat.items()}
     return flat, header
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Writing: streamed, header first, each tensor's bytes straight from its storage
+
+def _flat_parts(key: str, t) -> tuple[str | None, list[tuple[str, torch.Tensor]]]:
+    """(torchao header JSON or None, [(flat name, tensor)]) exactly as the container's ``flatten`` lays them out,
+    without cloning the tensor data."""
+    if "." not in key:
+        if qtensor.is_quantized(t):
+            raise BuildError(f"Root-level tensor '{key}' cannot be quantized.")
+        return None, [(ROOT_PREFIX + key, t)]
+    if not qtensor.is_quantized(t):
+        return json.dumps({"_type": torch.Tensor.__name__}), [(key, t)]
+    from torchao.prototype.safetensors.safetensors_utils import TensorSubclassAttributeJSONEncoder
+    mod, attr = key.rsplit(".", 1)
+    names = list(t.tensor_data_names) + list(getattr(t, "optional_tensor_data_names", None) or [])
+    parts = [(f"{mod}._{attr}_{n}", getattr(t, n)) for n in names if getattr(t, n) is not None]
+    return json.dumps(t, cls=TensorSubclassAttributeJSONEncoder), parts
+
+
+def layout(tensors: Mapping, metadata: dict) -> tuple[dict, list[tuple[str, str, torch.Tensor]]]:
+    """(``__metadata__`` header dict, [(key, flat name, tensor)]) for the safetensors container."""
+    header: dict = {}
+    dotted, roots, flat = [], [], []
+    for k, v in tensors.items():
+        entry, parts = _flat_parts(k, v)
+        if entry is None:
+            roots.append(k)
+        else:
+            dotted.append(k)
+            header[k] = entry
+        flat.extend((k, n, p) for n, p in parts)
+    header["tensor_names"] = json.dumps(dotted)
+    header["unsloth_format"] = expected_tag(metadata)
+    header["unsloth_metadata"] = json.dumps(metadata, sort_keys=True, default=str)
+    header["unsloth_root_tensors"] = json.dumps(sorted(roots))
+    return header, flat
+
+
+def write(path: str, tensors: Mapping, metadata: dict, *, progress: BuildProgress | None = None) -> None:
+    """Stream the container to ``path``: header first, then each tensor's bytes straight from its storage.
+
+    ``safetensors.save_file`` would need every flattened tensor at once (torchao's flatten clones them; older
+    safetensors versions also copy every tensor to ``bytes``); this writer never holds more than the input.
+    Tensors are ordered by element size (largest first), so every tensor starts aligned to its element size.
+    """
+    meta_header, flat = layout(tensors, metadata)
+    seen = set()
+    for _, name, _ in flat:
+        if name in seen:
+            raise BuildError(f"Two tensors flatten to the same name '{name}'.")
+        seen.add(name)
+    order = sorted(range(len(flat)), key=lambda i: (-flat[i][2].element_size(), i))
+    header: dict = {"__metadata__": meta_header}
+    offset = 0
+    for i in order:
+        _, name, t = flat[i]
+        if t.dtype not in DTYPE_NAMES:
+            raise BuildError(f"Tensor '{name}' has dtype {t.dtype}, which safetensors cannot store.")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    blob += b" " * (-(8 + len(blob)) % 8)
+    total = len(order)
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for done, i in enumerate(order, 1):
+            key, name, t = flat[i]
+            t = t.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            t = t.contiguous()
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            if progress:
+                progress("write", done, total, name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The registry's record
+
+def _meta_tensor(info: dict) -> torch.Tensor:
+    return torch.empty(info["shape"], dtype=NAME_DTYPES[info["dtype"]], device="meta")
+
+
+def read_light(fh) -> Light | None:
+    """Header-only read, mirroring ``read_safetensors`` key for key. None: a layout only the full read understands
+    (ComfyUI-native twins)."""
+    path = fh.path
+    index, meta, _ = read_header(fh)
+    if is_comfy_native(index, meta):
+        return None
+    tag = meta.get("unsloth_format")
+    md = json_entry(meta, "unsloth_metadata", path, {})
+    if not isinstance(md, dict):
+        raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
+    tensors, qparts = assemble(path, index, meta, lambda k: _meta_tensor(index[k]), read_data=False)
+    ck = Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=md, tensors=tensors)
+    return Light(ck, READ_HEADER, qparts)
+
+
+def declared_bytes(fh) -> int:
+    """The tensor bytes the header's offsets declare (a full ComfyUI checkpoint: its diffusion model's only)."""
+    index, _, _ = read_header(fh)
+    names = list(index)
+    if any(n.startswith(COMFY_PREFIX) for n in names):
+        names = [n for n in names if n.startswith(COMFY_PREFIX) or n == "scaled_fp8"]
+    return sum(index[n]["data_offsets"][1] - index[n]["data_offsets"][0] for n in names)
+
+
+def _recognise(head: bytes, size: int) -> bool:
+    if len(head) < 9:
+        return False
+    n = int.from_bytes(head[:8], "little")
+    return 2 <= n <= size - 8 and head[8:9] == b"{"
+
+
+CONTAINER = Container(
+    name="safetensors", description="a safetensors file", extensions=(".safetensors",), recognise=_recognise,
+    read=lambda f, mmap=True: read_safetensors(f), read_light=read_light, declared_bytes=declared_bytes, write=write,
+    writes_schemes=("int8", "fp8", "int8-weight-only", "fp8-weight-only"))
