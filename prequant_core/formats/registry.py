@@ -49,11 +49,11 @@ class Container:
         return self.extensions[0]
 
 
-_MODULES = ("pt", "safetensors_container")  # recognition order
+_MODULES = ("pt", "safetensors_container")  # recognition order; a name with a dot is a full module path
 
 
 def containers() -> tuple[Container, ...]:
-    return tuple(importlib.import_module(f"{__package__}.{m}").CONTAINER for m in _MODULES)
+    return tuple(importlib.import_module(m if "." in m else f"{__package__}.{m}").CONTAINER for m in _MODULES)
 
 
 def by_name(name: str) -> Container:
