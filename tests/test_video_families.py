@@ -196,7 +196,7 @@ def test_hub_names_of_the_nvfp4_repos():
 # every forward; repeated runs must give the full-load output and must not grow the process.
 
 LONG_LATENT = (1, 48, 31, 16, 16)  # 31 latent frames (Wan 2.2's 121-frame clip), 1984 tokens in the tiny model
-RUNS, WARMUP = 10, 3
+RUNS, WARMUP = 8, 2
 RSS_GROWTH_LIMIT = 24 * 2**20
 
 
