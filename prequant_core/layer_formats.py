@@ -24,7 +24,8 @@ def _names(v, field: str, reasons: list[str]) -> list[str] | None:
     if bad:
         reasons.append(f"metadata '{field}' must hold non-empty layer names, found {str(bad[0])[:60]!r}")
         return None
-    dup = sorted({x for x in v if list(v).count(x) > 1})
+    seen: set = set()
+    dup = sorted({x for x in v if x in seen or seen.add(x)})  # one pass: a hostile list may hold millions
     if dup:
         reasons.append(f"metadata '{field}' names layers more than once: {', '.join(dup[:3])}")
         return None

@@ -241,6 +241,26 @@ def write_corpus(folder: str) -> list[tuple[str, str]]:
                                                            kernel_preference=q.kernel_preference, dtype=q.dtype)
     add("nan-scale.pt", "non-finite scale", pt_container(nan_t, md))
     add("nan-scale.safetensors", "non-finite scale", st_container(nan_t, md))
+    # per-block (NVFP4) weights that declare more than they store, or scales that cannot be right
+    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+    nv = schemes.quantize_weight(torch.randn(64, 64).to(torch.bfloat16), "nvfp4")
+    nv_wide = NVFP4Tensor(torch.zeros(1, 1, dtype=torch.uint8).expand(2**26, 32), nv.scale, 16, torch.bfloat16,
+                          nv.per_tensor_scale, is_swizzled_scales=True)
+    add("nvfp4-stride0.pt", "declared size", pt_container({**t, "layers.0.feed_forward.w2.weight": nv_wide},
+                                                          tiny_metadata(t, "nvfp4")))
+    nv_nan = NVFP4Tensor(nv.qdata, nv.scale, 16, torch.bfloat16, torch.tensor(float("nan")),
+                         is_swizzled_scales=True)
+    add("nvfp4-nan-tensor-scale.pt", "non-finite scale", pt_container({**t, "layers.0.feed_forward.w2.weight": nv_nan},
+                                                                      tiny_metadata(t, "nvfp4")))
+    nv_big_pts = NVFP4Tensor(nv.qdata, nv.scale, 16, torch.bfloat16, torch.zeros(1, 1, 1).expand(2**24, 1, 1),
+                             is_swizzled_scales=True)
+    add("nvfp4-per-expert-scale.pt", "declared size",
+        pt_container({**t, "layers.0.feed_forward.w2.weight": nv_big_pts}, tiny_metadata(t, "nvfp4")))
+    policy_md = tiny_metadata(t, "nvfp4", nvfp4_policy={"kind": "unsloth_nvfp4_layer_policy_v1", "policy_id": "x",
+                                                         "policy_version": 1, "counts": {"nvfp4": 10**12},
+                                                         "nvfp4_fqns": ["a"] * 100_000})
+    add("nvfp4-policy-lies.pt", "lying declaration",
+        pt_container(t, policy_md, tag="unsloth_prequant_transformer_state_dict_v3"))
     # unsupported opcode vs a global: different words
     add("text-int-opcode.pt", "wording", with_pickle(b"\x80\x02(I1\nI2\nt."))
     add("global-os-system.pt", "wording", with_pickle(b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R."))
