@@ -20,8 +20,8 @@ def test_in_process_comfyui_version(comfy):
     assert version == (expected() or version) and version in KNOWN, version
     # the pack reads the same version (its messages name it), from ComfyUI itself
     assert pack.nodes.comfy_model.comfy_version() == version
-    import comfy as comfy_pkg
-    assert os.path.realpath(comfy_pkg.__file__).startswith(os.path.realpath(comfy_headless.COMFY) + os.sep)
+    import comfy.model_management as mm  # (0.3.75's ``comfy`` is a namespace package: no __file__ of its own)
+    assert os.path.realpath(mm.__file__).startswith(os.path.realpath(comfy_headless.COMFY) + os.sep)
 
 
 def test_server_comfyui_version(tmp_path):
