@@ -214,12 +214,14 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
 
 
 def build_from_tensors(dest: str, dense: Mapping, *, family: Family, scheme: str, base_model_id: str,
-                       min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str = "safetensors",
+                       min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str | None = None,
                        overwrite: bool = False, progress: ProgressFn | None = None,
                        component: str = "transformer") -> str:
     """Dense state dict -> checkpoint file with the keys exactly as given (either layout; tests build ComfyUI-layout
-    files this way). ``build`` is the user-facing entry that always writes diffusers names."""
+    files this way). ``build`` is the user-facing entry that always writes diffusers names. ``container`` None:
+    from the file name (``container_for``), refused where the scheme does not fit the container."""
     scheme = schemes.normalize(scheme)
+    container = container_for(os.path.abspath(os.fspath(dest)), container, scheme)
     exclude = schemes.exclude_tokens(scheme, family.int8_exclude_extra)
     q, skipped = quantize_tensors(dense, scheme, min_features=min_features, exclude=exclude, progress=progress)
     meta = make_metadata(family=family, scheme=scheme, base_model_id=base_model_id, min_features=min_features,

@@ -298,7 +298,6 @@ def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Rep
     except UnknownFamilyError:
         notes.append("model family not recognised from the metadata or the tensor names")
     req_fam = families.get(request.family) if request is not None and request.family else None
-    exclude_extra = (req_fam or fam).int8_exclude_extra if (req_fam or fam) else ()
     if layout is None and req_fam is not None:
         layout = req_fam.layout_of(keys)
 
@@ -310,7 +309,7 @@ def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Rep
         # valid as what it records; the loader then asks for that component
         request = dataclasses.replace(request, component=comp)
         notes.append(f"component '{comp}': load it with the loader's component set to {comp}")
-    verdict = metadata.validate(ck, request, exclude_extra, family=req_fam or fam)
+    verdict = metadata.validate(ck, request, family=req_fam or fam)
     reasons = list(verdict.reasons)
     notes += list(getattr(verdict, "notes", None) or [])  # accepted but worth saying (e.g. per-tensor twins)
 

@@ -124,10 +124,10 @@ def _type_reason(field, value, types, what):
     return None
 
 
-def validate(ckpt: Checkpoint, req: Request, family_exclude_extra: tuple[str, ...] = (), *, family=None) -> Verdict:
-    """``family`` (a ``families.Family``): supplies its int8 exclude tokens and its excluded bases."""
-    if family is not None and not family_exclude_extra:
-        family_exclude_extra = family.int8_exclude_extra
+def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
+    """``family`` (a ``families.Family``, or None when the file's family is unknown): supplies its int8 exclude
+    tokens and its excluded bases."""
+    family_exclude_extra = family.int8_exclude_extra if family is not None else ()
     m = ckpt.metadata
     reasons: list[str] = []
     notes: list[str] = []

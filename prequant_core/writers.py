@@ -28,7 +28,14 @@ def write_checkpoint(dest: str, tensors: Mapping, metadata: dict, *, container: 
     names = [c.name for c in registry.writable()]
     if container not in names:
         raise BuildError(f"Unknown output container '{container}'.", expected=" or ".join(names), found=container)
-    writer = registry.by_name(container).write
+    c = registry.by_name(container)
+    scheme = metadata.get("scheme") if isinstance(metadata, dict) else None
+    if c.writes_schemes is not None and scheme is not None and scheme not in c.writes_schemes:
+        raise BuildError(f"The {container} container does not hold {scheme} weights; nothing was written.",
+                         path=dest, expected=" / ".join(c.writes_schemes), found=str(scheme),
+                         fix="Write this scheme as " + " or ".join(
+                             x.extension for x in registry.writable() if x.writes_schemes is None) + ".")
+    writer = c.write
     try:
         with atomic_output(dest, overwrite=overwrite) as tmp:
             writer(tmp, tensors, metadata, progress=progress)

@@ -242,3 +242,20 @@ def test_builder_writes_whole_model_nvfp4_pt_that_passes_the_rules(tmp_path):
     with pytest.raises(BuildError) as e:
         build.build(dense, str(tmp_path / "Z-Image-Turbo-NVFP4.safetensors"), scheme="nvfp4", family=fam)
     assert ".pt" in str(e.value) and "safetensors" in str(e.value)
+
+
+def test_block_schemes_never_land_in_a_container_that_cannot_hold_them(tmp_path):
+    from tools import tiny_models
+    dense = tiny_models.zimage_dense(seed=0)
+    fam = families.get("z-image")
+    # the container follows the file name when not given
+    p = build.build_from_tensors(str(tmp_path / "Z-NVFP4.pt"), dense, family=fam, scheme="nvfp4", base_model_id="b/Z")
+    assert formats.read(p).schemes_found() == {"nvfp4"}
+    with pytest.raises(BuildError):
+        build.build_from_tensors(str(tmp_path / "Z-NVFP4.safetensors"), dense, family=fam, scheme="nvfp4",
+                                 base_model_id="b/Z")
+    q = {"blk.proj.weight": schemes.quantize_weight(torch.ones(64, 64, dtype=torch.bfloat16), "nvfp4")}
+    with pytest.raises(BuildError) as e:  # the writer itself refuses too
+        writers.write_checkpoint(str(tmp_path / "w.safetensors"), q, {"scheme": "nvfp4"}, container="safetensors")
+    assert "nvfp4" in str(e.value) and ".pt" in str(e.value)
+    assert not list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob(".*"))

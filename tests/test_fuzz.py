@@ -747,7 +747,7 @@ def _validate(ck, req):
         fam = families.detect(ck.tensors.keys(), ck.metadata, ck.path)[0]
     except errors.UnknownFamilyError:
         pass
-    v = metadata.validate(ck, req, fam.int8_exclude_extra if fam else ())
+    v = metadata.validate(ck, req, family=fam)
     assert isinstance(v.ok, bool) and all(isinstance(r, str) for r in v.reasons)
     assert v.ok == (not v.reasons)
     return v
