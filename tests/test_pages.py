@@ -1,0 +1,45 @@
+"""prequant_core.pages: the fused q/k/v parts' pages of a memory-mapped file are given back after fusing, without
+changing any value; memory that is not a file mapping is never advised."""
+from __future__ import annotations
+
+import torch
+
+from prequant_core import keymap, pages, quantize
+
+
+def test_release_gives_back_file_pages_and_keeps_values(tmp_path):
+    path = tmp_path / "w.pt"
+    torch.save({"a": torch.randn(256, 4096), "b": torch.randn(3, 5)}, path)
+    sd = torch.load(path, mmap=True, weights_only=True)
+    a = sd["a"]
+    before = a.clone()
+    advised = pages.release([a, sd["b"]])
+    assert advised > 0 and advised % 4096 == 0 and advised <= a.numel() * a.element_size()
+    assert torch.equal(a, before)  # read back from the file: the same values
+
+
+def test_anonymous_memory_is_never_advised():
+    x = torch.randn(1024, 1024)
+    y = x.clone()
+    assert pages.release([x]) == 0
+    assert torch.equal(x, y)
+
+
+def test_fusing_rows_from_a_mapped_file_is_exact(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    parts = {f"to_{n}.weight": quantize.quantize_rows(torch.randn(64, 1024, generator=g).to(torch.bfloat16), "int8")
+             for n in "qkv"}
+    from prequant_core import qtensor
+    want = qtensor.cat_rows(list(parts.values()))
+    path = tmp_path / "qkv.pt"
+    torch.save(parts, path)
+    mapped = torch.load(path, mmap=True, weights_only=False)
+    codes = [qtensor.parts(v)[0][0] for v in mapped.values()]
+    assert pages.release(codes) > 0  # the parts' codes are file pages here (what to_comfy gives back)
+    key_map = {f"to_{n}.weight": ("qkv.weight", (0, 64 * i, 64)) for i, n in enumerate("qkv")}
+    got = keymap.to_comfy(mapped, key_map)["qkv.weight"]
+    for x, y in zip(qtensor.parts(got)[0], qtensor.parts(want)[0]):
+        assert torch.equal(x, y)
+    for k, v in mapped.items():  # the parts, given back, still read as before
+        for x, y in zip(qtensor.parts(v)[0], qtensor.parts(parts[k])[0]):
+            assert torch.equal(x, y)
