@@ -56,8 +56,6 @@ class Family:
     excluded_bases: tuple[str, ...] = ()
     # Hub file names a hosted repo declares, tried before the generic chain: {repo: {scheme: filename}}.
     hub_filenames: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
-    # The schemes the hosted repos hold (presets and the family's hosted-repo step offer these only).
-    hosted_schemes: tuple[str, ...] = ("int8", "fp8")
     # The model's transformers: one, or several experts (Wan 2.2 A14B: ``transformer`` for high noise,
     # ``transformer_2`` for low noise), each its own file whose metadata records its ``component``.
     components: tuple[str, ...] = ("transformer",)
@@ -294,7 +292,7 @@ def _hunyuan_video15_config(shapes: Shapes, meta: dict) -> dict:
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family(
         name="z-image", title="Z-Image", diffusers_class="ZImageTransformer2DModel",
-        base_repos=("Tongyi-MAI/Z-Image-Turbo",), hosted_repos=("unsloth/Z-Image-Turbo-FP8",),
+        base_repos=("Tongyi-MAI/Z-Image-Turbo",), hosted_repos=("unsloth/Z-Image-Turbo-FP8", "unsloth/Z-Image-Turbo-NVFP4"),
         int8_exclude_extra=(),
         diffusers_markers=("all_x_embedder.2-1.weight", "layers.0.attention.to_q.weight"),
         # Lumina 2 shares ComfyUI's NextDiT names; Z-Image's modulation Linear is adaLN_modulation.0 (Lumina 2: .1)
@@ -307,7 +305,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         name="flux.1", title="FLUX.1", diffusers_class="FluxTransformer2DModel",
         base_repos=("black-forest-labs/FLUX.1-schnell", "black-forest-labs/FLUX.1-dev",
                     "black-forest-labs/FLUX.1-Krea-dev"),
-        hosted_repos=("unsloth/FLUX.1-schnell-FP8", "unsloth/FLUX.1-dev-FP8", "unsloth/FLUX.1-Krea-dev-FP8"),
+        hosted_repos=("unsloth/FLUX.1-schnell-FP8", "unsloth/FLUX.1-dev-FP8", "unsloth/FLUX.1-Krea-dev-FP8",
+                      "unsloth/FLUX.1-schnell-NVFP4"),
         int8_exclude_extra=(),
         diffusers_markers=(("single_transformer_blocks.0.proj_mlp.weight", "time_text_embed.timestep_embedder.linear_1.weight"),),
         comfy_markers=(("double_blocks.0.img_mod.lin.weight", "img_in.weight", "vector_in.in_layer.weight"),),
@@ -334,7 +333,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family(
         name="qwen-image", title="Qwen-Image", diffusers_class="QwenImageTransformer2DModel",
         base_repos=("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"),
-        hosted_repos=("unsloth/Qwen-Image-FP8", "unsloth/Qwen-Image-2512-FP8"),
+        hosted_repos=("unsloth/Qwen-Image-FP8", "unsloth/Qwen-Image-2512-FP8", "unsloth/Qwen-Image-2512-NVFP4"),
         int8_exclude_extra=("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
         # ComfyUI's Qwen-Image uses the diffusers names: one layout
         diffusers_markers=(("txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"),), comfy_markers=(),
@@ -368,7 +367,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
         comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
         comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=keymaps.wan_to_diffusers,
-        comfy_unet_config=_wan_config, hosted_schemes=("nvfp4",),
+        comfy_unet_config=_wan_config,
         shape_test=lambda s: s["patch_embedding.weight"][1] == 48,  # Wan 2.2's 48-channel latents
         hub_filenames={"unsloth/Wan2.2-TI2V-5B-NVFP4": {"nvfp4": "Wan2.2-TI2V-5B-NVFP4.pt"}},
     ),
@@ -379,7 +378,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
         comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
         comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=keymaps.wan_to_diffusers,
-        comfy_unet_config=_wan_config, hosted_schemes=("nvfp4",),
+        comfy_unet_config=_wan_config,
         shape_test=lambda s: s["patch_embedding.weight"][1] == 16,  # Wan 2.1's 16-channel latents
         # two experts: transformer (high noise, the first steps), transformer_2 (low noise, the rest)
         components=("transformer", "transformer_2"),
@@ -398,7 +397,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         diffusers_markers=(("cond_type_embed.weight", "context_embedder_2.linear_1.weight"),),
         comfy_markers=(("cond_type_embedding.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight"),),
         comfy_model="HunyuanVideo15", comfy_key_map=keymaps.hunyuan_video15_to_diffusers,
-        comfy_unet_config=_hunyuan_video15_config, hosted_schemes=("nvfp4",),
+        comfy_unet_config=_hunyuan_video15_config,
         # one repo, one file per variant (base): the base picks it (sources.filenames)
         variant_filenames={"unsloth/HunyuanVideo-1.5-NVFP4": {
             "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v":
@@ -434,7 +433,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family(
         name="qwen-image-2.1", title="Qwen-Image 2.1", diffusers_class="QwenImage21Transformer2DModel",
         base_repos=("Qwen/Qwen-Image-2.1", "Qwen/Qwen-Image-2.1-Turbo"),
-        hosted_repos=("unsloth/Qwen-Image-2.1-FP8", "unsloth/Qwen-Image-2.1-Turbo-FP8"),
+        hosted_repos=("unsloth/Qwen-Image-2.1-FP8", "unsloth/Qwen-Image-2.1-Turbo-FP8", "unsloth/Qwen-Image-2.1-NVFP4"),
         int8_exclude_extra=(),
         diffusers_markers=(("modulation.1.weight", "txt_in.in_layer.weight", "txt_in.text_norm.weight"),),
         comfy_markers=(),

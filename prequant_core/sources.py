@@ -33,7 +33,22 @@ from . import allowlist, families, schemes
 from .errors import HubError
 
 MODEL_SUFFIXES = ("-FP8", "-INT8", "-NVFP4", "-MXFP8", "-quantized")
-HOSTED_SCHEMES = ("int8", "fp8")  # what Unsloth's repos hold (docs/FORMAT.md section 5)
+HOSTED_SCHEMES = ("int8", "fp8")  # what an Unsloth ``-FP8`` repo holds (docs/FORMAT.md section 5)
+
+
+def repo_schemes(repo: str) -> tuple[str, ...]:
+    """The schemes a hosted repo holds, from its suffix: ``-NVFP4`` repos hold nvfp4 files (whole-model or a v3
+    layer policy), ``-MXFP8`` mxfp8, every other (``-FP8``) repo int8 and fp8."""
+    low = repo.lower()
+    for s in ("nvfp4", "mxfp8"):
+        if low.endswith("-" + s):
+            return (s,)
+    return HOSTED_SCHEMES
+
+
+def family_schemes(fam) -> tuple[str, ...]:
+    """Every scheme some hosted repo of ``fam`` holds, in a stable order."""
+    return tuple(dict.fromkeys(s for r in fam.hosted_repos for s in repo_schemes(r)))
 PRESET_NONE = "none"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf://", "hf.co/",
@@ -143,15 +158,18 @@ def _tail(s: str) -> str:
     return families.base_tail(s)  # backslashes count as slashes (a Windows folder as base_model_id)
 
 
-def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str | None = None) -> str | None:
-    """The family's hosted repo. With several: the one whose ``<Model>`` equals ``variant`` (or ends with
-    ``-<variant>``), else equals the tail of ``base_model_id``, else the one matching the family's first base repo,
-    else the first listed. None if the family hosts nothing."""
+def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str | None = None,
+                scheme: str | None = None) -> str | None:
+    """The family's hosted repo (among those holding ``scheme``, when given). With several: the one whose
+    ``<Model>`` equals ``variant`` (or ends with ``-<variant>``), else equals the tail of ``base_model_id``, else the
+    one matching the family's first base repo, else the first listed. None if the family hosts nothing."""
     fam = families.get(family)
-    repos = list(fam.hosted_repos)
+    repos = [r for r in fam.hosted_repos if scheme is None or scheme in repo_schemes(r)]
     if not repos:
         return None
-    by_model = {model_name(r).lower(): r for r in repos}
+    by_model: dict = {}
+    for r in repos:  # the first listed wins (an -FP8 repo before its -NVFP4 twin when no scheme is given)
+        by_model.setdefault(model_name(r).lower(), r)
     excluded = fam.excluded_base(base_model_id)
     if excluded and not variant and _tail(base_model_id) not in by_model:
         # a base listed as excluded (Tongyi-MAI/Z-Image vs Z-Image-Turbo) never gets its namesake's file; a variant
@@ -186,7 +204,7 @@ def presets() -> list[Preset]:
     out = []
     for fam in families.FAMILIES.values():
         for repo in fam.hosted_repos:
-            for s in fam.hosted_schemes:
+            for s in repo_schemes(repo):
                 out.append(Preset(f"{model_name(repo)} / {s}", repo, s, fam.name))
     return out
 
@@ -259,15 +277,15 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
         fam = families.get(family)
         if not scheme:
             notes.append(f"family '{fam.name}': no scheme chosen, so its hosted repo is not planned")
-        elif scheme not in fam.hosted_schemes:
-            notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(fam.hosted_schemes)} only, "
+        elif scheme not in family_schemes(fam):
+            notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(family_schemes(fam))} only, "
                          f"not {scheme}")
         elif fam.excluded_base(base_model_id) and not variant and \
                 _tail(base_model_id) not in {model_name(r).lower() for r in fam.hosted_repos}:
             notes.append(f"family '{fam.name}': base '{base_model_id}' is listed as excluded "
                          f"('{fam.excluded_base(base_model_id)}', a different model), so no hosted repo is planned")
         else:
-            repo = hosted_repo(fam.name, variant=variant, base_model_id=base_model_id)
+            repo = hosted_repo(fam.name, variant=variant, base_model_id=base_model_id, scheme=scheme)
             if repo is None:
                 notes.append(f"family '{fam.name}' has no hosted repo")
             elif not any(c.kind == "hub" and c.repo == repo and c.scheme == scheme for c in out):
