@@ -23,7 +23,8 @@ for a in "$@"; do  # a test file, folder or node id among the arguments (option 
     exec .venv/bin/python -m pytest "$@"; fi ;; esac
 done
 CORE_TESTS=(tests/test_core_tier.py tests/test_bad_input.py tests/test_build_faults.py tests/test_hostile_files.py
-            tests/test_unsloth_parity.py tests/test_registry.py tests/test_fuzz.py tests/test_pages.py)
+            tests/test_unsloth_parity.py tests/test_registry.py tests/test_fuzz.py tests/test_pages.py
+            tests/test_block_formats.py tests/test_format_registry.py)
 echo "[test] core tier: prequant_core without ComfyUI (${#CORE_TESTS[@]} files)"
 rc=0
 PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${CORE_TESTS[@]}" "$@" || rc=$?
