@@ -5,9 +5,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="$root/.cache/comfyui-0.12"
-shared="$root/../shared/comfyui-0.12"
+# The archive sits in ../shared beside the checkout; a clone made elsewhere (CI's clean clone of main) finds it beside
+# the repository it was cloned from, or where PREQUANT_SHARED points.
+origin="$(git -C "$root" config --get remote.origin.url 2>/dev/null || true)"
+shared=""
+for cand in "${PREQUANT_SHARED:-}" "$root/../shared" "${origin:+$origin/../shared}"; do
+  if [ -n "$cand" ] && [ -f "$cand/comfyui-0.12/setup.sh" ]; then shared="$(cd "$cand/comfyui-0.12" && pwd)"; break; fi
+done
 if [ ! -f "$dest/venv/.prequant-tests" ]; then
-  [ -f "$shared/setup.sh" ] || { echo "[setup] $shared/setup.sh is missing (the ComfyUI 0.12.1 archive)" >&2; exit 1; }
+  [ -n "$shared" ] || { echo "[setup] ../shared/comfyui-0.12/setup.sh (the ComfyUI 0.12.1 archive) is missing: looked" \
+    "beside this checkout, beside its origin ($origin) and in PREQUANT_SHARED" >&2; exit 1; }
   echo "[setup] building ComfyUI 0.12.1 in $dest (a few minutes, once)"
   bash "$shared/setup.sh" "$dest" 2>&1 | grep -v "^WARNING: Location" || true
   [ -f "$dest/venv/.ready" ] || { echo "[setup] ComfyUI 0.12.1 did not build" >&2; exit 1; }
