@@ -220,4 +220,4 @@ class PrequantBuildCheckpoint:
 
 def file_key_map(fam: Family, shapes: dict):
     """ComfyUI's own diffusers -> ComfyUI key map for a ComfyUI-layout file (config derived from its shapes)."""
-    return key_map_for(fam, fam.comfy_unet_config(shapes, {}))
+    return key_map_for(fam, fam.config_from_shapes(shapes))

@@ -52,7 +52,7 @@ def model_class_for(family: Family, unet_config: dict):
 
 def check_loadable(family: Family) -> None:
     """Refuse, before anything is downloaded or read, a family this ComfyUI (or this pack) cannot build."""
-    if family.comfy_unet_config is None:
+    if family.unet_config is None:
         model_config_for(family, {}, {})
     model_class_for(family, {})
 
@@ -81,8 +81,8 @@ def complete_for_this_comfyui(unet_config: dict) -> dict:
     return cfg
 
 
-def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16):
-    if family.comfy_unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
+def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16, path: str | None = None):
+    if family.unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
         model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"
         raise ComfyVersionError(f"This ComfyUI ({comfy_version()}) has the {family.title} class, but this version of "
                                 f"ComfyUI-Prequant cannot load {family.title} into it yet.",
@@ -90,7 +90,7 @@ def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.
                                 found=f"ComfyUI {comfy_version()}",
                                 fix="Update ComfyUI-Prequant, or load the repo's -ComfyUI twin with ComfyUI's own loader.")
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    unet_config = complete_for_this_comfyui(family.comfy_unet_config(shapes, metadata))
+    unet_config = complete_for_this_comfyui(family.config_from_shapes(shapes, path))
     cls = model_class_for(family, unet_config)
     return cls(dict(unet_config)), unet_config
 
@@ -131,7 +131,7 @@ def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dic
 def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *, path: str | None = None,
                   dtype=torch.bfloat16):
     """Checkpoint tensors (either layout, quantized or a mix) -> a ModelPatcher around ComfyUI's model class."""
-    model_config, unet_config = model_config_for(family, tensors, metadata, dtype)
+    model_config, unet_config = model_config_for(family, tensors, metadata, dtype, path)
     tensors = to_comfy_layout(family, layout, tensors, unet_config, path, model_config)
     load_device = mm.get_torch_device()
     offload_device = mm.unet_offload_device()

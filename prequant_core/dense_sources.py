@@ -375,8 +375,8 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
                          fix="Pick the right family, or 'auto'.")
     if found_layout == "comfyui":
         shapes = {k: i.shape for k, i in infos.items()}
-        if key_map is None and callable(fam.comfy_key_map):  # our own map (prequant_core.keymaps): no ComfyUI needed
-            key_map = fam.comfy_key_map(fam.comfy_unet_config(shapes, {}))
+        if key_map is None and callable(fam.comfy_key_map):  # our own map (the family's module): no ComfyUI needed
+            key_map = fam.comfy_key_map(fam.config_from_shapes(shapes, src.path))
         elif key_map is None and fam.comfy_key_map is None:  # ComfyUI uses the diffusers names for this family
             key_map = {k: k for k in infos}
         elif callable(key_map):

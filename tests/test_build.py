@@ -302,7 +302,7 @@ def test_comfyui_layout_file_is_converted_with_comfyuis_key_map(comfy, dense_fil
     # streamed remapping == keymap.to_diffusers on the in-memory dict
     src = build.SafetensorsSource([dense_files["comfyui"]])
     shapes = {k: i.shape for k, i in src.infos().items()}
-    kmap = comfy_utils.z_image_to_diffusers(fam.comfy_unet_config(shapes, {}))
+    kmap = comfy_utils.z_image_to_diffusers(fam.config_from_shapes(shapes))
     streamed = dict(build.RemappedSource(src, kmap).items())
     in_memory = keymap.to_diffusers(dict(src.items()), kmap)
     assert list(streamed) and sorted(streamed) == sorted(in_memory)
@@ -394,7 +394,7 @@ def test_node_builds_from_comfyuis_own_unetloader(comfy, models_dir, tmp_path):
         comfy_utils = importlib.import_module("comfy.utils")
         sd = load_file(path)
         fam = families.get("z-image")
-        kmap = comfy_utils.z_image_to_diffusers(fam.comfy_unet_config({k: tuple(v.shape) for k, v in sd.items()}, {}))
+        kmap = comfy_utils.z_image_to_diffusers(fam.config_from_shapes({k: tuple(v.shape) for k, v in sd.items()}))
         diff = keymap.to_diffusers(sd, kmap)
         q, skipped = build.quantize_tensors(diff, "int8", exclude=schemes.exclude_tokens("int8"))
         ck = formats.read(built)

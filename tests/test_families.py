@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prequant_core import build, families, keymaps, qtensor, schemes
-from prequant_core.errors import ComfyVersionError, UnknownFamilyError
+from prequant_core.errors import ComfyVersionError, CorruptCheckpointError, UnknownFamilyError
 from tools import tiny_families as tf
 
 FAMILIES = list(tf.TINY)
@@ -260,6 +260,23 @@ def test_missing_comfy_key_map_names_the_version_needed(comfy):
     with pytest.raises(ComfyVersionError) as e:
         comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")), {})
     assert "9.1.0" in str(e.value)
+
+
+def test_a_file_that_passes_detection_but_lacks_a_config_key_is_corrupt(comfy, prequant_dir):
+    """A truncated file (or another model's) whose keys still pass Qwen-Image's detection but lack a tensor its
+    config is read from: a typed CorruptCheckpointError naming the file, the family and the key (not a KeyError)."""
+    t = tf.TINY["qwen-image"]
+    sd = {k: v for k, v in dense("qwen-image").items() if k != "txt_in.weight"}
+    assert families.detect(list(sd), {})[0].name == "qwen-image"
+    name = f"{t.file_stem}-truncated-INT8.safetensors"
+    build.build_from_tensors(os.path.join(prequant_dir, name), sd, family=families.get("qwen-image"), scheme="int8",
+                             base_model_id=t.base_model_id, overwrite=True)
+    with pytest.raises(CorruptCheckpointError) as e, torch.inference_mode():
+        comfy[0].NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("families/" + name,
+                                                                       base_model_id=t.base_model_id, scheme="int8")
+    msg = str(e.value)
+    assert "Qwen-Image" in msg and "txt_in.weight" in msg and name in msg
+    assert "the file may be truncated or for another model" in msg
 
 
 # ---------------------------------------------------------------------------------------------------------------

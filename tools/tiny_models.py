@@ -47,5 +47,5 @@ def zimage_comfy_layout(dense_diffusers: dict) -> dict:
     from prequant_core import families, keymap
     fam = families.get("z-image")
     shapes = {k: tuple(v.shape) for k, v in dense_diffusers.items()}
-    cfg = fam.comfy_unet_config(shapes, {})
+    cfg = fam.config_from_shapes(shapes)
     return keymap.to_comfy(dense_diffusers, getattr(comfy.utils, fam.comfy_key_map)(cfg))

@@ -1,0 +1,143 @@
+"""What every family module shares: the ``Family`` record and the helpers configs read shapes with.
+
+No ComfyUI and no other family here: the family modules import this, ``families/__init__.py`` imports them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Mapping
+
+from ..errors import CorruptCheckpointError
+
+Shapes = Mapping[str, tuple]
+
+
+def count_blocks(shapes: Shapes, prefix: str) -> int:
+    pat = re.compile(re.escape(prefix) + r"(\d+)\.")
+    idx = {int(m.group(1)) for k in shapes for m in [pat.match(k)] if m}
+    return max(idx) + 1 if idx else 0
+
+
+def blocks(shapes: Shapes, *prefixes: str) -> int:
+    """Block count under the first prefix that has any (one prefix per key layout)."""
+    for p in prefixes:
+        n = count_blocks(shapes, p)
+        if n:
+            return n
+    return 0
+
+
+def has_any(shapes: Shapes, *keys: str) -> bool:
+    return any(k in shapes for k in keys)
+
+
+def first(shapes: Shapes, *keys: str) -> tuple:
+    """Shape of the first key present: configs are derived from files in either key layout."""
+    for k in keys:
+        if k in shapes:
+            return shapes[k]
+    raise KeyError(keys[0])
+
+
+def normalize_base(s: str) -> str:
+    """Lower-case, backslashes as slashes, no trailing slash (Unsloth's rule: a Windows folder path such as
+    ``C:\\models\\Z-Image-Turbo`` compares by its last part like a repo id)."""
+    return str(s).strip().replace("\\", "/").rstrip("/").lower()
+
+
+def base_tail(s: str) -> str:
+    return normalize_base(s).rsplit("/", 1)[-1]
+
+
+def _has(keys: set, marker) -> bool:
+    return all(k in keys for k in ((marker,) if isinstance(marker, str) else marker))
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    title: str
+    diffusers_class: str
+    base_repos: tuple[str, ...]
+    hosted_repos: tuple[str, ...]
+    int8_exclude_extra: tuple[str, ...]
+    diffusers_markers: tuple  # keys only a diffusers-layout file of this family has (a key, or a tuple: all of them)
+    comfy_markers: tuple  # the same for a ComfyUI-layout file; empty where both layouts are the same
+    # Class name(s) in comfy.supported_models. Several: the first whose own ``unet_config`` matches the derived config
+    # (ComfyUI's own rule), e.g. FLUX.1 dev (guidance embedder) vs schnell (none).
+    comfy_model: str | tuple[str, ...]
+    # diffusers -> ComfyUI key map, {diffusers key: comfy key | (comfy key, (0, offset, length)) | (.., .., permutation)}:
+    # a str names a function in comfy.utils taking the unet config (ComfyUI's own map), a callable is our own map
+    # (in the family's module), None means the diffusers names already are ComfyUI's.
+    comfy_key_map: str | Callable[[Mapping], dict] | None
+    # ComfyUI unet config from the file's shapes (either layout); call it through ``config_from_shapes``. None: no
+    # ComfyUI version this pack can test has the family's class, so the loader node refuses it naming ``min_comfy``
+    # (Info, verify, build, Hub resolution and the diffusers loader still work).
+    unet_config: Callable[[Shapes], dict] | None
+    # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them.
+    fill_missing: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Oldest ComfyUI that runs the family end to end (model class and the text encoder its workflow needs); named in
+    # the error when the running ComfyUI lacks the class or key map (the loader refuses only then).
+    min_comfy: str = "0.3.75"
+    # Bases that must never get this family's hosted files (another model of the same name family, e.g. the
+    # non-Turbo Z-Image), compared exactly or by last path part, case-insensitively (newer Unsloth releases).
+    excluded_bases: tuple[str, ...] = ()
+    # Hub file names a hosted repo declares, tried before the generic chain: {repo: {scheme: filename}}.
+    hub_filenames: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    # The model's transformers: one, or several experts (Wan 2.2 A14B: ``transformer`` for high noise,
+    # ``transformer_2`` for low noise), each its own file whose metadata records its ``component``.
+    components: tuple[str, ...] = ("transformer",)
+    # Hub file names per component other than ``transformer``: {repo: {component: {scheme: filename}}}.
+    hub_component_filenames: Mapping[str, Mapping[str, Mapping[str, str]]] = dataclasses.field(default_factory=dict)
+    # One repo hosting a file per base (HunyuanVideo 1.5 480p / 720p): {repo: {base: {scheme: filename}}}; the
+    # requested base picks its file, without one every variant's name is tried in the order listed.
+    variant_filenames: Mapping[str, Mapping[str, Mapping[str, str]]] = dataclasses.field(default_factory=dict)
+    # Families sharing class and key names (Wan 2.2 TI2V-5B / A14B): which one a file without a ``family`` field is,
+    # from its shapes (tried in registry order when ``detect`` is given shapes).
+    shape_test: Callable[[Shapes], bool] | None = None
+
+    def config_from_shapes(self, shapes: Shapes, path: str | None = None) -> dict:
+        """ComfyUI's unet config for a file of this family with these tensor shapes. A file that passed detection
+        but lacks a key the config reads is refused as corrupt (truncated, or another model's file)."""
+        if self.unet_config is None:
+            raise ValueError(f"{self.title} has no ComfyUI unet config in this pack")
+        try:
+            return self.unet_config(shapes)
+        except KeyError as e:
+            key = e.args[0] if e.args else "?"
+            raise CorruptCheckpointError(
+                f"This {self.title} checkpoint lacks the tensor '{key}' that the {self.title} model config is read "
+                f"from: the file may be truncated or for another model.", path=path,
+                expected=f"a complete {self.title} transformer (family '{self.name}') with '{key}'",
+                found=f"{len(shapes)} tensors without '{key}'",
+                fix="Download the file again, or pick the file (or family) of the model you meant.") from None
+
+    @property
+    def comfy_unet_config(self) -> Callable[..., dict] | None:
+        """The config function in its old ``(shapes, meta)`` form (``meta`` ignored), for callers not yet on
+        ``config_from_shapes``; None where the family has none."""
+        if self.unet_config is None:
+            return None
+        return lambda shapes, meta=None: self.config_from_shapes(shapes)
+
+    def excluded_base(self, wanted: str | None) -> str | None:
+        """The excluded base ``wanted`` names, else None."""
+        if not wanted:
+            return None
+        for ex in self.excluded_bases:
+            if normalize_base(ex) == normalize_base(wanted) or base_tail(ex) == base_tail(wanted):
+                return ex
+        return None
+
+    @property
+    def comfy_models(self) -> tuple[str, ...]:
+        return (self.comfy_model,) if isinstance(self.comfy_model, str) else tuple(self.comfy_model)
+
+    def layout_of(self, keys) -> str | None:
+        keys = set(keys)
+        if any(_has(keys, m) for m in self.diffusers_markers):
+            return "diffusers"
+        if any(_has(keys, m) for m in self.comfy_markers):
+            return "comfyui"
+        return None

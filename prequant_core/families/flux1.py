@@ -1,0 +1,40 @@
+"""FLUX.1 (schnell, dev, Krea-dev): FluxTransformer2DModel -> ComfyUI's Flux / FluxSchnell (ComfyUI's own key map)."""
+from __future__ import annotations
+
+from ._base import Family, Shapes, blocks, first, has_any
+
+
+def config(shapes: Shapes) -> dict:
+    hidden, in_ch = first(shapes, "x_embedder.weight", "img_in.weight")
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale")[0]
+    # ComfyUI's detection assumes hidden 3072 / 24 heads; FLUX.1's head is 128 wide (rope axes 16/56/56) at any size.
+    return {
+        "image_model": "flux", "in_channels": in_ch // 4, "patch_size": 2,
+        "out_channels": first(shapes, "proj_out.weight", "final_layer.linear.weight")[0] // 4,
+        "vec_in_dim": first(shapes, "time_text_embed.text_embedder.linear_1.weight", "vector_in.in_layer.weight")[1],
+        "context_in_dim": first(shapes, "context_embedder.weight", "txt_in.weight")[1],
+        "hidden_size": hidden, "num_heads": hidden // head,
+        "mlp_ratio": first(shapes, "transformer_blocks.0.ff.net.0.proj.weight", "double_blocks.0.img_mlp.0.weight")[0]
+        / hidden,
+        "depth": blocks(shapes, "transformer_blocks.", "double_blocks."),
+        "depth_single_blocks": blocks(shapes, "single_transformer_blocks.", "single_blocks."),
+        "axes_dim": [16, 56, 56], "theta": 10000,
+        "qkv_bias": has_any(shapes, "transformer_blocks.0.attn.to_q.bias", "double_blocks.0.img_attn.qkv.bias"),
+        "guidance_embed": has_any(shapes, "time_text_embed.guidance_embedder.linear_1.weight",
+                                  "guidance_in.in_layer.weight"),
+    }
+
+
+FAMILIES = (
+    Family(
+        name="flux.1", title="FLUX.1", diffusers_class="FluxTransformer2DModel",
+        base_repos=("black-forest-labs/FLUX.1-schnell", "black-forest-labs/FLUX.1-dev",
+                    "black-forest-labs/FLUX.1-Krea-dev"),
+        hosted_repos=("unsloth/FLUX.1-schnell-FP8", "unsloth/FLUX.1-dev-FP8", "unsloth/FLUX.1-Krea-dev-FP8",
+                      "unsloth/FLUX.1-schnell-NVFP4"),
+        int8_exclude_extra=(),
+        diffusers_markers=(("single_transformer_blocks.0.proj_mlp.weight", "time_text_embed.timestep_embedder.linear_1.weight"),),
+        comfy_markers=(("double_blocks.0.img_mod.lin.weight", "img_in.weight", "vector_in.in_layer.weight"),),
+        comfy_model=("Flux", "FluxSchnell"), comfy_key_map="flux_to_diffusers", unet_config=config,
+    ),
+)

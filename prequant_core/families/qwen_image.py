@@ -1,0 +1,28 @@
+"""Qwen-Image (and 2512): QwenImageTransformer2DModel -> ComfyUI's QwenImage, which uses the diffusers names."""
+from __future__ import annotations
+
+from ._base import Family, Shapes, count_blocks
+
+
+def config(shapes: Shapes) -> dict:
+    inner, in_ch = shapes["img_in.weight"]
+    head = shapes["transformer_blocks.0.attn.norm_q.weight"][0]
+    return {
+        "image_model": "qwen_image", "patch_size": 2, "in_channels": in_ch,
+        "out_channels": shapes["proj_out.weight"][0] // 4, "num_layers": count_blocks(shapes, "transformer_blocks."),
+        "attention_head_dim": head, "num_attention_heads": inner // head,
+        "joint_attention_dim": shapes["txt_in.weight"][1], "axes_dims_rope": [16, 56, 56],
+    }
+
+
+FAMILIES = (
+    Family(
+        name="qwen-image", title="Qwen-Image", diffusers_class="QwenImageTransformer2DModel",
+        base_repos=("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"),
+        hosted_repos=("unsloth/Qwen-Image-FP8", "unsloth/Qwen-Image-2512-FP8", "unsloth/Qwen-Image-2512-NVFP4"),
+        int8_exclude_extra=("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
+        # ComfyUI's Qwen-Image uses the diffusers names: one layout
+        diffusers_markers=(("txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"),), comfy_markers=(),
+        comfy_model="QwenImage", comfy_key_map=None, unet_config=config,
+    ),
+)

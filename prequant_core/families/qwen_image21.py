@@ -1,0 +1,21 @@
+"""Qwen-Image 2.1 (and Turbo): QwenImage21Transformer2DModel (diffusers >= 0.41). As Krea 2 (krea2.py): ComfyUI's
+QwenImage21 class arrives in ComfyUI 0.38.1, which the ComfyUI loader names; everything else handles it."""
+from __future__ import annotations
+
+from ._base import Family
+
+FAMILIES = (
+    Family(
+        name="qwen-image-2.1", title="Qwen-Image 2.1", diffusers_class="QwenImage21Transformer2DModel",
+        base_repos=("Qwen/Qwen-Image-2.1", "Qwen/Qwen-Image-2.1-Turbo"),
+        hosted_repos=("unsloth/Qwen-Image-2.1-FP8", "unsloth/Qwen-Image-2.1-Turbo-FP8", "unsloth/Qwen-Image-2.1-NVFP4"),
+        int8_exclude_extra=(),
+        diffusers_markers=(("modulation.1.weight", "txt_in.in_layer.weight", "txt_in.text_norm.weight"),),
+        comfy_markers=(),
+        comfy_model="QwenImage21", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",
+        # the Turbo base has its own variant repo, which a matching base picks first (sources.hosted_repo)
+        excluded_bases=("qwen/qwen-image-2.1-turbo",),
+        hub_filenames={"unsloth/Qwen-Image-2.1-FP8": {"fp8": "Qwen-Image-2.1-FP8.safetensors",
+                                                      "int8": "Qwen-Image-2.1-INT8.safetensors"}},
+    ),
+)
