@@ -84,7 +84,7 @@ def make_files(folder: str, layers: int, schemes: list[str]) -> dict:
             1 + 0.1 * torch.randn(p.shape, generator=g)
         dense[k] = t.to(torch.bfloat16)
     fam = families.get("z-image")
-    cfg = fam.comfy_unet_config({k: tuple(v.shape) for k, v in dense.items()}, {})
+    cfg = fam.config_from_shapes({k: tuple(v.shape) for k, v in dense.items()})
     from safetensors.torch import save_file
     files = {"dense": os.path.join(folder, "diffusion_models", "zimage_dense_bf16.safetensors")}
     os.makedirs(os.path.dirname(files["dense"]), exist_ok=True)

@@ -109,7 +109,7 @@ def make_files(base: str, layers: int) -> dict:
     from prequant_core import keymap
     fam = families.get("z-image")
     comfy_sd = load_file(files["dense"])
-    cfg = fam.comfy_unet_config({k: tuple(v.shape) for k, v in comfy_sd.items()}, {})
+    cfg = fam.config_from_shapes({k: tuple(v.shape) for k, v in comfy_sd.items()})
     dense = keymap.to_diffusers(comfy_sd, comfy.utils.z_image_to_diffusers(cfg))
     del comfy_sd
     os.makedirs(os.path.join(folder, "prequant"), exist_ok=True)

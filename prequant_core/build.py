@@ -4,7 +4,7 @@ Inputs: a dense state dict (e.g. the weights of a ComfyUI MODEL), a single dense
 diffusers key layout, or a diffusers folder (``transformer/config.json`` + ``*.safetensors``, possibly sharded with
 an index json). Output keys are always diffusers names. ComfyUI-layout input is converted with ComfyUI's own key map,
 which the caller passes in (this package never imports ComfyUI: the node passes ``comfy.utils.<map>``, the command
-line imports it from ``--comfyui DIR``); families whose map is our own (``prequant_core.keymaps``) need no ComfyUI.
+line imports it from ``--comfyui DIR``); families whose map is our own (in its module under ``prequant_core.families``) need no ComfyUI.
 
 Streaming: dense tensors are read one at a time with plain ``readinto`` (not ``safe_open``: its memory map keeps
 every page it touched resident, so reading a whole file through it costs the dense size in RSS), cast and quantized
@@ -244,13 +244,13 @@ def comfy_key_map_from(comfy_dir: str) -> Callable[[Family, dict], Mapping]:
         if comfy_dir not in sys.path:
             sys.path.insert(0, comfy_dir)
         if fam.comfy_key_map is None or callable(fam.comfy_key_map):
-            return None if fam.comfy_key_map is None else fam.comfy_key_map(fam.comfy_unet_config(shapes, {}))
+            return None if fam.comfy_key_map is None else fam.comfy_key_map(fam.config_from_shapes(shapes))
         import comfy.utils
         fn = getattr(comfy.utils, fam.comfy_key_map, None)
         if fn is None:
             raise BuildError(f"This ComfyUI has no key map for {fam.title} (comfy.utils.{fam.comfy_key_map}).",
                              path=comfy_dir, fix="Update ComfyUI.")
-        return fn(fam.comfy_unet_config(shapes, {}))
+        return fn(fam.config_from_shapes(shapes))
     return provider
 
 

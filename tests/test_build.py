@@ -324,7 +324,7 @@ def stock_comfy_model(path):
     import comfy.supported_models
     import comfy.utils
     sd = comfy.utils.load_torch_file(path)
-    unet_config = families.get("z-image").comfy_unet_config({k: tuple(v.shape) for k, v in sd.items()}, {})
+    unet_config = families.get("z-image").config_from_shapes({k: tuple(v.shape) for k, v in sd.items()})
     model_config = comfy.supported_models.ZImage(unet_config)
     load_device, offload_device = mm.get_torch_device(), mm.unet_offload_device()
     unet_dtype = mm.unet_dtype(model_params=comfy.utils.calculate_parameters(sd),

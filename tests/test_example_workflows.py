@@ -185,9 +185,9 @@ def test_there_is_a_workflow_for_every_family(comfy):
     _, pack = comfy
     loader_info = {"input": pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()}
     covered = {node_values(n, loader_info)["family"] for p in WORKFLOWS for n in loader_nodes(load_wf(p))}
-    # Families no ComfyUI this pack can test has a model class for (comfy_unet_config None: the loader refuses them
+    # Families no ComfyUI this pack can test has a model class for (unet_config None: the loader refuses them
     # naming min_comfy) get a workflow once one can be run here; every other family must have one.
-    runnable = {n for n, f in families.FAMILIES.items() if f.comfy_unet_config is not None}
+    runnable = {n for n, f in families.FAMILIES.items() if f.unet_config is not None}
     assert {"z-image", "flux.1", "qwen-image"} <= runnable
     missing = runnable - covered
     assert not missing, f"families without an example workflow: {sorted(missing)}"

@@ -24,8 +24,8 @@ def test_every_registered_family_has_a_tiny_model():
     """Adding a family means adding its tiny model and thereby these tests."""
     # z-image: tests/test_loader.py; DIFFUSERS_ONLY (no ComfyUI class here): tests/test_diffusers_loader.py
     assert set(FAMILIES) | set(tf.DIFFUSERS_ONLY) == set(families.FAMILIES) - {"z-image"}
-    assert all(families.get(f).comfy_unet_config is None for f in tf.DIFFUSERS_ONLY)
-    assert all(families.get(f).comfy_unet_config is not None for f in FAMILIES)
+    assert all(families.get(f).unet_config is None for f in tf.DIFFUSERS_ONLY)
+    assert all(families.get(f).unet_config is not None for f in FAMILIES)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -291,6 +291,6 @@ def test_new_families_have_presets_and_need_newer_comfyui():
         assert label in labels
     for name in ("krea-2", "qwen-image-2.1"):
         fam = families.get(name)
-        assert fam.min_comfy == "0.38.1" and fam.comfy_unet_config is None
+        assert fam.min_comfy == "0.38.1" and fam.unet_config is None
     assert families.get("qwen-image-2.1").comfy_models == ("QwenImage21",)
     assert families.get("krea-2").comfy_models == ("Krea2",)

@@ -251,7 +251,7 @@ REAL: dict[str, dict] = {
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Families whose ComfyUI class no ComfyUI testable here has (registered with comfy_unet_config=None): their diffusers
+# Families whose ComfyUI class no ComfyUI testable here has (registered with unet_config=None): their diffusers
 # classes need diffusers >= 0.41 (tests run them with diffusers 0.42.1 from .cache/diffusers042, see
 # tests/test_diffusers_loader.py). Hidden 512 with 128-wide heads, one block of each kind, as above.
 

@@ -113,14 +113,6 @@ class Family:
                 found=f"{len(shapes)} tensors without '{key}'",
                 fix="Download the file again, or pick the file (or family) of the model you meant.") from None
 
-    @property
-    def comfy_unet_config(self) -> Callable[..., dict] | None:
-        """The config function in its old ``(shapes, meta)`` form (``meta`` ignored), for callers not yet on
-        ``config_from_shapes``; None where the family has none."""
-        if self.unet_config is None:
-            return None
-        return lambda shapes, meta=None: self.config_from_shapes(shapes)
-
     def excluded_base(self, wanted: str | None) -> str | None:
         """The excluded base ``wanted`` names, else None."""
         if not wanted:
