@@ -31,7 +31,8 @@ FP8_STORAGE_TYPES = ("cpu", "cuda")  # device types whose torch kernels take flo
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper / Blackwell: fp8 tensor cores, what torchao's fp8 config asserts
 INT8_MIN_CAPABILITY = (7, 5)  # Turing onwards: int8 tensor cores behind torch._int_mm
 BLOCK_MIN_CAPABILITY = (10, 0)  # Blackwell: NVFP4 / MX block-scaled tensor cores behind torchao's kernels
-KINDS = ("int8", "float8", "nvfp4", "mxfp8")
+BLOCK_KINDS = ("nvfp4", "mxfp8")
+KINDS = ("int8", "float8", *BLOCK_KINDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,41 +86,29 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
         raise ValueError(f"unknown quantized weight kind {kind!r}")
     scheme = _scheme(kind, dynamic)
     where = device.label()
-    if kind in ("nvfp4", "mxfp8"):
-        return _choose_block(kind, dynamic, device, override, scheme, where)
+    # per-block kinds (nvfp4, mxfp8) dequantize by table on any device: their weight-only path is said as such
+    wo = ": dequantized at matmul" if kind in BLOCK_KINDS else ""
     if kind == "float8" and not device.holds_float8():  # nothing fp8 can run or even sit there
         return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: no float8 dtype on {device.type}",
                             codes_as_bytes=True)
     if not dynamic:
-        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} file: weights only, on {where}")
+        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}{wo}" if wo else
+                            f"{scheme} file: weights only, on {where}")
     if override == WEIGHT_ONLY:
-        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{ENV}=weight-only, {scheme} on {where}")
+        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{ENV}=weight-only, {scheme} on {where}{wo}")
     if override == QUANTIZED:
         return MatmulChoice(QUANTIZED, kind, dynamic, f"{ENV}=quantized, {scheme} on {where}")
     ok, why = _supported(kind, device)
     return MatmulChoice(QUANTIZED if ok else WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: {why}")
 
 
-def _choose_block(kind, dynamic, device, override, scheme, where) -> MatmulChoice:
-    """Per-block kinds: torchao's native kernels on Blackwell; everywhere else each weight is dequantized at matmul
-    time (block codes and scales decoded by table, so any device torch runs on, float8 dtype or not)."""
-    everywhere = "dequantized at matmul"
-    if not dynamic:
-        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: {everywhere}")
-    if override == WEIGHT_ONLY:
-        return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{ENV}=weight-only, {scheme} on {where}: {everywhere}")
-    if override == QUANTIZED:
-        return MatmulChoice(QUANTIZED, kind, dynamic, f"{ENV}=quantized, {scheme} on {where}")
-    if device.type == "cuda" and not device.hip and tuple(device.capability or (0, 0)) >= BLOCK_MIN_CAPABILITY:
-        cap = device.capability
-        return MatmulChoice(QUANTIZED, kind, dynamic, f"{scheme} on {where}: native {kind} matmul (compute "
-                                                      f"capability {cap[0]}.{cap[1]} >= 10.0)")
-    need = f"{BLOCK_MIN_CAPABILITY[0]}.{BLOCK_MIN_CAPABILITY[1]}"
-    return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: {everywhere} (native {kind} needs an "
-                                                    f"NVIDIA GPU of compute capability >= {need})")
-
-
 def _supported(kind: str, device: Device) -> tuple[bool, str]:
+    if kind in BLOCK_KINDS:  # torchao's native NVFP4 / MX matmuls: Blackwell; elsewhere decoded by table
+        cap = tuple(device.capability or (0, 0))
+        if device.type == "cuda" and not device.hip and cap >= BLOCK_MIN_CAPABILITY:
+            return True, f"native {kind} matmul (compute capability {cap[0]}.{cap[1]} >= 10.0)"
+        need = f"{BLOCK_MIN_CAPABILITY[0]}.{BLOCK_MIN_CAPABILITY[1]}"
+        return False, f"dequantized at matmul (native {kind} needs an NVIDIA GPU of compute capability >= {need})"
     if device.type == "cuda" and not device.hip:
         cap = device.capability or (0, 0)
         need = FP8_MIN_CAPABILITY if kind == "float8" else INT8_MIN_CAPABILITY

@@ -273,3 +273,16 @@ def test_family_plus_nvfp4_plans_the_nvfp4_repo_and_fp8_keeps_its_own(family, re
     assert all(c.repo.endswith("-FP8") for c in fp8.candidates)
     assert sources.repo_schemes(repo) == ("nvfp4",)
     assert any(p.repo == repo and p.scheme == "nvfp4" for p in sources.presets())
+
+
+@pytest.mark.parametrize("kind", ["nvfp4", "mxfp8"])
+def test_block_kinds_run_natively_on_blackwell_only_and_dequantize_everywhere_else(kind):
+    from prequant_core import devices as d
+    native = d.choose(kind, True, d.Device("cuda", (10, 0), name="B200"))
+    assert native.path == d.QUANTIZED and f"native {kind}" in native.text()
+    for dev in (d.Device("cuda", (9, 0)), d.Device("cuda", (8, 6)), d.Device("cuda", (10, 0), hip=True),
+                d.Device("cpu"), d.Device("mps"), d.Device("xpu")):
+        c = d.choose(kind, True, dev)
+        assert c.path == d.WEIGHT_ONLY and "dequantized at matmul" in c.text() and not c.codes_as_bytes, dev
+    assert d.choose(kind, False, d.Device("cuda", (10, 0))).path == d.WEIGHT_ONLY  # no activation settings
+    assert d.choose(kind, True, d.Device("cuda", (10, 0)), d.WEIGHT_ONLY).path == d.WEIGHT_ONLY
