@@ -19,14 +19,7 @@ FAMILY = "flux.1"  # fused qkv in ComfyUI: NVFP4 rows with different per-tensor 
 
 
 def sample(model, steps=2, seed=0):
-    import comfy.sample
-    ctx, extra = tf.conditioning(FAMILY, seed)
-    cond = [[ctx, dict(extra)]]
-    latent = torch.zeros(tf.TINY[FAMILY].latent)
-    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed + 1))
-    with torch.inference_mode():
-        return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", cond, cond, latent, seed=seed,
-                                   disable_pbar=True)
+    return tf.sample(model, FAMILY, steps, seed)
 
 
 _dense: dict = {}

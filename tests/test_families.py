@@ -41,15 +41,7 @@ def dense(family):
 
 
 def sample(model, family, steps=2, seed=0):
-    """A deterministic KSampler run (euler / simple, cfg 1) through ComfyUI's own sampling code."""
-    import comfy.sample
-    ctx, extra = tf.conditioning(family, seed)
-    cond = [[ctx, dict(extra)]]
-    latent = torch.zeros(tf.TINY[family].latent)
-    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed + 1))
-    with torch.inference_mode():
-        return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", cond, cond, latent, seed=seed,
-                                   disable_pbar=True)
+    return tf.sample(model, family, steps, seed)
 
 
 @pytest.fixture(scope="module")

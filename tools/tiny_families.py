@@ -357,3 +357,16 @@ def dense(family: str, seed: int = 0, dtype=torch.bfloat16, **overrides) -> dict
 def conditioning(family: str, seed: int = 0):
     """(cross_attn, extras): ComfyUI conditioning ``[[cross_attn, extras]]`` for the family's tiny model."""
     return TINY[family].cond(torch.Generator().manual_seed(seed))
+
+
+def sample(model, family: str, steps: int = 2, seed: int = 0):
+    """A deterministic KSampler run (euler / simple, cfg 1) of the family's tiny latent through ComfyUI's own
+    sampling code (imported here, when called: this module also serves ComfyUI-free tools)."""
+    import comfy.sample
+    ctx, extra = conditioning(family, seed)
+    cond = [[ctx, dict(extra)]]
+    latent = torch.zeros(TINY[family].latent)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed + 1))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, 1.0, "euler", "simple", cond, cond, latent, seed=seed,
+                                   disable_pbar=True)
