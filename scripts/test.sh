@@ -41,7 +41,7 @@ PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest tests "${ignore[@]}" "
 #   test_example_workflows.py, test_hub*.py, test_token_safety.py: the Hub client and its local test hub, which are
 #                        ComfyUI-independent and covered on 0.3.75 (the 0.12.1 venv carries another huggingface_hub)
 #   test_compile.py, test_concurrency.py, test_build.py, test_diffusers_loader.py, test_legacy_formats.py,
-#   test_memory_guard.py, test_path_safety.py, test_block_formats_comfy.py: same ComfyUI contact points as the files
+#   test_memory_guard.py, test_path_safety.py: same ComfyUI contact points as the files
 #                        below, heavier; covered on 0.3.75
 #   test_families.py::test_prequant_equals_load_time_quantization: the quantizer across families (ComfyUI-independent,
 #                        ~4 min); the families' ComfyUI classes and configs are checked on 0.12.1 by the other tests
@@ -49,7 +49,7 @@ PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest tests "${ignore[@]}" "
 #                        are on the weights" per ModelPatcher copy instead of on the shared model, so a clone used
 #                        after a LoRA'd clone is not unpatched; a stock dense Linear stays patched there too
 COMFY012_TESTS=(tests/test_comfyui_version.py tests/test_loader.py tests/test_families.py tests/test_info.py
-                tests/test_server.py tests/test_fallback.py tests/test_matmul_path.py)
+                tests/test_server.py tests/test_fallback.py tests/test_matmul_path.py tests/test_block_formats_comfy.py)
 COMFY012_DESELECT=(--deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
                    --deselect tests/test_matmul_path.py::test_weight_only_stock_lora
                    --deselect tests/test_families.py::test_prequant_equals_load_time_quantization)
