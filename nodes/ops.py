@@ -26,23 +26,11 @@ def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
     if qdata.dtype == torch.int8:
         w = qdata * s
     elif qdata.dtype == torch.uint8:
-        table = _fp8_table(qdata.device)
+        table = qtensor.decode_table("e4m3", qdata.device)
         w = torch.index_select(table, 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape) * s
     else:
         w = qdata.to(torch.float16) * s  # every e4m3 value is exact in fp16; the product is computed in fp32
     return w if dtype == torch.float32 else w.to(dtype)
-
-
-_FP8_TABLES: dict = {}
-
-
-def _fp8_table(device) -> torch.Tensor:
-    """The float32 value of each of the 256 e4m3 bit patterns, on ``device`` (built on the CPU, copied once)."""
-    key = str(device)
-    if key not in _FP8_TABLES:
-        _FP8_TABLES[key] = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32) \
-            .to(device)
-    return _FP8_TABLES[key]
 
 
 def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None) -> torch.Tensor:
@@ -54,7 +42,7 @@ def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Te
     large activation sum could overflow fp16 before the scale brings it down)."""
     if input.dtype == torch.float32:
         if qdata.dtype == torch.uint8:
-            w = torch.index_select(_fp8_table(qdata.device), 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape)
+            w = torch.index_select(qtensor.decode_table("e4m3", qdata.device), 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape)
         else:
             w = qdata.to(torch.float32)
         out = torch.nn.functional.linear(input, w)
@@ -75,11 +63,6 @@ def spec_is_dynamic(spec) -> bool:
 PART_NAMES = ("weight", "weight_scale", "weight_scale_2")
 
 
-def rotate_input(x: torch.Tensor, group: int) -> torch.Tensor:
-    """ConvRot: the input times the block-diagonal Hadamard of ``group`` (``prequant_core.rotation``)."""
-    return rotation.rotate(x, group)
-
-
 def choose_matmul(module: torch.nn.Module, device) -> list:
     """Decide the matmul path of every quantized Linear in ``module`` for ``device`` (the load device) and store it
     on each Linear. Returns the distinct choices (``devices.MatmulChoice``), for the node's text."""
@@ -94,8 +77,8 @@ def choose_matmul(module: torch.nn.Module, device) -> list:
         if key not in choices:
             choices[key] = devices.choose(spec.kind, key[1], dev, override)
         m.prequant_matmul = choices[key].path
-        if m.prequant_matmul == devices.QUANTIZED and spec.kind in qtensor.BLOCK_KINDS and \
-                isinstance(qtensor.assemble(m.prequant_parts(), spec), qtensor.QParts):
+        if m.prequant_matmul == devices.QUANTIZED and spec.kind == "nvfp4" and \
+                not bool((m.weight_scale_2 == m.weight_scale_2[:1]).all()):
             m.prequant_matmul = devices.WEIGHT_ONLY  # fused NVFP4 rows with different scales: no torchao form
         if choices[key].codes_as_bytes:
             m.prequant_keep_bytes()
@@ -167,12 +150,7 @@ def make_ops(base):
             def prequant_dense(self, dtype=torch.float32, device=None):
                 """The weight as the layer's math sees it: for a ConvRot layer the stored weight rotated back
                 (``W' H``, as ``H H = I``), so a LoRA made for the original model patches the right numbers."""
-                spec = self.prequant_spec
-                w = qtensor.dequantize_parts(self.prequant_parts(device), spec,
-                                             torch.float32 if spec.rotation else dtype)
-                if spec.rotation:
-                    w = rotate_input(w, spec.rotation).to(dtype)
-                return w
+                return qtensor.dense_from_parts(self.prequant_parts(device), self.prequant_spec, dtype)
 
             def prequant_assign_dense(self, dense, before=None):
                 """Requantize a patched dense weight. Rows equal to ``before`` (the dense weight the patch started
@@ -182,7 +160,7 @@ def make_ops(base):
                 old = self.prequant_parts()
                 same = (dense == before).all(dim=1) if before is not None else None
                 if spec.rotation:
-                    dense = rotate_input(dense.to(torch.float32), spec.rotation)
+                    dense = rotation.rotate(dense.to(torch.float32), spec.rotation)
                 row_scale = None
                 if spec.kind == "nvfp4":
                     # unchanged rows keep their scale; changed rows get one from their own maximum
@@ -217,7 +195,7 @@ def make_ops(base):
                         w = f(w)
                     ts = self.prequant_requantize(w, ts[2] if spec.kind == "nvfp4" else None)
                 if spec.rotation:
-                    input = rotate_input(input, spec.rotation)
+                    input = rotation.rotate(input, spec.rotation)
                 path = self.prequant_matmul
                 if path is None:  # built outside the loader: decide once, for the device it first runs on
                     self.prequant_matmul = path = devices.choose(spec.kind, spec_is_dynamic(spec),

@@ -16,6 +16,7 @@ moves, inference mode, size accounting and LoRA backups, which torchao subclasse
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -156,6 +157,7 @@ def _unswizzle(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 BLOCK_TORCHAO = (0, 18)  # the torchao whose NVFP4Tensor / MXTensor fields this pack reads (earlier ones differ)
 
 
+@functools.lru_cache(maxsize=None)
 def require_block_torchao() -> None:
     """NVFP4 / MX weights need torchao's current tensor classes: say which torchao, rather than fail inside it."""
     import torchao
@@ -243,7 +245,7 @@ def assemble(tensors, spec: QSpec):
 _TABLES: dict = {}
 
 
-def _table(name: str, device) -> torch.Tensor:
+def decode_table(name: str, device) -> torch.Tensor:
     """Decode tables (float32), built on the CPU from torch's / torchao's own conversions, copied once per device:
     ``e4m3`` and ``e8m0`` map a byte to its value, ``e2m1x2`` a packed byte to its two values (low nibble first)."""
     key = (name, str(device))
@@ -275,32 +277,31 @@ def dequantize_parts(tensors, spec: QSpec, dtype: torch.dtype) -> torch.Tensor:
     if spec.kind in ROW_KINDS:
         q, s = tensors
         if q.dtype == torch.uint8:
-            q = q.view(torch.float8_e4m3fn) if q.device.type in ("cpu", "cuda") else _decode(_table("e4m3", q.device), q)
+            q = q.view(torch.float8_e4m3fn) if q.device.type in ("cpu", "cuda") else _decode(decode_table("e4m3", q.device), q)
         return dequantize(q, s, dtype)
     if spec.kind == "nvfp4":
         q, s, row = tensors
         rows, cols = q.shape[0], q.shape[1] * 2
-        vals = _decode(_table("e2m1x2", q.device), q).reshape(rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)
+        vals = _decode(decode_table("e2m1x2", q.device), q).reshape(rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)
         # torchao: per_tensor_scale * scale_e4m3.to(float), then data_f32 * that, then .to(dtype)
-        scale = row.to(torch.float32) * _decode(_table("e4m3", s.device), s)
+        scale = row.to(torch.float32) * _decode(decode_table("e4m3", s.device), s)
         return (vals * scale.unsqueeze(-1)).reshape(rows, cols).to(dtype)
     q, s = tensors
     kw = spec.as_kwargs()
     bs = kw["block_size"]
     elem = "e5m2" if kw["elem_dtype"] == torch.float8_e5m2 else "e4m3"
     # torchao's to_dtype: codes cast to the target dtype, times the block scale cast to it, in the target dtype
-    data = _decode(_table(elem, q.device), q).to(dtype).reshape(-1, bs)
-    scale = _decode(_table("e8m0", s.device), s).reshape(-1, 1).to(dtype)
+    data = _decode(decode_table(elem, q.device), q).to(dtype).reshape(-1, bs)
+    scale = _decode(decode_table("e8m0", s.device), s).reshape(-1, 1).to(dtype)
     return (data * scale).reshape(q.shape)
 
 
-def dense_weight(t, dtype: torch.dtype) -> torch.Tensor:
+def dense_from_parts(tensors, spec: QSpec, dtype: torch.dtype) -> torch.Tensor:
     """The weight a layer applies to its (unrotated) input: dequantized, and for a ConvRot weight ``W' H = W``."""
-    ts, spec = parts(t)
     if not spec.rotation:
-        return dequantize_parts(ts, spec, dtype)
+        return dequantize_parts(tensors, spec, dtype)
     from .rotation import rotate
-    return rotate(dequantize_parts(ts, spec, torch.float32), spec.rotation).to(dtype)
+    return rotate(dequantize_parts(tensors, spec, torch.float32), spec.rotation).to(dtype)
 
 
 def quantize_parts(dense: torch.Tensor, spec: QSpec, row_scale: torch.Tensor | None = None) -> tuple:
@@ -346,18 +347,18 @@ def cat_rows(weights: list):
     first, and rows carry their scales (per-block kinds too; NVFP4 rows their per-tensor scale)."""
     if not any(is_quantized(p) for p in weights):
         return torch.cat(weights, dim=0)
-    kinds = {kind_of(p) if is_quantized(p) else "dense" for p in weights}
-    rotations = {parts(p)[1].rotation if is_quantized(p) else 0 for p in weights}
+    split_ = [parts(p) if is_quantized(p) else None for p in weights]  # once: NVFP4 scales are unswizzled here
+    kinds = {sp[1].kind if sp else "dense" for sp in split_}
+    rotations = {sp[1].rotation if sp else 0 for sp in split_}
     if (len(kinds) > 1 and kinds & set(BLOCK_KINDS)) or len(rotations) > 1:
         # A layer policy (v3) may give the parts of one fused ComfyUI weight different formats, a ConvRot file (v2)
         # may rotate some of them only (FLUX's linear1 is q, k, v and the MLP input). No quantized form holds that,
         # so the fused weight is the exact dense rows, each part dequantized (and rotated back: W' H = W) in the
         # parts' logical dtype: the numbers each part's own matmul would have applied to the unrotated input.
         dtype = next(p.dtype for p in weights if is_quantized(p))
-        return torch.cat([dense_weight(p, dtype) if is_quantized(p) else p.to(dtype) for p in weights])
-    if not all(is_quantized(p) for p in weights):
+        return torch.cat([dense_from_parts(*sp, dtype) if sp else p.to(dtype) for p, sp in zip(weights, split_)])
+    if not all(split_):
         raise ValueError("cannot fuse quantized and dense rows into one weight")
-    split_ = [parts(p) for p in weights]
     spec = split_[0][1]
     if any(sp[1] != spec for sp in split_[1:]):
         kinds = sorted({sp[1].kind for sp in split_})
