@@ -167,6 +167,8 @@ def main():
     ap.add_argument("--methods", default="prequant,unet,unet-fp8")
     ap.add_argument("--out", default=None, help="append the table (markdown) to this file")
     ap.add_argument("--keep", default=None, help="reuse / keep the generated files in this folder")
+    ap.add_argument("--json", default=None, help="write the measurements to this JSON file (bench/chart.py draws "
+                                                 "bench/results/serving-cpu.json)")
     args = ap.parse_args()
     base = args.keep or tempfile.mkdtemp(prefix="prequant-serving-")
     try:
@@ -203,6 +205,16 @@ def main():
             lines += ["", f"- one-step latent, prequant int8 vs dense: rel err {((a - d).norm() / d.norm()).item():.4f}"]
         table = "\n".join(lines)
         print(table)
+        if args.json:
+            import platform
+            import torch
+            with open(args.json, "w") as fh:
+                json.dump({"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU "
+                           f"cores, no GPU; torch {torch.__version__}; ComfyUI 0.3.75 server; real-width Z-Image, "
+                           f"{args.layers} layer + 2+2 refiners, one euler step at {args.latent}x{args.latent}",
+                           "methods": [{"label": names[m][0], "file_mib": sizes[names[m][1]],
+                                        "added_peak_mib": r["added_mib"], "prompt_s": r["prompt_s"]}
+                                       for m, r in res.items()]}, fh, indent=1)
         if args.out:
             import platform
             import torch

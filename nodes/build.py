@@ -16,7 +16,7 @@ from prequant_core import families, schemes
 from prequant_core.errors import BuildError, UnknownFamilyError
 from prequant_core.families import Family
 
-from . import paths
+from . import describe, paths
 from .comfy_model import key_map_for
 from .ops import is_prequant_linear
 
@@ -50,6 +50,11 @@ def check_filename(filename: str, container: str, base_model_id: str, scheme: st
         return core.default_filename(base_model_id, scheme, container, component)  # derived names pass the same check
     core.check_output_name(name)
     ext = os.path.splitext(name)[1].lower()
+    if container == core.NATIVE:
+        if ext in core.EXTENSIONS.values() and ext != ".safetensors":
+            raise BuildError("A ComfyUI-native file is a .safetensors file.", found=name, expected=".safetensors",
+                             fix="Name it *.safetensors.")
+        return name if ext == ".safetensors" else name + ".safetensors"
     if ext in core.EXTENSIONS.values():
         if ext != core.EXTENSIONS[container]:
             raise BuildError("The filename's extension does not match the container.", found=name,
@@ -57,6 +62,34 @@ def check_filename(filename: str, container: str, base_model_id: str, scheme: st
                              fix=f"Name it *{core.EXTENSIONS[container]} or switch the container.")
         return name
     return name + core.EXTENSIONS[container]
+
+
+def native_folder() -> str:
+    folder = folder_paths.get_folder_paths("diffusion_models")[0]
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def build_native(model, dense_file, dest, scheme, family, base, min_features, overwrite, progress):
+    """A ComfyUI-native file from a MODEL (its state dict is ComfyUI's layout already) or a dense file (mapped to
+    ComfyUI's names where it is in diffusers' layout)."""
+    from safetensors.torch import load_file
+
+    from .comfy_model import to_comfy_layout
+    if model is not None:
+        fam = model_family(model, family)
+        return core.build_comfy_native(model_state_dict(model), dest, scheme=scheme, family=fam, base_model_id=base,
+                                       min_features=min_features, overwrite=overwrite, progress=progress)
+    src = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
+    tensors = load_file(src)
+    fam, layout = families.detect(list(tensors), None, src) if family == AUTO else \
+        (families.get(family), families.get(family).layout_of(tensors))
+    if layout != "comfyui":
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+        tensors = to_comfy_layout(fam, "diffusers", tensors, fam.config_from_shapes(shapes, src), src)
+    return core.build_comfy_native(tensors, dest, scheme=scheme, family=fam, base_model_id=base,
+                                   min_features=min_features, overwrite=overwrite, progress=progress,
+                                   input_layout=layout or "diffusers")
 
 
 def output_folder() -> str:
@@ -118,10 +151,12 @@ class PrequantBuildCheckpoint:
     OUTPUT_NODE = True
     SEARCH_ALIASES = ["int8", "fp8", "quantized", "quantize", "pre-quantized", "prequant", "unsloth", "torchao",
                       "save quantized model"]
-    DESCRIPTION = ("Quantizes a dense diffusion transformer (torchao int8 / fp8 per row, or nvfp4 / mxfp8) and writes a pre-quantized "
-                   "checkpoint into models/prequant, in the same format as Unsloth's quantized files. Connect a MODEL "
-                   "from any stock loader, or pick a dense file from diffusion_models. Returns the written path "
-                   "(feed it to Prequant Info).")
+    DESCRIPTION = (f"Quantizes a dense diffusion transformer ({describe.schemes_text()}) and writes a pre-quantized "
+                   "checkpoint into models/prequant, in the same format as Unsloth's quantized files ("
+                   + " / ".join(core.CONTAINERS) + "), or in ComfyUI's own quantized layout (comfyui-native, into "
+                   "models/diffusion_models: the stock Load Diffusion Model loads it). Connect a MODEL from any stock "
+                   "loader, or pick a dense file from diffusion_models. Returns the written path (feed it to Prequant "
+                   "Info).")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -144,8 +179,11 @@ class PrequantBuildCheckpoint:
                 "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 1, "max": 65536,
                                          "tooltip": "Only Linear layers with in and out features >= this are "
                                                     "quantized."}),
-                "container": (list(core.CONTAINERS), {"default": "safetensors", "tooltip": "safetensors: no pickle, "
-                              "safe to share. pt: torch.save container."}),
+                "container": (list(core.OUTPUTS), {"default": "safetensors", "tooltip": "safetensors: no pickle, "
+                              "safe to share. pt: torch.save container. comfyui-native: ComfyUI's own quantized "
+                              "layout, written to models/diffusion_models: the stock Load Diffusion Model loads it "
+                              "(fp8 from ComfyUI 0.3.68, nvfp4 from 0.8.0, mxfp8 from 0.18.0, int8 from 0.27.0), no "
+                              "custom node needed."}),
                 "overwrite": ("BOOLEAN", {"default": False, "tooltip": "Replace a file of the same name in "
                               "models/prequant (off: an existing file is kept and the build stops)."}),
             },
@@ -188,7 +226,9 @@ class PrequantBuildCheckpoint:
             base = fam_for_name.base_repos[0]
         component = core.check_component(component, fam_arg)
         name = check_filename(filename, container, base, scheme, component)
-        dest = os.path.join(output_folder(), name)
+        native = container == core.NATIVE
+        # a ComfyUI-native file is for ComfyUI's own Load Diffusion Model, which lists models/diffusion_models
+        dest = os.path.join(native_folder() if native else output_folder(), name)
 
         pbar = comfy.utils.ProgressBar(1000)
 
@@ -197,7 +237,10 @@ class PrequantBuildCheckpoint:
             pbar.update_absolute(int(1000 * (frac * 0.9 if stage == "quantize" else 0.9 + 0.1 * frac)), 1000)
 
         with torch.no_grad():
-            if use_file:
+            if native:
+                res = build_native(model, dense_file if use_file else None, dest, scheme, family, base, min_features,
+                                   overwrite, progress)
+            elif use_file:
                 src_path = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
                 res = core.build(src_path, dest, scheme=scheme, family=fam_arg, base_model_id=base,
                                  min_features=min_features, container=container, overwrite=overwrite,

@@ -10,7 +10,7 @@ from prequant_core.formats import open_file
 from prequant_core.info import info
 from prequant_core.metadata import Request
 
-from . import paths
+from . import describe, paths
 from .status import NodeStatus
 
 log = logging.getLogger("prequant")
@@ -26,7 +26,8 @@ class PrequantInfo:
     OUTPUT_NODE = True
     SEARCH_ALIASES = ["int8", "fp8", "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "inspect",
                       "checkpoint info", "verify"]
-    DESCRIPTION = ("Shows what a pre-quantized (int8 / fp8; Unsloth's quantized files or this pack's) checkpoint is "
+    DESCRIPTION = (f"Shows what a pre-quantized ({describe.schemes_text()}; " + describe.containers_text() + ") "
+                   "checkpoint is "
                    "without loading it: format, scheme, family, base model, quantized and dense sizes, the saving, "
                    "recorded versions, and whether it matches the base model and scheme you give. Reads only the "
                    "file's header / index.")

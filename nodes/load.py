@@ -7,12 +7,12 @@ import os
 import torch
 
 from prequant_core import families, hub, plan as planning, schemes, sources
-from prequant_core.errors import PrequantError
+from prequant_core.errors import PrequantError, reading
 from prequant_core.metadata import Request
 from prequant_core.safe_text import escape
 from prequant_core.units import human_bytes
 
-from . import paths
+from . import describe, paths
 from .status import NodeStatus
 from .comfy_model import check_loadable, load_checkpoint_as_model
 from .quantize_at_load import load_quantized_at_load
@@ -59,6 +59,12 @@ def summary_text(s: dict) -> str:
     return escape(text)  # file names and reasons come from files: no control characters reach the UI or the log
 
 
+def _interrupted() -> None:
+    """ComfyUI's Cancel (/interrupt): raises its own exception, which stops a download at once."""
+    import comfy.model_management as mm
+    mm.throw_exception_if_processing_interrupted()
+
+
 def _memory_guard():
     """The loader's memory check, told where ComfyUI will put the model and what it can unload first."""
     import comfy.model_management as mm
@@ -76,7 +82,7 @@ DOWNLOAD_TO_HF_CACHE = "Hugging Face cache"
 # this one by name when an old workflow is opened: checkpoint, path, base_model_id, scheme, family [, hub_repo,
 # preset, revision, hf_token [, min_features, policy, dense_fallback]]. hf_token is gone: tokens come from HF_TOKEN
 # or `hf auth login` only, so none is ever saved in a workflow, the history or an image.
-ALIASES = ["int8", "fp8", "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "load diffusion model",
+ALIASES = ["int8", "fp8", "nvfp4", "mxfp8", "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "load diffusion model",
            "transformer", "unet"]
 
 
@@ -94,14 +100,16 @@ class PrequantLoadTransformer:
     CATEGORY = "loaders/prequant"
     RETURN_TYPES = ("MODEL",)
     RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("The diffusion model in ComfyUI's own model class for its family, with int8 / fp8 weights: "
-                       "connect it where Load Diffusion Model's MODEL would go (KSampler, LoRA loaders, shift nodes).",)
+    OUTPUT_TOOLTIPS = (f"The diffusion model in ComfyUI's own model class for its family, with {describe.schemes_text()} "
+                       "weights kept quantized: connect it where Load Diffusion Model's MODEL would go (KSampler, LoRA "
+                       "loaders, shift nodes).",)
     FUNCTION = "load"
     SEARCH_ALIASES = ALIASES
-    DESCRIPTION = ("Loads a pre-quantized (int8 / fp8, torchao per-row; Unsloth's quantized files) diffusion "
-                   "transformer into ComfyUI's own model class without ever materialising the dense model. Takes a "
-                   "file from models/prequant, or downloads the one a preset / hub_repo / family + scheme names into "
-                   "models/prequant. Aliases: int8, fp8, quantized, unsloth.")
+    DESCRIPTION = (f"Loads a pre-quantized ({describe.schemes_text()}) diffusion transformer into ComfyUI's own model "
+                   "class without ever materialising the dense model: " + describe.containers_text() + ". Families: "
+                   + ", ".join(describe.family_titles()) + ". Takes a file from models/prequant, or downloads the one "
+                   "a preset / hub_repo / family + scheme names into models/prequant. Aliases: int8, fp8, nvfp4, "
+                   "quantized, unsloth.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -212,7 +220,7 @@ class PrequantLoadTransformer:
                 # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
                 located = hub.locate(src, model_dirs=paths.model_dirs(), progress=status.bytes,
                                      dest_dir=paths.download_dir() if to_models else None,
-                                     search_dirs=paths.prequant_dirs(), status=status.say)
+                                     search_dirs=paths.prequant_dirs(), status=status.say, check=_interrupted)
             except PrequantError as e:
                 unavailable = e
         req = Request(scheme=(located.candidate.scheme if located else None) or src.scheme,
@@ -231,7 +239,8 @@ class PrequantLoadTransformer:
             if p.path == "pre-quantized":
                 status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "
                            f"{p.opened.family.name} model")
-                patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout)
+                with reading(p.opened.checkpoint.path, "loaded"):  # any raw error from a file's bytes: typed
+                    patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout)
                 s = _summary(p.opened, patcher.model_size())
             else:
                 status.say(f"quantizing {os.path.basename(p.dense_path)} while reading it")

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from prequant_core import devices, qtensor, rotation
+from prequant_core import devices, int8_cpu, qtensor, rotation
 
 
-def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def fp8_table(module) -> str:
+    """The decode table of a layer's fp8 codes kept as bytes: e5m2 for ComfyUI-native float8_e5m2 files."""
+    return "e5m2" if getattr(module, "prequant_fp8_e5m2", False) else "e4m3"
+
+
+def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, table: str = "e4m3") -> torch.Tensor:
     """``codes * scale`` per row in float32, then ``dtype``: the same numbers as ``qtensor.dequantize`` (tested), in
     fewer passes over the weight (int8 promotes inside the multiply; fp8 widens exactly to fp16 first, as fp8 takes
     part in no type promotion). ``uint8`` codes are fp8 codes kept as bytes (devices without a float8 dtype)."""
@@ -26,14 +31,15 @@ def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
     if qdata.dtype == torch.int8:
         w = qdata * s
     elif qdata.dtype == torch.uint8:
-        table = qtensor.decode_table("e4m3", qdata.device)
-        w = torch.index_select(table, 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape) * s
+        t = qtensor.decode_table(table, qdata.device)
+        w = torch.index_select(t, 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape) * s
     else:
         w = qdata.to(torch.float16) * s  # every e4m3 value is exact in fp16; the product is computed in fp32
     return w if dtype == torch.float32 else w.to(dtype)
 
 
-def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None) -> torch.Tensor:
+def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None,
+                       table: str = "e4m3") -> torch.Tensor:
     """The weight-only path: the rows dequantized to the input's (compute) dtype, then a dense linear.
 
     float32 compute (ComfyUI on a CPU) scales the output columns instead of the weight rows,
@@ -42,7 +48,8 @@ def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Te
     large activation sum could overflow fp16 before the scale brings it down)."""
     if input.dtype == torch.float32:
         if qdata.dtype == torch.uint8:
-            w = torch.index_select(qtensor.decode_table("e4m3", qdata.device), 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape)
+            w = torch.index_select(qtensor.decode_table(table, qdata.device), 0,
+                                   qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape)
         else:
             w = qdata.to(torch.float32)
         out = torch.nn.functional.linear(input, w)
@@ -50,7 +57,7 @@ def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Te
         if bias is not None:
             out.add_(bias.to(device=input.device, dtype=torch.float32))
         return out
-    w = dequantize_rows(qdata, scale, input.dtype)
+    w = dequantize_rows(qdata, scale, input.dtype, table)
     if bias is not None:
         bias = bias.to(device=input.device, dtype=input.dtype)
     return torch.nn.functional.linear(input, w, bias)
@@ -77,6 +84,8 @@ def choose_matmul(module: torch.nn.Module, device) -> list:
         if key not in choices:
             choices[key] = devices.choose(spec.kind, key[1], dev, override)
         m.prequant_matmul = choices[key].path
+        if m.prequant_matmul == devices.QUANTIZED and getattr(m, "prequant_fp8_e5m2", False):
+            m.prequant_matmul = devices.WEIGHT_ONLY  # torchao's fp8 matmul takes e4m3 weights
         if m.prequant_matmul == devices.QUANTIZED and spec.kind == "nvfp4" and \
                 not bool((m.weight_scale_2 == m.weight_scale_2[:1]).all()):
             m.prequant_matmul = devices.WEIGHT_ONLY  # fused NVFP4 rows with different scales: no torchao form
@@ -122,7 +131,11 @@ def make_ops(base):
 
             def prequant_typed(self, q):
                 """The codes with their real dtype (CPU / CUDA only when kept as bytes)."""
-                return q.view(torch.float8_e4m3fn) if q.dtype == torch.uint8 else q
+                if q.dtype != torch.uint8:
+                    return q
+                return q.view(torch.float8_e5m2 if self.prequant_fp8_e5m2 else torch.float8_e4m3fn)
+
+            prequant_fp8_e5m2 = False  # ComfyUI-native float8_e5m2 codes (every other fp8 weight is e4m3)
 
             def prequant_requantize(self, dense, row_scale=None) -> tuple:
                 """``dense`` quantized like this layer's weight (on the CPU for bytes-kept fp8 codes: torchao's fp8
@@ -137,6 +150,8 @@ def make_ops(base):
 
             def prequant_assign(self, tensors, spec):
                 tensors = tuple(tensors)
+                if tensors[0].dtype == torch.float8_e5m2:
+                    self.prequant_fp8_e5m2 = True
                 if self.prequant_bytes and tensors[0].dtype != torch.uint8:
                     tensors = (tensors[0].view(torch.uint8),) + tensors[1:]
                 # New Parameters, never in-place writes: ModelPatcher backups keep pointing at the originals.
@@ -209,15 +224,18 @@ def make_ops(base):
                             bias = f(bias)
                     if spec.kind in qtensor.BLOCK_KINDS:
                         return torch.nn.functional.linear(input, qtensor.dequantize_parts(ts, spec, input.dtype), bias)
-                    return weight_only_linear(input, ts[0], ts[1], bias)
-                if spec.kind in qtensor.BLOCK_KINDS:
-                    weight = qtensor.assemble(ts, spec)
-                else:
-                    weight = qtensor.join(self.prequant_typed(ts[0]), ts[1], spec)
+                    return weight_only_linear(input, ts[0], ts[1], bias, fp8_table(self))
                 if bias is not None:
                     bias = bias.to(device=dev, dtype=spec.dtype)
                     for f in self.bias_function:
                         bias = f(bias)
+                if spec.kind == "int8" and ts[0].device.type == "cpu":  # torchao's result, without torch._int_mm
+                    out = int8_cpu.linear(input.to(spec.dtype), ts[0], ts[1], spec, bias)
+                    return out.to(input.dtype)
+                if spec.kind in qtensor.BLOCK_KINDS:
+                    weight = qtensor.assemble(ts, spec)
+                else:
+                    weight = qtensor.join(self.prequant_typed(ts[0]), ts[1], spec)
                 out = torch.nn.functional.linear(input.to(spec.dtype), weight, bias)
                 return out.to(input.dtype)
 

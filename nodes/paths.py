@@ -5,6 +5,7 @@ import os
 
 import folder_paths
 
+from prequant_core import schemes
 from prequant_core.formats import registry
 
 FOLDER = "prequant"
@@ -13,8 +14,9 @@ DIFFUSION_PREFIX = "diffusion_models/"
 NONE_CHOICE = "(none: use path or hub_repo)"  # the loader's first entry
 INFO_NONE_CHOICE = "(none: use path)"  # Prequant Info has no hub_repo
 NONE_CHOICES = (NONE_CHOICE, INFO_NONE_CHOICE)  # either means "no listed file" to both nodes (older workflows)
-# Name patterns of pre-quantized files (docs/FORMAT.md section 5); headers are read for .safetensors as well.
-_NAME_TOKENS = ("-int8", "-fp8", "_int8", "_fp8", "prequant")
+# Name patterns of pre-quantized .pt files in diffusion_models (docs/FORMAT.md section 5: <Model>-<SCHEME>.pt and
+# the legacy transformer_<scheme>.pt), one per scheme the pack reads; a .safetensors file is judged by its header.
+_NAME_TOKENS = tuple(dict.fromkeys(f"{sep}{s.split('-')[0]}" for s in schemes.SCHEMES for sep in "-_")) + ("prequant",)
 _header_cache: dict = {}
 
 
@@ -53,10 +55,11 @@ def _looks_prequant(full: str) -> bool:
             return False
         key = (full, st.st_mtime_ns, st.st_size)
         if key not in _header_cache:
-            from prequant_core.formats.safetensors_container import read_header
+            from prequant_core.formats.safetensors_container import is_comfy_native, read_header
             try:
-                _, meta, _ = read_header(full)
-                _header_cache[key] = "unsloth_format" in meta
+                index, meta, _ = read_header(full)
+                # an Unsloth container, or ComfyUI's own quantized layout (this pack reads both)
+                _header_cache[key] = "unsloth_format" in meta or is_comfy_native(index, meta)
             except Exception:  # noqa: BLE001 - an unreadable file is simply not offered
                 _header_cache[key] = False
         return _header_cache[key]

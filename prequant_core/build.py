@@ -31,6 +31,7 @@ import torch
 from . import families, fingerprint, qtensor, schemes
 from .formats import registry
 from .errors import BuildError
+from .metadata import WRITE_ORDER
 from .families import Family
 
 # the writable containers of the registry (docs/FORMAT.md sections 1 and 2), in the order the node offers them
@@ -66,21 +67,23 @@ def _dist_version(name: str) -> str | None:
 
 def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_features: int, exclude: list[str],
                   tensors: Mapping, skipped: list[str], component: str = "transformer") -> dict:
-    """Every docs/FORMAT.md metadata field. Version fields are plain ``str`` (``torch.__version__`` would pickle as
-    ``TorchVersion``, which strict ``weights_only`` readers may refuse)."""
+    """Every docs/FORMAT.md metadata field, in the order Unsloth's current builder writes them (``fp8_granularity``
+    only for fp8, last). Version fields are plain ``str`` (``torch.__version__`` would pickle as ``TorchVersion``,
+    which strict ``weights_only`` readers may refuse)."""
     import torchao
     rule = schemes.rules(scheme)
-    return {
+    values = {
         "base_model_id": str(base_model_id), "family": family.name, "scheme": rule.name, "component": str(component),
-        "min_features": int(min_features), "exclude_name_tokens": list(exclude),  # Unsloth's order
+        "min_features": int(min_features), "exclude_name_tokens": list(exclude),
         "require_bf16": rule.require_bf16, "require_divisible": rule.require_divisible,
-        "fast_accum": rule.fast_accum, "fp8_granularity": rule.fp8_granularity,
-        "fingerprint": fingerprint.compute(tensors, skipped), "torch_dtype": "bfloat16", "quant_backend": "torchao",
-        "transformer_class": family.diffusers_class,
+        "fingerprint": fingerprint.compute(tensors), "fast_accum": rule.fast_accum,
+        "torch_dtype": "bfloat16", "quant_backend": "torchao", "transformer_class": family.diffusers_class,
         "torch_version": str(torch.__version__), "torchao_version": str(torchao.__version__),
         "diffusers_version": _dist_version("diffusers"),
     }
-
+    if rule.fp8_granularity:
+        values["fp8_granularity"] = rule.fp8_granularity
+    return {k: values[k] for k in WRITE_ORDER if k in values}
 
 
 def check_component(component, family=None) -> str:
@@ -124,8 +127,17 @@ class BuildResult:
                 f"(dense {human_bytes(self.dense_bytes)}), {self.seconds:.1f} s")
 
 
+NATIVE = "comfyui-native"  # ComfyUI's own quantized layout: stock Load Diffusion Model loads it (no custom node)
+OUTPUTS = CONTAINERS + (NATIVE,)  # what the Build node and the command line offer
+
+
 def container_for(dest: str, container: str | None, scheme: str | None = None) -> str:
     ext = os.path.splitext(dest)[1].lower()
+    if container == NATIVE:
+        if ext and ext != ".safetensors":
+            raise BuildError("A ComfyUI-native file is a .safetensors file.", path=dest, expected=".safetensors",
+                             found=ext, fix="Name the file *.safetensors.")
+        return NATIVE
     by_ext = {v: k for k, v in EXTENSIONS.items()}.get(ext)
     holds = [c for c in CONTAINERS if scheme is None or registry.by_name(c).writes_schemes is None
              or scheme in registry.by_name(c).writes_schemes]
@@ -152,6 +164,9 @@ def default_filename(base_model_id: str, scheme: str, container: str, component:
     model = str(base_model_id).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or "model"
     if component and component != "transformer":
         model = f"{model}-{component}"
+    if container == NATIVE:  # Unsloth's name for the ComfyUI-native twin
+        return check_output_name(f"{model}-{schemes.normalize(scheme).upper()}-ComfyUI.safetensors",
+                                 origin=f"base_model_id '{str(base_model_id)[:80]}'")
     return check_output_name(f"{model}-{schemes.normalize(scheme).upper()}{EXTENSIONS[container]}",
                              origin=f"base_model_id '{str(base_model_id)[:80]}'")
 
@@ -210,6 +225,41 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
                        quantized=sum(1 for v in q.values() if qtensor.is_quantized(v)), skipped=sorted(skipped),
                        file_bytes=os.path.getsize(path), dense_bytes=sum(i.nbytes for i in infos.values()),
                        estimated_bytes=estimate, fingerprint=meta["fingerprint"], metadata=meta,
+                       seconds=time.time() - t0)
+
+
+def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Family, base_model_id: str | None = None,
+                       min_features: int = schemes.DEFAULT_MIN_FEATURES, overwrite: bool = False,
+                       progress: BuildProgress | None = None, input_layout: str = "comfyui") -> BuildResult:
+    """ComfyUI-layout tensors (dense, or already quantized: an Unsloth file's weights mapped to ComfyUI names) ->
+    a ComfyUI-native file (docs/FORMAT.md section 6) that ComfyUI's own Load Diffusion Model reads where that ComfyUI
+    knows the format (float8_e4m3fn: 0.3.68+, nvfp4: 0.8.0+, mxfp8: 0.18.0+, int8_tensorwise: 0.27.0+). Written
+    atomically. Holds the input in memory (the ComfyUI layout fuses q / k / v)."""
+    from .formats import comfy_native
+    t0 = time.time()
+    scheme = schemes.normalize(scheme)
+    dest = os.path.abspath(os.fspath(dest))
+    container_for(dest, NATIVE, scheme)
+    _refuse_existing(dest, overwrite)
+    base_model_id = (base_model_id or "").strip() or family.base_repos[0]
+    out, layers, skipped = comfy_native.native_tensors(tensors, scheme, min_features=min_features, progress=progress)
+    if not layers:
+        raise BuildError("No Linear layer of the transformer's blocks passes the filter, so nothing would be "
+                         "quantized.", path=dest, fix="Lower min_features.")
+    meta = {"base_model_id": base_model_id, "family": family.name, "scheme": scheme}
+    nbytes = sum(t.numel() * t.element_size() for t in out.values())
+    check_free_space(os.path.dirname(dest), nbytes, None)
+    with atomic_output(dest, overwrite=overwrite) as tmp:
+        comfy_native.write_native(tmp, out, layers, meta)
+    if progress:
+        progress("write", 1, 1, "")
+    dense_bytes = sum(qtensor.dense_nbytes(v) if qtensor.is_quantized(v) else v.numel() * v.element_size()
+                      for v in tensors.values())
+    return BuildResult(path=dest, container=NATIVE, family=family.name, scheme=scheme, base_model_id=base_model_id,
+                       input_layout=input_layout, tensors=len(out), quantized=len(layers), skipped=sorted(skipped),
+                       file_bytes=os.path.getsize(dest), dense_bytes=dense_bytes, estimated_bytes=nbytes,
+                       fingerprint={}, metadata={**meta, "comfy_quant_formats": {comfy_native.NATIVE_FORMAT[scheme]:
+                                                                                   len(layers)}},
                        seconds=time.time() - t0)
 
 
@@ -273,8 +323,50 @@ class TerminalProgress:
         self.stream.flush()
 
 
+def _cli_native(args, family: str | None) -> int:
+    """``build --container comfyui-native``: from a dense .safetensors or from a pre-quantized file this pack reads
+    (an Unsloth file turned into one stock ComfyUI loads); diffusers names are mapped to ComfyUI's with the family's
+    own map, or ComfyUI's (``--comfyui DIR``)."""
+    from . import formats, keymaps
+    from .errors import PrequantError
+    try:
+        ck = formats.read(args.input)
+        tensors, md, scheme_default = ck.tensors, ck.metadata, ck.metadata.get("scheme")
+    except PrequantError:
+        from safetensors.torch import load_file
+        tensors, md, scheme_default = load_file(args.input), {}, None
+    fam, layout = (families.get(family), None) if family else families.detect(list(tensors), md, args.input)
+    layout = layout or fam.layout_of(tensors) or "diffusers"
+    scheme = args.scheme or scheme_default or "int8"
+    if layout == "diffusers" and fam.comfy_key_map is not None:
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+        if callable(fam.comfy_key_map):
+            km = fam.comfy_key_map(fam.config_from_shapes(shapes, args.input))
+        elif args.comfyui:
+            km = comfy_key_map_from(args.comfyui)(fam, shapes)
+        else:
+            raise BuildError(f"{fam.title} files in diffusers' layout need ComfyUI's key map for ComfyUI-native "
+                             "output.", path=args.input, fix="Add --comfyui DIR (your ComfyUI folder).")
+        tensors = keymaps.to_comfy_layout(tensors, km, path=args.input)
+    output = args.output
+    if output is None or os.path.isdir(output):
+        output = os.path.join(output or os.getcwd(), default_filename(
+            args.base_model_id or md.get("base_model_id") or fam.base_repos[0], scheme, NATIVE, args.component))
+    res = build_comfy_native(tensors, output, scheme=scheme, family=fam,
+                             base_model_id=args.base_model_id or md.get("base_model_id"), min_features=args.min_features,
+                             overwrite=args.overwrite, progress=None if args.quiet else TerminalProgress(),
+                             input_layout=layout)
+    print(res.summary())
+    print(res.path)
+    return 0
+
+
 def _cli_build(args) -> int:
     family = None if args.family == "auto" else args.family
+    if args.container == NATIVE:
+        return _cli_native(args, family)
+    if args.scheme is None:
+        args.scheme = "int8"
     output = args.output
     container = args.container
     if output is None or os.path.isdir(output):
@@ -309,7 +401,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--output", "-o", metavar="PATH", default=None,
                    help="output file, or an existing folder to write <Model>-<SCHEME>.<ext> into "
                         "(default: that name in the current folder)")
-    p.add_argument("--scheme", choices=schemes.SCHEMES, default="int8", help="quantization scheme (default: %(default)s)")
+    p.add_argument("--scheme", choices=schemes.SCHEMES, default=None,
+                   help="quantization scheme (default: int8; for comfyui-native output from a pre-quantized input, "
+                        "the input's scheme)")
     p.add_argument("--min-features", type=int, default=schemes.DEFAULT_MIN_FEATURES, metavar="N",
                    help="quantize only Linear layers whose in and out features are both >= N (default: %(default)s)")
     p.add_argument("--base-model-id", default=None, metavar="REPO",
@@ -317,16 +411,18 @@ def add_cli(subparsers) -> None:
                         "Tongyi-MAI/Z-Image-Turbo)")
     p.add_argument("--family", choices=["auto"] + sorted(families.FAMILIES), default="auto",
                    help="model family (default: %(default)s, from config.json or the tensor names)")
-    p.add_argument("--container", choices=["auto"] + list(CONTAINERS), default="auto",
-                   help="file format: safetensors (safe, no pickle) or pt (torch.save); default auto: from the "
-                        "output extension, else safetensors")
+    p.add_argument("--container", choices=["auto"] + list(OUTPUTS), default="auto",
+                   help="file format: safetensors (safe, no pickle) or pt (torch.save); comfyui-native: ComfyUI's own "
+                        "quantized layout, which ComfyUI's stock Load Diffusion Model reads (fp8 from ComfyUI 0.3.68, "
+                        "nvfp4 0.8.0, mxfp8 0.18.0, int8 0.27.0), made from a dense file or from a pre-quantized one "
+                        "(e.g. an Unsloth file); default auto: from the output extension, else safetensors")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--component", default="transformer", metavar="NAME",
                    help="which transformer of the model the input is, recorded in the metadata (default: "
                         "%(default)s; transformer_2 for the low-noise expert of Wan 2.2 A14B)"),
     p.add_argument("--comfyui", metavar="DIR", default=None,
-                   help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names "
-                        "(only needed for ComfyUI-layout files)")
+                   help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names (only "
+                        "needed for ComfyUI-layout files), or diffusers names to ComfyUI's for comfyui-native output")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     p.set_defaults(func=_cli_build)
 

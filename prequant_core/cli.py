@@ -38,3 +38,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - the safety net: a stranger's file never ends in a bare traceback
+        from .safe_text import escape
+        print(f"error: unexpected {type(e).__name__} while running '{args.command}': {escape(str(e))[:400]}\n"
+              "Fix: if a file was being read, it is damaged or not a checkpoint; otherwise please report this "
+              "message.", file=sys.stderr)
+        return 3

@@ -4,8 +4,8 @@ Two paths, same file, same weights:
 
 * ``quantized``: torchao's matmul with dynamic activation quantization, what ``quantize_`` with the scheme's config
   computes. fp8 needs a CUDA GPU of compute capability >= 8.9 (``_scaled_mm`` on fp8 tensor cores); int8 needs
-  int8 GEMM support, which CUDA GPUs have from compute capability 7.5 and x86 CPUs have through oneDNN
-  (``torch._int_mm``).
+  int8 GEMM support, which CUDA GPUs have from compute capability 7.5 (``torch._int_mm``); on a CPU the same
+  integer sums are taken in exact float32 pieces (``int8_cpu``: torchao's result, without its slow CPU ``_int_mm``).
 * ``weight-only``: each Linear's rows are dequantized (``codes * scale``) to the compute dtype at matmul time and a
   dense ``F.linear`` runs. Works on every device torch runs on. Where a device has no float8 dtype at all (Apple
   MPS, and other non-CUDA accelerators to be safe), fp8 codes are kept as their raw bytes (uint8) and decoded through
@@ -119,7 +119,7 @@ def _supported(kind: str, device: Device) -> tuple[bool, str]:
         return False, f"{what} matmul needs compute capability >= {need[0]}.{need[1]}, this GPU has {have}"
     if device.type == "cpu":
         if kind == "int8":
-            return True, "int8 matmul supported (torch._int_mm on the CPU)"
+            return True, "int8 matmul supported (torchao's result, integer sums in exact float32 pieces on the CPU)"
         return False, "CPUs have no fp8 matmul (torchao would emulate it)"
     if device.type == "cuda" and device.hip:
         return False, "torchao's per-row int8/fp8 matmuls are not used on ROCm"

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
-from . import families, hub, loader, metadata, sources
+from . import families, hub, loader, metadata, qtensor, sources
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DependencyError, PrequantError,
                      UnknownFamilyError, UnsupportedFormatError)
 
@@ -193,26 +193,31 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
                                      fix="Check that base and file are the same model and size.") from None
     _rebuild_non_persistent_buffers(model, ck.path)
     model = model.eval().to(device)
-    notes = notes + attach_layer_formats(model, device)
+    # read from the file's tensors: assigning them as Parameters drops the attribute that marks a rotated weight
+    rotations = {k[:-len(".weight")]: g for k, v in ck.tensors.items()
+                 if qtensor.is_quantized(v) and (g := qtensor.parts(v)[1].rotation)}
+    notes = notes + attach_layer_formats(model, device, rotations)
     f = located.fetched
     where = f"hub:{f.repo}@{f.revision}/{f.filename}" if f else "local"
     return Loaded(model, ck.path, fam.name, metadata_scheme(ck), where, notes + list(opened.verdict.notes))
 
 
-def attach_layer_formats(model: torch.nn.Module, device) -> list[str]:
-    """What torchao's own Linear dispatch does not do for these files: ConvRot layers rotate their input (a forward
-    pre-hook), and NVFP4 / MX weights on a device without their kernels dequantize at matmul time (the layer's
-    forward). Returns notes saying what was attached."""
-    from . import devices, qtensor, rotation
+def attach_layer_formats(model: torch.nn.Module, device, rotations: Mapping[str, int] | None = None) -> list[str]:
+    """What torchao's own Linear dispatch does not do for these files: ConvRot layers (``rotations``: module name
+    -> group) rotate their input (a forward pre-hook), and NVFP4 / MX weights on a device without their kernels
+    dequantize at matmul time (the layer's forward). Returns notes saying what was attached."""
+    from . import devices, rotation
     dev = devices.describe(device)
+    rotations = dict(rotations or {})
     rotated = dequant = 0
-    for m in model.modules():
+    for name, m in model.named_modules():
         w = getattr(m, "weight", None)
         if not isinstance(m, torch.nn.Linear) or not qtensor.is_quantized(w):
             continue
         spec = qtensor.parts(w)[1]
-        if spec.rotation:
-            m.register_forward_pre_hook(lambda mod, args, g=spec.rotation: (rotation.rotate(args[0], g), *args[1:]))
+        group = rotations.get(name) or spec.rotation
+        if group:
+            m.register_forward_pre_hook(lambda mod, args, g=group: (rotation.rotate(args[0], g), *args[1:]))
             rotated += 1
         if spec.kind in qtensor.BLOCK_KINDS and devices.choose(spec.kind, spec.dynamic, dev).path == \
                 devices.WEIGHT_ONLY:

@@ -85,3 +85,24 @@ class MemoryBudgetError(PrequantError):
 
 class DependencyError(PrequantError):
     """An optional extra the call needs is not installed (e.g. diffusers / accelerate for the diffusers loader)."""
+
+
+class reading:
+    """``with reading(path):`` turns anything but the pack's own typed errors, raised while a file's contents are
+    being read or judged, into a ``CorruptCheckpointError`` naming the file, with the original attached: a
+    stranger's bytes can make any library raise anything, and none of that may reach the user as a bare traceback
+    (or take ComfyUI's prompt worker down)."""
+
+    def __init__(self, path, what: str = "read"):
+        self.path, self.what = path, what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or isinstance(exc, (PrequantError, KeyboardInterrupt, SystemExit, GeneratorExit)) or \
+                not isinstance(exc, (Exception, RecursionError)):
+            return False
+        raise CorruptCheckpointError(f"The file could not be {self.what} as a checkpoint.", path=str(self.path),
+                                     found=f"{type(exc).__name__}: {str(exc)[:200]}",
+                                     fix="Download or build the file again.") from exc

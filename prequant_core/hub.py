@@ -1,46 +1,54 @@
 """Download pre-quantized checkpoints from the Hugging Face Hub with the real ``huggingface_hub`` client.
 
 Where files land: with ``dest_dir`` (what the loader node passes by default: the first folder ComfyUI lists for
-``prequant``) the file is stored in that folder under ``sources.local_name``, through the client's local-folder mode
-and a hidden staging folder, so it is resumable and never half-written there (``_transfer_to_folder``); later loads
-find it there without any request. Without ``dest_dir``, in the standard Hugging Face cache (``HF_HUB_CACHE``,
+``prequant``) the file is stored in its origin folder there, ``<dest>/<owner>/<repo>/`` (``<repo>@<revision>`` for a
+pinned revision: ``origin_dir``), through the client's local-folder mode and a hidden staging folder, so it is
+resumable and never half-written there; later loads find it there without any request, and a file of the same name
+from another repo never stands in for it. Without ``dest_dir``, in the standard Hugging Face cache (``HF_HUB_CACHE``,
 default ``~/.cache/huggingface/hub``) exactly as ``hf_hub_download`` puts them there, shared with other tools.
 
 Rules (see ``sources`` for where the names come from):
 
+- An operator mirror (``UNSLOTH_DIFFUSION_PREQUANT_MIRROR``) is searched before any request.
 - Names are tried in order; the next name is tried ONLY when the Hub says this file is not in the repo
   (``EntryNotFoundError``: HTTP 404 with ``X-Error-Code: EntryNotFound``). Any other answer (5xx, connection refused,
   401/403, unknown revision or repo) stops at once with a typed ``HubError`` naming the repo, the revision, every name
   tried and the fix. The client itself retries 5xx and connection errors with back-off before that.
+- Every wait is bounded and can be cancelled: the client runs in a child process (``hub_child``) that this process
+  watches (``Limits``: an answer within ``answer_s``, no stall longer than ``stall_s``, no transfer slower than
+  ``min_bps``); ``check()`` (ComfyUI's interrupt) is called every poll. A stopped child is killed at once, its partial
+  file kept, and the next run resumes from it with an HTTP Range request.
+- A file announced larger than the free space of its disk is refused before a byte is written; a body longer than
+  announced is discarded; a body of the wrong size is never renamed into place (the client checks the size).
 - Token: the ``token`` argument, else the client's default (``HF_TOKEN``, then the stored ``hf auth login``). A token
-  is never logged or put into a message.
-- ``revision`` pins a branch, tag or commit; a commit hash already in the cache is served without any request.
-- Offline (``HF_HUB_OFFLINE=1``): served from the cache only; if none of the names is cached, ``HubOfflineError``
-  lists them all.
-- Status: ``status(text)`` (optional) gets a short line at each stage (connecting to the endpoint for a name,
-  downloading it), so a wait is never silent; the client's retries against an unreachable Hub take ~20 s.
-- Progress: ``progress(done_bytes, total_bytes)`` is called from the caller's thread while the client downloads in a
-  worker thread (it reads the size of the client's ``.incomplete`` file); the terminal shows the client's own tqdm bar.
-- Resume: the client resumes from its ``<blob>.incomplete`` file with an HTTP Range request. When the transfer breaks
-  mid-body we call the client again (up to ``resume_attempts`` times, as long as bytes keep arriving), which resumes;
-  a run killed mid-download (ComfyUI closed) resumes the same way next time.
-- No partial file is left on errors: the ``.incomplete`` file of a failed download is deleted. The one exception is a
-  transfer that kept breaking after the resume attempts: its bytes are kept, so queueing again resumes instead of
-  starting over (the message says how many bytes were kept).
+  is never logged, put into a message or on a command line (it reaches the child through its stdin).
+- ``revision`` pins a branch, tag or commit (``sources.normalize_revision``: what the Hub accepts, no path tricks);
+  a commit hash already in the cache is served without any request.
+- Offline (``HF_HUB_OFFLINE=1``): served from the cache only (names the cache records as absent are skipped); if none
+  of the names is cached, ``HubOfflineError`` lists them all.
+- Status and progress: ``status(text)`` gets a short line at each stage, ``progress(done_bytes, total_bytes)`` is
+  called every poll from the size of the client's partial file.
+- Resume: when the transfer breaks mid-body the client is started again (up to ``resume_attempts`` times, as long as
+  bytes keep arriving), which resumes; a run killed or cancelled mid-download resumes the same way next time.
+- No partial file is left on refusals (wrong size, oversized); the bytes of a transfer that broke, stalled or was
+  cancelled are kept for the resume (the message says so).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
 import shutil
-import threading
+import sys
 import time
 from typing import Callable, Iterable, Mapping
 
 from . import sources
-from .errors import CheckpointNotFoundError, HubError
+from .errors import CheckpointNotFoundError, HubError  # noqa: F401
+from .hub_errors import (HubAuthError, HubDownloadError, HubNotFoundError, HubOfflineError,  # noqa: F401
+                         HubUnavailableError, classify as _classify)
 
 log = logging.getLogger("prequant")
 
@@ -48,31 +56,6 @@ ProgressFn = Callable[[int, int], None]
 StatusFn = Callable[[str], None]  # a short line for the user while they wait (connecting, downloading, ...)
 POLL_S = 0.2
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")  # what the client treats as a commit hash
-
-
-class HubNotFoundError(HubError):
-    """The repo, the revision, or every one of the expected file names is not on the Hub."""
-    kind = "hub-not-found"
-
-
-class HubAuthError(HubError):
-    """401 / 403 / gated: a token is missing, wrong, or lacks access."""
-    kind = "hub-auth"
-
-
-class HubUnavailableError(HubError):
-    """The Hub could not be reached or answered with a server error; nothing else was tried."""
-    kind = "hub-unavailable"
-
-
-class HubOfflineError(HubError):
-    """Offline mode, and none of the names is in the local cache."""
-    kind = "hub-offline"
-
-
-class HubDownloadError(HubError):
-    """The transfer itself failed (interrupted repeatedly, size mismatch, disk)."""
-    kind = "hub-download"
 
 
 @dataclasses.dataclass
@@ -156,57 +139,6 @@ def is_cached(candidate: sources.Candidate) -> bool:
 
 # --- errors -------------------------------------------------------------------------------------------------------
 
-def _classify(exc: BaseException) -> tuple[str, str]:
-    """(kind, short detail) of an exception from the client."""
-    import requests
-    from huggingface_hub.errors import (EntryNotFoundError, FileMetadataError, GatedRepoError, HfHubHTTPError,
-                                        LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-    if isinstance(exc, LocalEntryNotFoundError) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    if isinstance(exc, LocalEntryNotFoundError):
-        return "not-cached", "not in the local cache"
-    if isinstance(exc, EntryNotFoundError):
-        return "entry", "not in the repo (404 EntryNotFound)"
-    if isinstance(exc, RevisionNotFoundError):
-        return "revision", "revision not found"
-    if isinstance(exc, GatedRepoError):
-        return "auth", f"gated repo, HTTP {_status(exc)}"
-    if isinstance(exc, RepositoryNotFoundError):
-        return "repo", f"repo not found or private, HTTP {_status(exc)}"
-    if isinstance(exc, OfflineModeIsEnabled):
-        return "offline", "offline mode is enabled"
-    if isinstance(exc, (HfHubHTTPError, requests.HTTPError)):  # the back-off gives up with a plain HTTPError
-        status = _status(exc)
-        if status in (401, 403):
-            return "auth", f"HTTP {status} {_server_message(exc)}".strip()
-        return "http", f"HTTP {status} {_server_message(exc)}".strip()
-    if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ConnectionError,
-                        requests.exceptions.Timeout)):
-        return "network", f"{type(exc).__name__}: {_short(exc)}"
-    if isinstance(exc, FileMetadataError):
-        return "metadata", _short(exc)
-    if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
-        return "corrupt", "size mismatch after the transfer"
-    if isinstance(exc, OSError):
-        return "disk", f"{type(exc).__name__}: {_short(exc)}"
-    return "other", f"{type(exc).__name__}: {_short(exc)}"
-
-
-def _status(exc) -> int | None:
-    resp = getattr(exc, "response", None)
-    return getattr(resp, "status_code", None)
-
-
-def _server_message(exc) -> str:
-    msg = getattr(exc, "server_message", None) or ""
-    return f"({msg.strip()[:200]})" if msg.strip() else ""
-
-
-def _short(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:240]
-
-
 def _where(repo: str, revision: str) -> str:
     return f"Hub repo {repo} (revision {revision}, {endpoint()})"
 
@@ -251,6 +183,14 @@ def _raise_for(kind: str, detail: str, exc: BaseException | None, *, repo: str, 
                                   fix="This is a server-side problem, not a missing file, so no other file name was "
                                       "tried and nothing was kept. Try again later, or set HF_HUB_OFFLINE=1 to use "
                                       "files already in the cache.") from exc
+    if kind == "xet":
+        raise HubDownloadError(f"Downloading {fn} from {where} needs the hf_xet package ({detail}).",
+                               reasons=_reasons(tried), fix="pip install hf_xet (inside ComfyUI's Python environment), "
+                                                            "then queue the prompt again.") from exc
+    if kind == "corrupt":
+        raise HubDownloadError(f"Downloading {fn} from {where} gave a file of the wrong size ({detail}); it was not "
+                               "kept.", reasons=_reasons(tried), fix="Queue the prompt again; if it keeps failing, the "
+                                                                     "server or a proxy is altering the file.") from exc
     raise HubDownloadError(f"Downloading {fn} from {where} failed ({detail}).", reasons=_reasons(tried),
                            fix="Queue the prompt again; if it keeps failing, check free disk space in "
                                f"{cache_dir()} and the network.") from exc
@@ -269,75 +209,44 @@ def _size(p) -> int | None:
         return None
 
 
-class _Aborted(BaseException):
-    """The progress callback raised: hand its exception to the caller untouched, and clean nothing up."""
-
-    def __init__(self, exc: BaseException):
-        super().__init__(exc)
-        self.exc = exc
-
-
-def _run_with_progress(fn, incomplete: str, blob: str, total: int, progress: ProgressFn | None):
-    """Run ``fn`` in a worker thread; report the growing ``.incomplete`` size from this thread."""
-    box: dict = {}
-
-    def work():
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=work, name="prequant-hub-download", daemon=True)
-    t.start()
-    last = -1
-    while True:
-        t.join(POLL_S)
-        done = _size(incomplete)
-        if done is None:
-            done = total if os.path.exists(blob) else max(last, 0)
-        if progress and done != last and t.is_alive():
-            try:
-                progress(min(done, total), total)
-            except BaseException as e:  # noqa: BLE001 - e.g. ComfyUI's "interrupted" from its progress hook
-                # The worker cannot be stopped; it finishes (or fails) on its own and the client's lock and
-                # .incomplete file stay consistent, so the next run resumes or finds the file.
-                raise _Aborted(e) from None
-        last = done
-        if not t.is_alive():
-            break
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
 def download(repo: str, filenames: Iterable[str], *, revision: str | None = None, token: str | None = None,
              progress: ProgressFn | None = None, resume_attempts: int = 3, dest_dir: str | None = None,
-             search_dirs: Iterable[str] = (), status: StatusFn | None = None) -> Fetched:
+             search_dirs: Iterable[str] = (), status: StatusFn | None = None,
+             check: Callable[[], None] | None = None) -> Fetched:
     """Fetch the first of ``filenames`` that exists in ``repo``; return where it is.
 
-    ``dest_dir`` None: into the HF cache. A folder (ComfyUI's models/prequant): the file is stored there under
-    ``sources.local_name`` (see ``_transfer_to_folder``); a file of that name already in ``dest_dir`` or
-    ``search_dirs`` is used as it is, without any request (a local file always takes precedence)."""
+    ``dest_dir`` None: into the HF cache. A folder (ComfyUI's models/prequant): the file is stored in its origin
+    folder there (``origin_dir``: ``<dest>/<owner>/<repo>[@<revision>]/``); a file already in the origin folder of
+    ``dest_dir`` or ``search_dirs`` is used as it is, without any request. ``check()`` is called every poll while
+    waiting and may raise to cancel (ComfyUI's interrupt); the transfer then stops at once and its bytes are kept."""
     constants = _hf()
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     repo = sources.normalize_repo(repo)
     filenames = list(filenames)
-    rev = (revision or "").strip() or constants.DEFAULT_REVISION
+    rev = sources.normalize_revision(revision) or constants.DEFAULT_REVISION
     token = (token or "").strip() or None  # None: the client's default (HF_TOKEN, then the stored login)
     cache, ep = cache_dir(), endpoint()
     folder = storage_folder(repo, cache)
     tried: list[tuple[str, str]] = []
 
     if dest_dir:
-        hit = local_file(repo, filenames, [dest_dir, *search_dirs])
+        hit = local_file(repo, filenames, [dest_dir, *search_dirs], rev)
         if hit:
             fn, p = hit
             log.info("[prequant] using %s (%s/%s, already downloaded)", p, repo, fn)
             if progress:
                 progress(_size(p) or 0, _size(p) or 0)
             return Fetched(p, repo, rev, fn, None, _size(p) or 0, False, os.path.dirname(p), tried)
+
+    hit = mirror_file(repo, filenames)
+    if hit:
+        fn, p, root = hit
+        log.info("[prequant] using %s (%s/%s from the operator mirror %s)", p, repo, fn, root)
+        if progress:
+            progress(_size(p) or 0, _size(p) or 0)
+        return Fetched(p, repo, rev, fn, None, _size(p) or 0, False, os.path.dirname(p), tried)
 
     if is_offline():
         for fn in filenames:
@@ -364,39 +273,42 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
         return Fetched(p, repo, rev, fn, rev, _size(p) or 0, False, folder, skipped)
 
     say = status or (lambda text: None)
-    for fn in filenames:
-        url = hf_hub_url(repo, fn, revision=rev, endpoint=ep)
-        say(f"connecting to {ep} for {repo}/{fn}")
-        try:
-            meta = get_hf_file_metadata(url, token=token, timeout=constants.HF_HUB_ETAG_TIMEOUT, endpoint=ep)
-        except Exception as e:  # noqa: BLE001 - classified below; anything unexpected is re-raised
-            kind, detail = _classify(e)
-            if kind == "entry":
-                tried.append((fn, detail))
-                continue
-            if kind in ("network", "http", "metadata", "offline"):
-                # The client's own rule: when the Hub cannot answer, a copy of this very file already in the cache
-                # for this revision is served. Never another name.
-                hit = cached_file(repo, [fn], rev, cache)
-                if hit:
-                    log.warning("[prequant] %s unreachable (%s); using the cached %s", ep, detail, fn)
-                    if progress:
-                        progress(_size(hit[1]) or 0, _size(hit[1]) or 0)
-                    return Fetched(hit[1], repo, rev, fn, None, _size(hit[1]) or 0, False, folder, tried)
-            if kind == "other":
-                raise
-            _raise_for(kind, detail, e, repo=repo, revision=rev, fn=fn, tried=tried)
-
-        say(f"downloading {fn} from {repo}")
-        if dest_dir:
-            p = _transfer_to_folder(repo, fn, rev, meta, dest_dir, cache, ep, token, progress, resume_attempts, tried)
-        else:
-            p = _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_attempts, tried,
-                          lambda: hf_hub_download(repo, fn, revision=rev, cache_dir=cache, token=token, endpoint=ep))
-        if p is None:  # removed between the two requests: same rule as a 404 on the first
-            tried.append((fn, "not in the repo (404 EntryNotFound)"))
+    limits = Limits.from_env()
+    names = list(filenames)
+    attempt = 0
+    while names:
+        out = _child_fetch(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried)
+        if out.kind == "done":
+            return out.fetched
+        if out.kind == "exhausted":
+            break
+        if out.kind == "entry-late":
+            names = names[names.index(out.name) + 1:]
             continue
-        return p
+        fn = out.name
+        if out.kind in ("network", "http", "metadata", "offline") and not out.started:
+            # The client's own rule: when the Hub cannot answer, a copy of this very file already in the cache for
+            # this revision is served. Never another name.
+            hit = cached_file(repo, [fn], rev, cache)
+            if hit:
+                log.warning("[prequant] %s unreachable (%s); using the cached %s", ep, out.detail, fn)
+                if progress:
+                    progress(_size(hit[1]) or 0, _size(hit[1]) or 0)
+                return Fetched(hit[1], repo, rev, fn, None, _size(hit[1]) or 0, False, folder, tried)
+        if out.kind == "network" and out.gained > 0 and attempt < resume_attempts:
+            attempt += 1
+            log.warning("[prequant] download of %s interrupted at %d bytes (%s); resuming (%d/%d)", fn, out.have,
+                        out.detail, attempt, resume_attempts)
+            names = names[names.index(fn):]
+            continue
+        if out.kind == "network" and out.have > 0:
+            raise HubDownloadError(
+                f"Downloading {fn} from {_where(repo, rev)} was interrupted ({out.detail}).",
+                reasons=_reasons(tried + [(fn, f"interrupted at {out.have} of {out.total} bytes")]),
+                fix=f"Queue the prompt again: the {out.have} bytes received are kept and the download resumes from "
+                    "there.")
+        _discard(out.partial)
+        _raise_for(out.kind, out.detail, None, repo=repo, revision=rev, fn=fn, tried=tried)
 
     raise HubNotFoundError(f"None of the expected file names is in {_where(repo, rev)}.", reasons=_reasons(tried),
                            fix=f"Check which files the repo holds ({endpoint()}/{repo}/tree/{rev}); pick the other "
@@ -404,66 +316,308 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                                "ComfyUI/models/prequant/.")
 
 
-def _transfer(repo, fn, rev, meta, folder, cache, ep, token, progress, resume_attempts, tried, call, *,
-              incomplete=None, blob=None):
-    """Run the client's download of one file (HEAD already answered), resuming after broken transfers.
-    ``incomplete`` / ``blob``: the partial and final paths when they are not the cache's (a download into a folder)."""
-    total = int(meta.size or 0)
-    blob = blob or os.path.join(folder, "blobs", meta.etag or "")
-    incomplete = incomplete or blob + ".incomplete"
-    cached_before = os.path.exists(blob)
-    start_bytes = _size(incomplete) or 0
-    if not cached_before:
-        log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s into %s", repo, fn, rev, total / 2**20,
-                 f", resuming at {start_bytes} bytes" if start_bytes else "", folder)
-    attempt = 0
-    while True:
-        before = _size(incomplete) or 0
+# --- the transfer: the client in a child process, watched from here -----------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """How long each Hub wait may last (environment: ``PREQUANT_HUB_ANSWER_S``, ``PREQUANT_HUB_STALL_S``,
+    ``PREQUANT_HUB_MIN_BPS``). ``answer_s``: for the Hub to say whether a file exists (the client's own retries of a
+    refused connection or a 5xx take about 20 s); ``stall_s``: no byte for this long ends the transfer; ``min_bps``:
+    a transfer averaging less than this over the last ``stall_s`` seconds (a server dripping bytes) ends too."""
+    answer_s: float = 90.0
+    stall_s: float = 60.0
+    min_bps: float = 8192.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Limits":
+        env = os.environ if env is None else env
+        out = {}
+        for field, var in (("answer_s", "PREQUANT_HUB_ANSWER_S"), ("stall_s", "PREQUANT_HUB_STALL_S"),
+                           ("min_bps", "PREQUANT_HUB_MIN_BPS")):
+            try:
+                v = float(env.get(var, ""))
+                if v > 0:
+                    out[field] = v
+            except ValueError:
+                pass
+        return cls(**out)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    kind: str  # done | exhausted | an error kind of hub_errors.classify
+    name: str | None = None
+    detail: str = ""
+    fetched: Fetched | None = None
+    started: bool = False  # the body transfer had begun
+    have: int = 0  # bytes of the partial file at the end
+    gained: int = 0  # bytes received by this attempt
+    total: int = 0
+    partial: object = None  # the partial file (path or finder), for clean-up
+
+
+def _child_cmd() -> list[str]:
+    return [sys.executable, "-m", "prequant_core.hub_child"]
+
+
+def _child_env() -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+class _Child:
+    """The child process and its line protocol, every read bounded (a reader thread and a queue: ``select`` does not
+    take pipes on Windows)."""
+
+    def __init__(self, request: dict):
+        import queue
+        import subprocess
+        import threading
+        self.p = subprocess.Popen(_child_cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, env=_child_env(), text=True, bufsize=1)
+        self.p.stdin.write(json.dumps(request) + "\n")
+        self.p.stdin.flush()
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, name="prequant-hub-child", daemon=True).start()
+
+    def _read(self) -> None:
+        for text in self.p.stdout:
+            try:
+                self.q.put(json.loads(text))
+            except ValueError:
+                self.q.put({"event": "error", "kind": "other", "detail": text.strip()[:200]})
+        self.q.put({"event": "gone", "code": self.p.wait()})
+
+    def line(self, timeout: float) -> dict | None:
+        """The next message, or None after ``timeout`` s."""
+        import queue
         try:
-            p = _run_with_progress(call, incomplete, blob, total, progress)
-            break
-        except _Aborted as a:
-            raise a.exc from None
-        except Exception as e:  # noqa: BLE001 - classified below; anything unexpected is re-raised
-            kind, detail = _classify(e)
-            after = _size(incomplete) or 0
-            if kind == "network" and after > before and attempt < resume_attempts:
-                attempt += 1
-                log.warning("[prequant] download of %s interrupted at %d/%d bytes (%s); resuming (%d/%d)",
-                            fn, after, total, detail, attempt, resume_attempts)
-                time.sleep(0.5)
+            return self.q.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    def send(self, text: str) -> None:
+        try:
+            self.p.stdin.write(text + "\n")
+            self.p.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait()
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
+
+
+def _free_bytes(folder: str) -> int | None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def _child_fetch(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried) -> _Outcome:
+    """Ask the child for the first of ``names`` that exists and download it, watching every wait."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+    staging = os.path.join(dest_dir, STAGING_DIR, repo_folder_name(repo_id=repo, repo_type="model")) if dest_dir \
+        else None
+    req = {"repo": repo, "names": list(names), "revision": rev, "cache_dir": cache, "endpoint": ep,
+           "local_dir": staging, "etag_timeout": float(constants.HF_HUB_ETAG_TIMEOUT), "token": token}
+    child = _Child(req)
+    try:
+        ready = _wait_line(child, CHILD_START_S, check, progress)
+        if not ready or ready.get("event") != "ready":
+            raise HubDownloadError("The download helper process did not start.", found=str(ready)[:200],
+                                   fix="Check that ComfyUI's Python environment has huggingface_hub installed.")
+        pending = list(names)
+        say(f"connecting to {ep} for {repo}/{pending[0]}")
+        while True:
+            msg = _wait_line(child, limits.answer_s, check, progress)
+            if msg is None:
+                raise HubUnavailableError(
+                    f"{_where(repo, rev)} gave no answer about {pending[0]} within {limits.answer_s:.0f} s.",
+                    reasons=_reasons(tried), fix="Check the network and HF_ENDPOINT, or try later "
+                    "(PREQUANT_HUB_ANSWER_S sets this limit). To use files already downloaded, set HF_HUB_OFFLINE=1.")
+            ev = msg.get("event")
+            if ev == "entry":
+                tried.append((msg["name"], msg.get("detail") or "not in the repo (404 EntryNotFound)"))
+                pending = pending[pending.index(msg["name"]) + 1:] if msg["name"] in pending else pending[1:]
+                if pending:
+                    say(f"connecting to {ep} for {repo}/{pending[0]}")
                 continue
-            if kind == "network" and after > 0:
-                raise HubDownloadError(
-                    f"Downloading {fn} from {_where(repo, rev)} was interrupted ({detail}).",
-                    reasons=_reasons(tried + [(fn, f"interrupted at {after} of {total} bytes")]),
-                    fix=f"Queue the prompt again: the {after} bytes received are kept (in {folder}) and the "
-                        "download resumes from there.") from e
-            _discard(incomplete)
-            if kind == "entry":
-                return None
-            if kind == "other":
-                raise
-            _raise_for(kind, detail, e, repo=repo, revision=rev, fn=fn, tried=tried)
-    if progress:
-        progress(total, total)
-    downloaded = not cached_before
-    if downloaded:
-        log.info("[prequant] downloaded %s/%s (%d bytes%s, %d resume(s))", repo, fn, total,
-                 f", resumed from {start_bytes}" if start_bytes else "", attempt)
-    return Fetched(p, repo, rev, fn, meta.commit_hash, total, downloaded, folder, list(tried))
+            if ev == "exhausted":
+                return _Outcome("exhausted")
+            if ev in ("error", "gone"):
+                return _Outcome(msg.get("kind", "other"), msg.get("name") or pending[0],
+                                msg.get("detail") or f"the download process ended ({msg.get('code')})")
+            if ev == "meta":
+                return _transfer(child, msg, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried)
+    finally:
+        child.kill()
+
+
+def _wait_line(child, timeout, check, progress, keep=None):
+    """A message within ``timeout`` s; Cancel (``check``) is honoured every poll."""
+    end = time.monotonic() + timeout
+    while True:
+        if check:
+            check()
+        msg = child.line(min(POLL_S, max(end - time.monotonic(), 0)))
+        if msg is not None or time.monotonic() >= end:
+            return msg
+
+
+def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried) -> _Outcome:
+    fn, total, etag = meta["name"], int(meta.get("size") or 0), (meta.get("etag") or "")
+    if staging:
+        partial = _partial_in(staging)
+        final_dir = origin_dir(dest_dir, repo, rev)
+        blob = os.path.join(staging, *fn.split("/"))
+    else:
+        folder = storage_folder(repo, cache)
+        blob = os.path.join(folder, "blobs", etag)
+        partial = blob + ".incomplete"
+        final_dir = folder
+    have0 = _size(partial) or 0
+    cached_before = os.path.exists(blob)
+    free = _free_bytes(staging or final_dir)
+    if not cached_before and free is not None and total - have0 > free - DISK_MARGIN:
+        child.send("stop")
+        raise HubDownloadError(
+            f"{fn} from {repo} is {_human(total)} and the disk holding {staging or final_dir} has {_human(free)} "
+            "free: nothing was written.", path=os.path.join(final_dir, sources.local_name(repo, fn)),
+            expected=f"{_human(total - have0 + DISK_MARGIN)} free", found=f"{_human(free)} free",
+            fix="Free disk space, or set the node's download_to / extra_model_paths.yaml to a larger disk.")
+    child.send("go")
+    say(f"downloading {fn} from {repo}")
+    if not cached_before:
+        log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s", repo, fn, rev, total / 2**20,
+                 f", resuming at {have0} bytes" if have0 else "")
+    # The child's client writes every 256 KiB it receives (hub_child.CHUNK): the partial file's size is the liveness
+    # signal for the stall / speed watch.
+    history = [(time.monotonic(), have0)]  # (time, bytes) samples
+    last_growth = time.monotonic()
+    done = have0
+    while True:
+        msg = _wait_line(child, POLL_S, check, None)
+        on_disk = _size(partial)
+        done = on_disk if on_disk is not None else (total if os.path.exists(blob) else done)
+        now = time.monotonic()
+        got = done
+        if got > history[-1][1]:
+            last_growth = now
+        history.append((now, got))
+        while len(history) > 2 and now - history[1][0] > limits.stall_s:
+            history.pop(0)
+        if progress:
+            progress(min(done, total), total)  # every poll: ComfyUI's hook raises here when Cancel was pressed
+        if msg is not None:
+            ev = msg.get("event")
+            if ev == "done":
+                if progress:
+                    progress(total, total)
+                path = msg["path"]
+                if staging:
+                    path = _move_into(path, fn, repo, rev, final_dir, staging)
+                downloaded = not cached_before
+                if downloaded:
+                    log.info("[prequant] downloaded %s/%s (%d bytes%s)", repo, fn, total,
+                             f", resumed from {have0}" if have0 else "")
+                return _Outcome("done", fn, fetched=Fetched(path, repo, rev, fn, meta.get("commit"), total, downloaded,
+                                                            final_dir, list(tried)))
+            if ev == "entry":  # removed between the two requests: the same rule as a 404 on the first
+                tried.append((fn, "not in the repo (404 EntryNotFound)"))
+                return _Outcome("entry-late", fn, started=True)
+            have = _size(partial) or 0
+            return _Outcome(msg.get("kind", "other"), fn, msg.get("detail") or "the download process ended",
+                            started=True, have=have, gained=have - have0, total=total, partial=partial)
+        if total and done > total:
+            child.kill()
+            _discard(partial)
+            return _Outcome("corrupt", fn, f"the server sent more than the {total} bytes it announced", started=True,
+                            total=total)
+        stalled = now - last_growth
+        span = now - history[0][0]
+        rate = (got - history[0][1]) / span if span > 0 else 0.0
+        if stalled >= limits.stall_s or (span >= limits.stall_s and rate < limits.min_bps and done < total):
+            child.kill()
+            why = (f"no byte for {stalled:.0f} s" if stalled >= limits.stall_s else
+                   f"{rate:.0f} bytes/s over the last {span:.0f} s, below the {limits.min_bps:.0f} bytes/s floor")
+            raise HubDownloadError(
+                f"The download of {fn} from {_where(repo, rev)} stopped at byte {done} of {total}: {why}.",
+                reasons=_reasons(tried + [(fn, f"stopped at byte {done} of {total}")]),
+                fix=f"Queue the prompt again to resume from byte {done} (the bytes received are kept), or try later. "
+                    "PREQUANT_HUB_STALL_S / PREQUANT_HUB_MIN_BPS set these limits.")
+
+
+DISK_MARGIN = 64 * 2**20
+CHILD_START_S = 120.0  # importing the client in a fresh process (a slow disk, a busy machine)
+
+
+def _human(n: int) -> str:
+    from .units import human_bytes
+    return human_bytes(max(int(n), 0))
 
 
 STAGING_DIR = ".prequant-download"  # hidden folder inside the destination: partial downloads, resumed from there
 
 
-def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str]) -> tuple[str, str] | None:
-    """(repo file name, path) of the first name already stored in one of ``folders`` (as ``sources.local_name``)."""
+def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str],
+               revision: str | None = None) -> tuple[str, str] | None:
+    """(repo file name, path) of the first name already stored in the origin folder of ``repo@revision`` in one of
+    ``folders`` (never a file of the same name from elsewhere)."""
     for fn in filenames:
         for d in folders:
-            p = os.path.join(d, sources.local_name(repo, fn))
+            p = os.path.join(origin_dir(d, repo, revision), sources.local_name(repo, fn))
             if os.path.isfile(p):
                 return fn, p
+    return None
+
+
+MIRROR_ENV = "UNSLOTH_DIFFUSION_PREQUANT_MIRROR"
+
+
+def _mirror_roots(env: Mapping[str, str] | None = None) -> list[str]:
+    env = os.environ if env is None else env
+    return [r for r in (env.get(MIRROR_ENV) or "").split(os.pathsep) if r.strip()]
+
+
+def mirror_file(repo: str, filenames: Iterable[str], env: Mapping[str, str] | None = None
+                ) -> tuple[str, str, str] | None:
+    """(repo file name, path, root) of the first name an operator mirror holds, else None.
+
+    Unsloth's layout: ``UNSLOTH_DIFFUSION_PREQUANT_MIRROR`` lists roots (``os.pathsep``-separated), a file lives at
+    ``<root>/<owner>/<repo>/<file>``; roots outer, names inner; for a ``.pt`` name its converted ``.safetensors``
+    sibling first. A name with an empty, ``.`` or ``..`` part or a backslash never matches, and the real path must
+    stay under the root and be a regular file (a link pointing out of the mirror is not followed there)."""
+    names = []
+    for fn in filenames:
+        stem, ext = os.path.splitext(fn)
+        if ext.lower() in (".pt", ".pth"):
+            names.append(stem + ".safetensors")
+        names.append(fn)
+    names = list(dict.fromkeys(names))
+    owner, _, name = repo.partition("/")
+    for root in _mirror_roots(env):
+        real_root = os.path.realpath(os.path.expanduser(root))
+        for fn in names:
+            parts = [owner, name, *fn.split("/")]
+            if any(p in ("", ".", "..") or "\\" in p for p in parts):
+                continue
+            p = os.path.join(real_root, *parts)
+            real = os.path.realpath(p)
+            if os.path.commonpath([real, real_root]) != real_root or not os.path.isfile(real):
+                continue
+            return fn, real, real_root
     return None
 
 
@@ -481,43 +635,34 @@ def _partial_in(staging: str):
     return find
 
 
-def _transfer_to_folder(repo, fn, rev, meta, dest_dir, cache, ep, token, progress, resume_attempts, tried):
-    """Download one file into ``dest_dir`` with the client's own local-folder mode, never half-written there.
+def origin_dir(dest_dir: str, repo: str, revision: str | None = None) -> str:
+    """Where a download from ``repo@revision`` is kept in a model folder: ``<dest>/<owner>/<name>`` (default branch)
+    or ``<dest>/<owner>/<name>@<revision>``. Keyed by origin, so a file from another repo never stands in for the
+    official one of the same name."""
+    owner, name = sources.normalize_repo(repo).split("/")
+    rev = (revision or "").strip()
+    if rev and rev != "main":
+        name = f"{name}@{rev.replace('/', '--')}"
+    return os.path.join(dest_dir, owner, name)
 
-    The client writes ``<dest>/.prequant-download/<repo>/.cache/huggingface/download/*.incomplete`` (resumed with a
-    Range request on the next run), renames it to ``<dest>/.prequant-download/<repo>/<fn>`` when complete and checked
-    (size), and we rename that to ``<dest>/<local name>``: same folder tree, so both renames are atomic; ComfyUI's
-    list shows nothing until the last one. A file of the same name already in ``dest_dir`` was used before we got
-    here, so nothing is overwritten."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.file_download import repo_folder_name
-    final = os.path.join(dest_dir, sources.local_name(repo, fn))
-    staging = os.path.join(dest_dir, STAGING_DIR, repo_folder_name(repo_id=repo, repo_type="model"))
+
+def _move_into(staged: str, fn: str, repo: str, rev: str, final_dir: str, staging: str) -> str:
+    """The client's completed, size-checked file -> ``<origin dir>/<local name>`` (same disk: an atomic rename; the
+    list never shows a half-written file)."""
+    final = os.path.join(final_dir, sources.local_name(repo, fn))
     try:
-        os.makedirs(staging, exist_ok=True)
+        os.makedirs(final_dir, exist_ok=True)
+        os.replace(staged, final)
     except OSError as e:
-        raise HubDownloadError(f"Cannot write the download of {fn} into {dest_dir} ({type(e).__name__}: {_short(e)}).",
-                               path=final, fix="Make the folder writable, free disk space, or set the node's "
-                                               "download_to to the Hugging Face cache.") from e
-    staged = os.path.join(staging, *fn.split("/"))
-    f = _transfer(repo, fn, rev, meta, staging, cache, ep, token, progress, resume_attempts, tried,
-                  lambda: hf_hub_download(repo, fn, revision=rev, cache_dir=cache, token=token, endpoint=ep,
-                                          local_dir=staging),
-                  incomplete=_partial_in(staging), blob=staged)
-    if f is None:
-        return None
-    try:
-        os.replace(f.path, final)
-    except OSError as e:
-        raise HubDownloadError(f"Could not move the downloaded {fn} to {final} ({type(e).__name__}: {_short(e)}).",
+        raise HubDownloadError(f"Could not move the downloaded {fn} to {final} ({type(e).__name__}: {e}).",
                                path=final, fix="Check permissions and free space in the folder.") from e
-    shutil.rmtree(staging, ignore_errors=True)  # the client's metadata for the file we just moved out
+    shutil.rmtree(staging, ignore_errors=True)  # the client's metadata for the file just moved out
     try:
         os.rmdir(os.path.dirname(staging))  # and the staging folder itself once no other download is in it
     except OSError:
         pass
     log.info("[prequant] stored %s/%s as %s", repo, fn, final)
-    return dataclasses.replace(f, path=final, storage_folder=dest_dir)
+    return final
 
 
 def _pinned_commit_hit(repo, filenames, rev, cache):
@@ -553,7 +698,8 @@ def _discard(path) -> None:
 def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
            token: str | None = None, progress: ProgressFn | None = None,
            env: Mapping[str, str] | None = None, dest_dir: str | None = None,
-           search_dirs: Iterable[str] = (), status: StatusFn | None = None) -> Located:
+           search_dirs: Iterable[str] = (), status: StatusFn | None = None,
+           check: Callable[[], None] | None = None) -> Located:
     """The file to open for a plan.
 
     A local candidate (typed path or listed file) comes first in a plan and is always used as given: a refused or
@@ -576,13 +722,15 @@ def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iter
     search_dirs = list(search_dirs)
 
     def available(c):
-        return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs]))
+        return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs],
+                                                            c.revision)) \
+            or mirror_file(c.repo, c.filenames) is not None
 
     u = sources.usable(hub_cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=available, env=env)
     chosen = u.usable[0] if u.usable else hub_cands[0]
     for c, why in u.rejected:
         if hub_cands.index(c) < hub_cands.index(chosen):
             log.warning("[prequant] skipping %s: %s; using %s", c.describe(), why, chosen.describe())
-    f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress,
+    f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress, check=check,
                  dest_dir=dest_dir, search_dirs=search_dirs, status=status)
     return Located(f.path, chosen, model_dirs + [f.storage_folder], f)

@@ -26,7 +26,7 @@ import torch
 
 from . import families, fingerprint, formats, layer_formats, metadata, qtensor
 from .checkpoint import Checkpoint
-from .errors import CorruptCheckpointError, UnknownFamilyError
+from .errors import CorruptCheckpointError, UnknownFamilyError, reading
 from .formats import registry
 from .formats.registry import READ_FULL, READ_HEADER, READ_MMAP, Light
 from .safe_text import escape
@@ -229,17 +229,40 @@ class _ScalesChecked(Mapping):
         return len(self._t)
 
     def __getitem__(self, name: str):
-        from .formats.validate_tensors import check_scale_finite
+        from .formats.validate_tensors import check_quantized
         t = self._t[name]
-        if qtensor.is_quantized(t):
-            check_scale_finite(name, t.scale, self._path)
+        if qtensor.is_quantized(t):  # every kind's own value checks (per-block scales are float8 / e8m0 bytes)
+            check_quantized(name, t, self._path, read_data=True)
         return t
+
+
+def _plain_value_reasons(light: Light, fh) -> list[str]:
+    """Non-finite unquantized values, read one tensor at a time (the header-only report never reads them)."""
+    from .errors import CorruptCheckpointError as Corrupt
+    from .formats.validate_tensors import check_plain_tensors
+    ck = light.checkpoint
+    plain = [k for k, v in ck.tensors.items() if not qtensor.is_quantized(v)]
+    try:
+        if light.quantized_parts is None:
+            check_plain_tensors({k: ck.tensors[k] for k in plain}, ck.path)
+            return []
+        from safetensors import safe_open
+        from .formats.safetensors_container import ROOT_PREFIX
+        with safe_open(fh.io_path, framework="pt", device="cpu") as f:
+            stored = set(f.keys())
+            for k in plain:
+                key = k if k in stored else ROOT_PREFIX + k
+                if key in stored:
+                    check_plain_tensors({k: f.get_tensor(key)}, ck.path)
+    except Corrupt as e:
+        return [f"values: {e.message}"]
+    return []
 
 
 def _verify_fingerprint(light: Light, fp: dict, fh) -> list[str]:
     ck = light.checkpoint
     if light.quantized_parts is None:
-        return fingerprint.verify(_ScalesChecked(ck.tensors, ck.path), fp)
+        return fingerprint.verify(_ScalesChecked(ck.tensors, ck.path), fp, "full")
     from safetensors import safe_open
     try:
         handle = safe_open(fh.io_path, framework="pt", device="cpu")
@@ -247,7 +270,10 @@ def _verify_fingerprint(light: Light, fp: dict, fh) -> list[str]:
         raise CorruptCheckpointError("The safetensors file could not be read.", path=ck.path,
                                      found=f"{type(e).__name__}: {str(e)[:200]}") from None
     with handle as f:
-        return fingerprint.verify(_ScalesChecked(_StreamedWeights(f, light.quantized_parts, ck.path), ck.path), fp)
+        weights = _ScalesChecked(_StreamedWeights(f, light.quantized_parts, ck.path), ck.path)
+        plain = {k: None for k in ck.tensors if k not in light.quantized_parts}  # plain weights: never covered
+        return fingerprint.verify({**plain, **{k: None for k in weights}}, fp, "full",
+                                  digests={**plain, **{k: fingerprint.of_tensor(weights[k]) for k in weights}})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -280,7 +306,7 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
     """
     if isinstance(request, Mapping):
         request = metadata.Request(**request)
-    with formats.opened(path) as fh:
+    with formats.opened(path) as fh, reading(fh.path, "described"):
         return _info(fh, request, verify_fingerprint)
 
 
@@ -288,6 +314,8 @@ def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Rep
     path = fh.path
     light = _open(fh)
     ck = light.checkpoint
+    from .formats.validate_tensors import check_plain_tensors
+    check_plain_tensors(ck.tensors, path, read_data=False)  # dtypes from the header: no weight byte read
     md = ck.metadata
     notes: list[str] = []
 
@@ -338,6 +366,8 @@ def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Rep
     elif fp_present:
         notes.append("fingerprint not verified: turn on verify_fingerprint (command line: --verify-fingerprint) to "
                      "hash every quantized weight against it (reads the whole file)")
+    if verify_fingerprint:  # the whole file is read anyway: the unquantized values too (one NaN makes every output NaN)
+        reasons += _plain_value_reasons(light, fh)
 
     scheme = md.get("scheme") if md.get("scheme") is not None else (",".join(found) or None)
     return Report(

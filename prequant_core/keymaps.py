@@ -91,3 +91,25 @@ def moves(m: dict, src: str, dst: str, pairs: Mapping[str, str], ends=("weight",
 def mlp_embedder(m: dict, src: str, dst: str, ends=("weight", "bias")):
     """diffusers ``TimestepEmbedding`` (linear_1/linear_2) -> ComfyUI ``MLPEmbedder`` (in_layer/out_layer)."""
     moves(m, src, dst, {".linear_1": ".in_layer", ".linear_2": ".out_layer"}, ends)
+
+
+def named(key_map: Mapping | None) -> dict | None:
+    """A map whose third elements may be ComfyUI's own functions (``comfy.utils.swap_scale_shift``), with each
+    function replaced by its name (the form :data:`ROW_PERMUTATIONS` is keyed by)."""
+    if key_map is None:
+        return None
+    out = {}
+    for k, t in key_map.items():
+        if not isinstance(t, str) and len(t) > 2 and callable(t[2]):
+            t = (t[0], t[1], getattr(t[2], "__name__", repr(t[2])))
+        out[k] = t
+    return out
+
+
+def to_comfy_layout(tensors: Mapping, key_map: Mapping | None, *, path: str | None = None) -> dict:
+    """Diffusers-named tensors -> ComfyUI's names with a family's map (row permutations, moves, fused rows)."""
+    from .keymap import to_comfy
+    if key_map is None:
+        return dict(tensors)
+    tensors, key_map = apply_row_permutations(tensors, named(key_map), path=path)
+    return to_comfy(tensors, key_map, path=path)

@@ -3,12 +3,49 @@
 layer changes before all of them pass."""
 from __future__ import annotations
 
+import dataclasses
+
 from . import qtensor, rotation
 from .checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
+from .safe_text import escape
 
 POLICY_KIND = "unsloth_nvfp4_layer_policy_v1"
 # a policy's format names -> what the file's weights are (qtensor.kind_of); "bf16" layers are plain weights
 POLICY_FORMATS = {"nvfp4": "nvfp4", "fp8": "float8", "int8": "int8", "mxfp8": "mxfp8", "bf16": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownPolicy:
+    """An NVFP4 layer policy Unsloth publishes: which model it was tuned for and how many layers of each format it
+    gives (its loader refuses a file whose id, version or counts differ from the policy it resolves for the file's
+    family and base)."""
+    policy_id: str
+    version: int
+    family: str
+    base: str  # lower-case, as Unsloth keys its table
+    counts: dict
+    repo: str  # where the hosted file built with it lives
+
+
+# Unsloth's current NVFP4_POLICIES (docs/FORMAT.md section 9), in its order
+KNOWN_POLICIES = {p.policy_id: p for p in (
+    KnownPolicy("zimg_rg76_v1", 1, "z-image", "tongyi-mai/z-image-turbo", {"nvfp4": 76, "fp8": 195, "bf16": 5},
+                "unsloth/Z-Image-Turbo-NVFP4"),
+    KnownPolicy("flux_r420_v1", 1, "flux.1", "black-forest-labs/flux.1-schnell", {"nvfp4": 187, "fp8": 312, "bf16": 3},
+                "unsloth/FLUX.1-schnell-NVFP4"),
+    KnownPolicy("qwen21_r020_v1", 1, "qwen-image-2.1", "qwen/qwen-image-2.1", {"nvfp4": 48, "fp8": 181, "bf16": 3},
+                "unsloth/Qwen-Image-2.1-NVFP4"),
+    KnownPolicy("qwen2512_m120_attn8_v1", 1, "qwen-image", "qwen/qwen-image-2512",
+                {"nvfp4": 600, "fp8": 243, "bf16": 3}, "unsloth/Qwen-Image-2512-NVFP4"),
+    KnownPolicy("qwen_p02_v1", 1, "qwen-image", "qwen/qwen-image", {"nvfp4": 120, "fp8": 723, "bf16": 3},
+                "unsloth/Qwen-Image-FP8"),
+)}
+# Policies Unsloth retired: id -> the id whose hosted file replaced the files built with it
+RETIRED_POLICIES = {"zimg_f8mod_toq34_v1": "zimg_rg76_v1", "flux_mod_single_v1": "flux_r420_v1"}
+
+
+def safe(v, n: int = 60) -> str:
+    return escape(str(v)[:n])
 
 
 def _int(v) -> bool:
@@ -54,6 +91,48 @@ def tag_reasons(ckpt: Checkpoint) -> list[str]:
     return []
 
 
+def _known_policy_reasons(pol: dict, meta: dict) -> tuple[list[str], list[str]]:
+    """Unsloth's rule for a policy id it publishes (the id, version and counts of the policy it resolves for the
+    file's family and base), a retired id's refusal with where the replacement lives, and a note for an id this pack
+    does not know (a newer Unsloth's, or a user's own: loaded when the block agrees with the file)."""
+    pid = pol.get("policy_id")
+    if pid in RETIRED_POLICIES:
+        new = KNOWN_POLICIES[RETIRED_POLICIES[pid]]
+        return [f"nvfp4_policy 'policy_id' is '{pid}', a policy Unsloth retired: the hosted file built with it was "
+                f"replaced by one built with '{new.policy_id}' (repo {new.repo}). Delete this file and download "
+                f"the current one (preset or hub_repo {new.repo}, scheme nvfp4)"], []
+    known = KNOWN_POLICIES.get(pid)
+    if known is None:
+        return [], [f"NVFP4 layer policy '{safe(pid)}' is not one of Unsloth's published policies (a newer release's, "
+                    "or a custom build): loaded because its counts and layer list agree with the file"]
+    reasons = []
+    if pol.get("policy_version") != known.version:
+        reasons.append(f"nvfp4_policy 'policy_version' is {safe(pol.get('policy_version'))}, expected {known.version} "
+                       f"for '{pid}' (Unsloth's published policy)")
+    fam, base = meta.get("family"), meta.get("base_model_id")
+    if isinstance(fam, str) and fam.strip().lower() != known.family:
+        reasons.append(f"nvfp4_policy '{pid}' is Unsloth's policy for {known.family}, but the file's family is "
+                       f"'{safe(fam)}'")
+    elif isinstance(base, str) and base.strip():
+        b = base.strip().replace("\\", "/").rstrip("/").lower()
+        same_family = [p for p in KNOWN_POLICIES.values() if p.family == known.family]
+        for_base = [p for p in same_family if p.base == b or p.base.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]]
+        if for_base and for_base[0].policy_id != pid:
+            reasons.append(f"nvfp4_policy 'policy_id' is '{pid}', expected '{for_base[0].policy_id}' for base "
+                           f"'{safe(base)}' (the policy Unsloth resolves for that base)")
+    counts = pol.get("counts") if isinstance(pol.get("counts"), dict) else {}
+    have = {k: v for k, v in counts.items() if v}
+    if not reasons and have != known.counts:
+        reasons.append(f"nvfp4_policy 'counts' is {safe(have)}, expected {known.counts} for '{pid}' (Unsloth's "
+                       "published policy)")
+    return reasons, []
+
+
+def policy_notes(ckpt: Checkpoint) -> list[str]:
+    pol = ckpt.metadata.get("nvfp4_policy")
+    return _known_policy_reasons(pol, ckpt.metadata)[1] if isinstance(pol, dict) else []
+
+
 def policy_reasons(ckpt: Checkpoint, scheme: str | None) -> list[str]:
     """The ``nvfp4_policy`` block, and a per-format layer count equal to what the file holds."""
     pol = ckpt.metadata.get("nvfp4_policy")
@@ -64,7 +143,8 @@ def policy_reasons(ckpt: Checkpoint, scheme: str | None) -> list[str]:
             kinds[k] = kinds.get(k, 0) + 1
     if pol is None:
         block = [k for k in kinds if k in qtensor.BLOCK_KINDS]
-        if block and len(kinds) > 1:
+        # a ComfyUI-native file says each layer's format in its own entry: a mix needs no policy block there
+        if block and len(kinds) > 1 and ckpt.container != "comfyui-native":
             return [f"the file mixes {' and '.join(sorted(kinds))} weights without an 'nvfp4_policy' block saying "
                     "which layer is which"]
         return []
@@ -118,6 +198,8 @@ def policy_reasons(ckpt: Checkpoint, scheme: str | None) -> list[str]:
         if notnv:
             reasons.append(f"nvfp4_policy.nvfp4_fqns names {len(notnv)} layers that are not NVFP4 weights in the "
                            f"file, e.g. '{notnv[0][:80]}'")
+    if not reasons:
+        reasons += _known_policy_reasons(pol, ckpt.metadata)[0]
     return reasons
 
 
@@ -133,9 +215,10 @@ def rotation_reasons(ckpt: Checkpoint) -> list[str]:
                 "rebuilds)"]
     reasons: list[str] = []
     group = m.get("activation_rotation_group", rotation.DEFAULT_GROUP)
-    if not rotation.is_power_of_4(group):
-        reasons.append(f"activation_rotation_group must be an integer power of 4 (4, 16, 64, 256, ...), found "
-                       f"{type(group).__name__} {str(group)[:30]!r}")
+    if not rotation.is_power_of_4(group) or group > rotation.MAX_GROUP:
+        reasons.append(f"activation_rotation_group must be an integer power of 4 up to {rotation.MAX_GROUP} (4, 16, "
+                       f"64, 256, 1024; Unsloth and ComfyUI use 256), found {type(group).__name__} "
+                       f"{safe(group, 30)!r}")
     fqns = _names(m.get("activation_rotation_fqns"), "activation_rotation_fqns", reasons)
     if reasons:
         return reasons

@@ -12,7 +12,12 @@ import dataclasses
 from . import layer_formats, qtensor, schemes
 from .families import base_tail, normalize_base
 from .checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
+from .safe_text import escape
 
+# The order Unsloth's current builder writes them in (docs/FORMAT.md section 3); fp8_granularity only for fp8
+WRITE_ORDER = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
+               "require_divisible", "fingerprint", "fast_accum", "torch_dtype", "quant_backend", "transformer_class",
+               "torch_version", "torchao_version", "diffusers_version", "fp8_granularity")
 FIELDS = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
           "require_divisible", "fast_accum", "fp8_granularity", "fingerprint", "torch_dtype", "quant_backend",
           "transformer_class", "torch_version", "torchao_version", "diffusers_version")
@@ -38,13 +43,31 @@ class Verdict:
 
 
 def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
-    """ComfyUI-native twins are per-tensor by design: accepted, and said to be a coarser rounding."""
+    """What a ComfyUI-native file is (formats per layer, which ComfyUI reads it natively), and what is read but not
+    used: per-tensor scales are a coarser rounding than a per-row file; ``input_scale`` and attention configs."""
+    from .formats.comfy_native import native_since
+    m = ckpt.metadata
+    counts = m.get("comfy_quant_formats") if isinstance(m.get("comfy_quant_formats"), dict) else {}
+    notes = []
+    if counts:
+        per = ", ".join(f"{f}: {n} layer{'s' if n != 1 else ''}" for f, n in sorted(counts.items()))
+        since = native_since(counts)
+        notes.append(f"ComfyUI-native file ({per}"
+                     + (f"; ConvRot on {m['comfy_convrot_layers']} of them" if m.get("comfy_convrot_layers") else "")
+                     + f"): ComfyUI {since} and newer load it with their own Load Diffusion Model; this pack loads "
+                       "it on older ComfyUI too, on every device (dequantized at matmul where there is no kernel)")
     coarse = [s for s, field in (("fp8", "fp8_granularity"), ("int8", "int8_granularity"))
-              if ckpt.metadata.get(field) in ("per_tensor", "mixed")]
-    if not coarse:
-        return []
-    return [f"ComfyUI-native file: its {' and '.join(coarse)} weights use one scale per tensor, a coarser rounding "
-            "than a per-row file of the same model (expect small output differences from it)"]
+              if m.get(field) in ("per_tensor", "mixed")]
+    if coarse:
+        notes.append(f"its {' and '.join(coarse)} weights use one scale per tensor, a coarser rounding than a per-row "
+                     "file of the same model (expect small output differences from it)")
+    if m.get("comfy_input_scales"):
+        notes.append(f"{m['comfy_input_scales']} input_scale entries (static activation scales for ComfyUI's fp8 GPU "
+                     "matmul) are read and not used: this pack quantizes activations dynamically")
+    if m.get("comfy_attention_configs"):
+        notes.append(f"{m['comfy_attention_configs']} comfy_attention.config entries (a newer ComfyUI's attention "
+                     "kernel preference) are ignored: ComfyUI's default attention runs")
+    return notes
 
 
 def base_matches(found: str, wanted: str) -> bool:
@@ -176,6 +199,7 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
     if not found_schemes:
         reasons.append("the file holds no quantized weights (a dense checkpoint?)")
     reasons += layer_formats.policy_reasons(ckpt, scheme)
+    notes += layer_formats.policy_notes(ckpt)
     reasons += layer_formats.rotation_reasons(ckpt)
     per_tensor = [k for k, v in ckpt.tensors.items() if qtensor.is_quantized(v) and v.scale.numel() == 1
                   and v.shape[0] > 1 and qtensor.scheme_of(v).startswith("fp8")]
@@ -200,7 +224,8 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
     if req.family and m.get("family") is not None and m["family"].lower() != req.family.lower():
         reasons.append(f"family is '{m['family']}', requested '{req.family}'")
     if m.get("component") is not None and m["component"] != req.component:
-        reasons.append(f"component is '{m['component']}', expected '{req.component}'")
+        reasons.append(f"component is '{escape(m['component'][:60])}', expected '{req.component}' (Unsloth's "
+                       "rule: an expert's file serves only that expert)")
     if req.min_features is not None and m.get("min_features") is not None and \
             as_int(m["min_features"]) != as_int(req.min_features):
         reasons.append(f"min_features is {m['min_features']}, requested {req.min_features}")
@@ -210,14 +235,17 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
     if scheme:
         rule = schemes.rules(scheme)
         if m.get("require_bf16") is not None and m["require_bf16"] != rule.require_bf16:
-            reasons.append(f"require_bf16 is {m['require_bf16']}, scheme {scheme} needs {rule.require_bf16}")
+            reasons.append(f"require_bf16 is {m['require_bf16']}, expected {rule.require_bf16} for scheme {scheme} "
+                           "(Unsloth's rule: true for fp8 and mxfp8 only, whose torchao paths take bf16 weights)")
         if m.get("require_divisible") is not None and m["require_divisible"] != rule.require_divisible:
-            reasons.append(f"require_divisible is {m['require_divisible']}, scheme {scheme} needs {rule.require_divisible}")
+            reasons.append(f"require_divisible is {m['require_divisible']}, expected {rule.require_divisible} for "
+                           f"scheme {scheme} (Unsloth's rule: int8 0, fp8 and nvfp4 16, mxfp8 32)")
         if req.fast_accum is not None and m.get("fast_accum") is not None and m["fast_accum"] != req.fast_accum:
             reasons.append(f"fast_accum is {m['fast_accum']}, requested {req.fast_accum}")
         gran = m.get("fp8_granularity")
         if scheme.startswith("fp8") and gran is not None and gran != "per_row" and not native:
-            reasons.append(f"fp8_granularity is '{gran}': per-tensor fp8 files are stale; rebuild per_row")
+            reasons.append(f"fp8_granularity is '{escape(str(gran)[:40])}', expected 'per_row' (Unsloth's rule: "
+                           "per-tensor fp8 files are stale; rebuild per_row)")
         expected_ex = req.exclude_tokens if req.exclude_tokens is not None else \
             schemes.exclude_tokens(scheme, family_exclude_extra)
         found_ex = m.get("exclude_name_tokens")
@@ -225,8 +253,9 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
         # the order does not matter here (older Unsloth loaders compare ordered tuples: the builder writes their order)
         if found_ex is not None and not set(map(str, found_ex)) >= set(expected_ex):
             missing = [t for t in expected_ex if t not in set(map(str, found_ex))]
-            reasons.append(f"exclude_name_tokens {list(map(str, found_ex))} lack {missing} (expected at least "
-                           f"{list(expected_ex)})")
+            reasons.append(f"exclude_name_tokens {escape(str(list(map(str, found_ex)))[:300])} lack {missing} "
+                           f"(expected at least {list(expected_ex)}: Unsloth's rule, the recorded list may only "
+                           "keep more layers dense than its loader's list)")
     fp8_reasons, fp8_notes = _fp8_activation_reasons(ckpt)
     reasons += fp8_reasons
     notes += fp8_notes

@@ -88,10 +88,6 @@ class QSpec:
         """The weight carries dynamic activation quantization (what torchao's quantized matmul needs)."""
         return dict(self.attrs).get("act_quant_kwargs") is not None
 
-    def with_rotation(self, group: int) -> "QSpec":
-        attrs = {**dict(self.attrs), "rotation": int(group)}
-        return QSpec(self.kind, self.dtype, tuple(sorted(attrs.items())))
-
 
 ROTATION_ATTR = "prequant_rotation"  # set on a torchao tensor whose layer input is rotated (ConvRot, v2 files)
 

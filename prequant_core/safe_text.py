@@ -3,14 +3,16 @@
 A file's names and metadata reach a terminal (``info``, ``verify``), ComfyUI's log and the browser. An ANSI escape
 in a ``family`` field could clear the screen and print a forged "Verdict VALID" line after the real verdict; a
 bidirectional override could reorder what a reader sees. Every C0 / C1 control character, DEL, and the Unicode
-format characters that reorder or hide text are shown as ``\\xNN`` / ``\\uNNNN`` instead.
+format characters that reorder or hide text are shown as ``\\xNN`` / ``\\uNNNN`` instead; so is a lone surrogate
+(a metadata string may hold one: printed raw it makes every UTF-8 writer, a terminal, a log or ComfyUI's JSON
+history, raise, and ComfyUI's prompt worker dies on it).
 """
 from __future__ import annotations
 
 import re
 import unicodedata
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]")
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]")
 
 
 def _esc(m: re.Match) -> str:

@@ -30,7 +30,9 @@ def rules(scheme: str) -> SchemeRules:
     scheme = normalize(scheme)
     fp8 = scheme.startswith("fp8")
     block = {"nvfp4": 16, "mxfp8": 32}.get(scheme)
-    return SchemeRules(scheme, require_bf16=fp8 or block is not None,
+    # Unsloth's rule: only fp8 and mxfp8 need bf16 weights (their torchao paths assert it); int8 and nvfp4 take
+    # fp16 / fp32 too, and a recorded value other than the scheme's is refused.
+    return SchemeRules(scheme, require_bf16=fp8 or scheme == "mxfp8",
                        require_divisible=16 if fp8 else (block or 0),
                        fast_accum=True if scheme == "fp8" else None,
                        fp8_granularity="per_row" if fp8 else None)
@@ -162,9 +164,9 @@ class LayerFilter:
                 return f"name contains excluded token '{tok}'"
         if r.require_bf16 and weight.dtype != torch.bfloat16:
             return f"{weight.dtype} weight (scheme needs bfloat16)"
-        # MX blocks run along the input dim only; fp8's kernels and NVFP4's swizzled tiles want both dims
-        dims = (in_f,) if r.name == "mxfp8" else (in_f, out_f)
-        if r.require_divisible and any(d % r.require_divisible for d in dims):
+        # Unsloth's filter asks both dims to divide (MX blocks run along the input dim only, but a file must hold
+        # the layers Unsloth's builder quantizes, and load-time quantization must quantize the same ones)
+        if r.require_divisible and any(d % r.require_divisible for d in (in_f, out_f)):
             return f"dims not divisible by {r.require_divisible}"
         return None
 

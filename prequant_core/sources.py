@@ -33,22 +33,19 @@ from . import allowlist, families, schemes
 from .errors import HubError
 
 MODEL_SUFFIXES = ("-FP8", "-INT8", "-NVFP4", "-MXFP8", "-quantized")
-HOSTED_SCHEMES = ("int8", "fp8")  # what an Unsloth ``-FP8`` repo holds (docs/FORMAT.md section 5)
+LEGACY_SCHEMES = ("int8", "fp8")  # the schemes old Unsloth releases published as ``transformer_<scheme>.pt``
 
 
 def repo_schemes(repo: str) -> tuple[str, ...]:
-    """The schemes a hosted repo holds, from its suffix: ``-NVFP4`` repos hold nvfp4 files (whole-model or a v3
-    layer policy), ``-MXFP8`` mxfp8, every other (``-FP8``) repo int8 and fp8."""
-    low = repo.lower()
-    for s in ("nvfp4", "mxfp8"):
-        if low.endswith("-" + s):
-            return (s,)
-    return HOSTED_SCHEMES
+    """The schemes a hosted repo holds, in the order tried (the family table: a repo's suffix does not say)."""
+    return families.hosted_schemes(repo)
 
 
 def family_schemes(fam) -> tuple[str, ...]:
     """Every scheme some hosted repo of ``fam`` holds, in a stable order."""
-    return tuple(dict.fromkeys(s for r in fam.hosted_repos for s in repo_schemes(r)))
+    return tuple(dict.fromkeys(s for sch in fam.hosted.values() for s in sch))
+
+
 PRESET_NONE = "none"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf://", "hf.co/",
@@ -111,6 +108,26 @@ def normalize_repo(repo: str) -> str:
     return r
 
 
+_REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}$")
+
+
+def normalize_revision(revision: str | None) -> str | None:
+    """A branch, tag or 40-hex commit as the Hub accepts it (``refs/pr/N`` included), else ``HubError``; None or empty
+    means the default branch. No ``..``, no empty path part, no absolute path, no backslash: the client joins the
+    revision into cache paths, so anything else could write outside its cache."""
+    r = str(revision or "").strip()
+    if not r:
+        return None
+    parts = r.split("/")
+    if not _REV_RE.match(r) or ".." in r or any(p in ("", ".") for p in parts) or r.endswith((".lock", ".")) \
+            or "@{" in r:
+        raise HubError(f"'{r[:80]}' is not a revision the Hub accepts.",
+                       expected="a branch or tag name (letters, digits, . _ - /, no '..'), or a 40-hex commit hash",
+                       found=repr(r[:80]), fix="Leave revision empty for the default branch, or copy the branch, tag "
+                                                "or commit from the repo's page.")
+    return r
+
+
 def model_name(repo: str) -> str:
     """``<Model>``: the repo name minus one quantization suffix (``unsloth/Z-Image-Turbo-FP8`` -> ``Z-Image-Turbo``)."""
     name = repo.rstrip("/").rsplit("/", 1)[-1]
@@ -121,37 +138,32 @@ def model_name(repo: str) -> str:
     return name
 
 
-def scheme_token(scheme: str) -> str:
-    return schemes.normalize(scheme).upper()
-
-
 def filenames(repo: str, scheme: str, component: str = "transformer", base_model_id: str | None = None) -> tuple[str, ...]:
-    """The names to try in ``repo`` for ``scheme``, in order (docs/FORMAT.md section 5): the names the hosting
-    family declares for this repo (and base, where it hosts one file per base), then ``<Model>-<SCHEME>.safetensors``,
-    ``.pt``, legacy ``transformer_<scheme>.pt``. Another component than ``transformer`` (an expert of a two-expert
-    model) has its own names: ``<Model>-<component>-<SCHEME>.safetensors`` / ``.pt`` (Unsloth's pattern), no legacy."""
+    """The names to try in ``repo`` for ``scheme``, in Unsloth's current order (docs/FORMAT.md section 5): for int8
+    the ConvRot build where the repo hosts one (``<Model>-INT8-ConvRot.safetensors``; Unsloth's resolver puts it
+    ahead of everything), the names the hosting family declares (per base where it hosts one file per base), then ``<Model>-<SCHEME>.safetensors`` (the converted,
+    pickle-free container first), ``.pt``, legacy ``transformer_<scheme>.pt``. Another component than
+    ``transformer`` (an expert of a two-expert model) has its own names: ``<Model>-<component>-<SCHEME>``
+    ``.safetensors`` / ``.pt``, then the early-release name ``<component>_<scheme>.pt``."""
     s = schemes.normalize(scheme)
     model = model_name(repo)
     declared = families.declared_filenames(repo, s, component, base_model_id)
     if component != "transformer":
         return tuple(dict.fromkeys([*declared, f"{model}-{component}-{s.upper()}.safetensors",
-                                    f"{model}-{component}-{s.upper()}.pt"]))
-    names = [*declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
-    if s in HOSTED_SCHEMES:
+                                    f"{model}-{component}-{s.upper()}.pt", f"{component}_{s}.pt"]))
+    convrot = [f"{model}-INT8-ConvRot.safetensors"] if s == "int8" and families.convrot_hosted(repo) else []
+    names = [*convrot, *declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
+    if s in LEGACY_SCHEMES:
         names.append(f"transformer_{s}.pt")
     return tuple(dict.fromkeys(names))
 
 
-def scheme_from_repo(repo: str) -> str | None:
-    """The scheme a repo's own suffix names (``-FP8`` -> fp8, ``-INT8`` -> int8), else None."""
-    low = repo.lower()
-    if low.endswith("-fp8"):
-        return "fp8"
-    if low.endswith("-int8"):
-        return "int8"
-    if low.endswith("-nvfp4"):
-        return "nvfp4"
-    return None
+def schemes_for_repo(repo: str) -> tuple[str, ...]:
+    """What scheme ``auto`` tries in a repo, in order: the scheme its name's suffix says first where the repo holds
+    it, then the rest of what the family table says it holds (e.g. unsloth/Qwen-Image-FP8: fp8, then int8)."""
+    held = repo_schemes(repo)
+    named = families.schemes_from_suffix(repo)[:1]
+    return tuple(dict.fromkeys([*[s for s in named if s in held], *held]))
 
 
 def _tail(s: str) -> str:
@@ -164,7 +176,7 @@ def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str |
     ``<Model>`` equals ``variant`` (or ends with ``-<variant>``), else equals the tail of ``base_model_id``, else the
     one matching the family's first base repo, else the first listed. None if the family hosts nothing."""
     fam = families.get(family)
-    repos = [r for r in fam.hosted_repos if scheme is None or scheme in repo_schemes(r)]
+    repos = [r for r, sch in fam.hosted.items() if scheme is None or scheme in sch]
     if not repos:
         return None
     by_model: dict = {}
@@ -203,8 +215,8 @@ def presets() -> list[Preset]:
     """One preset per hosted repo and hosted scheme, e.g. ``Z-Image-Turbo / fp8``."""
     out = []
     for fam in families.FAMILIES.values():
-        for repo in fam.hosted_repos:
-            for s in repo_schemes(repo):
+        for repo, sch in fam.hosted.items():
+            for s in sch:
                 out.append(Preset(f"{model_name(repo)} / {s}", repo, s, fam.name))
     return out
 
@@ -240,7 +252,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
     component's file names in Hub repos.
     """
     component = _clean(component) or "transformer"
-    path, hub_repo, revision = _clean(path), _clean(hub_repo), _clean(revision)
+    path, hub_repo, revision = _clean(path), _clean(hub_repo), normalize_revision(revision)
     family = None if _clean(family) in (None, "auto") else family.strip().lower()
     scheme = None if _clean(scheme) in (None, "auto") else schemes.normalize(scheme)
     notes: list[str] = []
@@ -266,12 +278,15 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
 
     if hub_repo:
         repo = normalize_repo(hub_repo)
-        s = scheme or scheme_from_repo(repo)
-        if s is None:
-            raise HubError(f"Which scheme should be downloaded from {repo}?", expected="int8 or fp8", found="auto",
-                           fix="Set the node's scheme input (the repo name does not end in -FP8 or -INT8).")
-        out.append(Candidate("hub", origin, scheme=s, repo=repo, revision=revision,
-                             filenames=filenames(repo, s, component, base_model_id)))
+        tried = (scheme,) if scheme else schemes_for_repo(repo)
+        if not tried:
+            raise HubError(f"Which scheme should be downloaded from {repo}?", expected=" / ".join(schemes.SCHEMES),
+                           found="auto", fix="Set the node's scheme input (the repo is not one this pack knows and "
+                                             "its name does not end in -FP8, -INT8, -NVFP4 or -MXFP8).")
+        # auto on a repo holding several schemes: every scheme's names, the file's own metadata says which it was
+        names = tuple(dict.fromkeys(n for s in tried for n in filenames(repo, s, component, base_model_id)))
+        out.append(Candidate("hub", origin, scheme=tried[0] if len(tried) == 1 else None, repo=repo,
+                             revision=revision, filenames=names))
 
     if family:
         fam = families.get(family)
@@ -281,7 +296,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
             notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(family_schemes(fam))} only, "
                          f"not {scheme}")
         elif fam.excluded_base(base_model_id) and not variant and \
-                _tail(base_model_id) not in {model_name(r).lower() for r in fam.hosted_repos}:
+                _tail(base_model_id) not in {model_name(r).lower() for r in fam.hosted}:
             notes.append(f"family '{fam.name}': base '{base_model_id}' is listed as excluded "
                          f"('{fam.excluded_base(base_model_id)}', a different model), so no hosted repo is planned")
         else:

@@ -35,3 +35,15 @@ if [ ! -f .cache/diffusers042/diffusers/__init__.py ] || [ ! -f .cache/diffusers
   .venv/bin/python -m pip install -q --no-deps --no-cache-dir --upgrade --target .cache/diffusers042 diffusers==0.42.1 \
     huggingface_hub==1.32.0 click==8.4.2 transformers==5.24.0 tokenizers==0.23.1 2>&1 | grep -v '^WARNING: Location' || true
 fi
+# comfy-kitchen 0.2.40 (ComfyUI's kernel library; its pure-Python wheel: the eager CPU reference functions) for the
+# ComfyUI-native format tests' writer and reference dequantization only (tests/comfy_quantizer.py); the pack itself
+# never imports it.
+if [ ! -f .cache/comfy-kitchen/comfy_kitchen/__init__.py ]; then
+  echo "[setup] comfy-kitchen 0.2.40 (pure wheel) into .cache/comfy-kitchen (ComfyUI-native format tests)"
+  rm -rf .cache/comfy-kitchen-dl
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.11 \
+    comfy-kitchen==0.2.40 -d .cache/comfy-kitchen-dl 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q --no-deps --target .cache/comfy-kitchen .cache/comfy-kitchen-dl/*.whl 2>&1 \
+    | grep -v '^WARNING: Location' || true
+  rm -rf .cache/comfy-kitchen-dl
+fi

@@ -24,18 +24,21 @@ for a in "$@"; do  # a test file, folder or node id among the arguments (option 
 done
 CORE_TESTS=(tests/test_core_tier.py tests/test_bad_input.py tests/test_build_faults.py tests/test_hostile_files.py
             tests/test_unsloth_parity.py tests/test_registry.py tests/test_fuzz.py tests/test_pages.py
-            tests/test_block_formats.py tests/test_format_registry.py)
+            tests/test_block_formats.py tests/test_format_registry.py tests/test_unsloth_conformance.py
+            tests/test_readme_tables.py tests/test_hub_hostile.py tests/test_comfy_native.py tests/test_int8_cpu.py)
 echo "[test] core tier: prequant_core without ComfyUI (${#CORE_TESTS[@]} files)"
 rc=0
-PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${CORE_TESTS[@]}" "$@" || rc=$?
+# the slowest tests of each leg are listed at its end: where the suite's time goes, in every CI log
+slow=(--durations=12)
+PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${slow[@]}" "${CORE_TESTS[@]}" "$@" || rc=$?
 echo "[test] ComfyUI tier: the real ComfyUI 0.3.75 in-process, as a server, and in the browser"
 ignore=()
 for f in "${CORE_TESTS[@]}"; do ignore+=(--ignore="$f"); done
-PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest tests "${ignore[@]}" "$@" || rc=$?
+PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest "${slow[@]}" tests "${ignore[@]}" "$@" || rc=$?
 # The ComfyUI-side tests again on ComfyUI 0.12.1 (pip-installable distribution, its own venv with the same torch and
 # torchao pins): the files where the pack meets ComfyUI (model classes and configs of every family, folders and file
 # lists, ModelPatcher / LoRA / low-VRAM loading, matmul paths, the dense fallback, nodes over a real server), chosen
-# so that .ci/run stays under 30 minutes on 2 cores (this leg: ~3 min set-up once, ~10 min of tests). Not run here:
+# to keep .ci/run short on 2 cores (this leg: ~8 min build once, ~8 min of tests on 2026-12-02). Not run here:
 #   test_browser.py      0.12.1's distribution is started with an empty --front-end-root: its front end is another
 #                        package than 0.3.75's and is not what this machine's browser scripts drive
 #   test_example_workflows.py, test_hub*.py, test_token_safety.py: the Hub client and its local test hub, which are
@@ -49,10 +52,11 @@ PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest tests "${ignore[@]}" "
 #                        are on the weights" per ModelPatcher copy instead of on the shared model, so a clone used
 #                        after a LoRA'd clone is not unpatched; a stock dense Linear stays patched there too
 COMFY012_TESTS=(tests/test_comfyui_version.py tests/test_loader.py tests/test_families.py tests/test_info.py
-                tests/test_server.py tests/test_fallback.py tests/test_matmul_path.py tests/test_block_formats_comfy.py)
+                tests/test_server.py tests/test_fallback.py tests/test_matmul_path.py tests/test_block_formats_comfy.py
+                tests/test_comfy_native_comfy.py)
 COMFY012_DESELECT=(--deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
                    --deselect tests/test_matmul_path.py::test_weight_only_stock_lora
                    --deselect tests/test_families.py::test_prequant_equals_load_time_quantization)
 echo "[test] ComfyUI 0.12.1 tier: ${#COMFY012_TESTS[@]} files on the real ComfyUI 0.12.1, in-process and as a server"
-run012 "${COMFY012_TESTS[@]}" "${COMFY012_DESELECT[@]}" "$@" || rc=$?
+run012 "${slow[@]}" "${COMFY012_TESTS[@]}" "${COMFY012_DESELECT[@]}" "$@" || rc=$?
 exit "$rc"

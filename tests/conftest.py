@@ -13,6 +13,12 @@ if ROOT not in sys.path:
 
 from tools import tiny_models  # noqa: E402
 
+# Remembered fingerprint passes (prequant_core.fingerprint) go to a folder of this run, never ~/.cache; servers the
+# tests start inherit it.
+if not os.environ.get("PREQUANT_VERIFIED_DIR"):
+    import tempfile
+    os.environ["PREQUANT_VERIFIED_DIR"] = tempfile.mkdtemp(prefix="prequant-verified-")
+
 BASE_ID = "Tongyi-MAI/Z-Image-Turbo"
 
 

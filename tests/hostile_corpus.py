@@ -261,6 +261,62 @@ def write_corpus(folder: str) -> list[tuple[str, str]]:
                                                          "nvfp4_fqns": ["a"] * 100_000})
     add("nvfp4-policy-lies.pt", "lying declaration",
         pt_container(t, policy_md, tag="unsloth_prequant_transformer_state_dict_v3"))
+    # round 3: what a tensor subclass carries besides its bytes (torch restores a pickled __dict__ as it is)
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+    from torchao.quantization.quantize_.workflows import Int8Tensor
+    i8 = tiny_tensors("int8")
+    i8_md = tiny_metadata(i8, "int8")
+
+    def with_attr(tensors, key, name, value):
+        out = dict(tensors)
+        w = schemes.quantize_weight(torch.randn(*out[key].shape).to(torch.bfloat16),
+                                    "int8" if isinstance(out[key], Int8Tensor) else "fp8")
+        w.__dict__[name] = value
+        out[key] = w
+        return out
+    q_key = "layers.0.attention.to_q.weight"
+    add("attr-undeclared-rotation-4p8.pt", "tensor attributes",
+        pt_container(with_attr(i8, q_key, "prequant_rotation", 4 ** 8), i8_md))
+    add("attr-undeclared-rotation-4p31.pt", "tensor attributes",
+        pt_container(with_attr(i8, q_key, "prequant_rotation", 4 ** 31), i8_md))
+    add("attr-string-act-kwargs.pt", "tensor attributes",
+        pt_container(with_attr(t, q_key, "act_quant_kwargs", "not kwargs"), md))
+    add("attr-string-kernel.pt", "tensor attributes", pt_container(with_attr(t, q_key, "kernel_preference", "x"), md))
+    add("attr-static-act-scale.pt", "tensor attributes",
+        pt_container(with_attr(i8, q_key, "act_pre_scale", torch.ones(32)), i8_md))
+    add("attr-block-size-list.pt", "tensor attributes", pt_container(with_attr(t, q_key, "block_size", [1, 2**40]), md))
+    nv2 = schemes.quantize_weight(torch.randn(64, 64).to(torch.bfloat16), "nvfp4")
+    nv2.__dict__["block_size"] = "16"
+    add("attr-nvfp4-block-size-string.pt", "tensor attributes",
+        pt_container({**t, "layers.0.feed_forward.w2.weight": nv2}, tiny_metadata(t, "nvfp4")))
+    # values that would make outputs NaN / infinite or silently wrong
+    nan_plain = dict(t)
+    nan_plain["layers.0.attention_norm1.weight"] = torch.ones(32, dtype=torch.bfloat16)
+    nan_plain["layers.0.attention_norm1.weight"][5] = float("nan")
+    add("nan-plain-weight.pt", "non-finite value", pt_container(nan_plain, md))
+    add("nan-plain-weight.safetensors", "non-finite value", st_container(nan_plain, md))
+    for name, dtype_t in (("int", torch.arange(32, dtype=torch.int64)), ("bool", torch.ones(32, dtype=torch.bool)),
+                          ("complex", torch.ones(32, dtype=torch.complex64)),
+                          ("qint8", torch.quantize_per_tensor(torch.ones(32), 0.1, 0, torch.qint8))):
+        add(f"plain-{name}-tensor.pt", "wrong dtype", pt_container({**t, "layers.0.attention_norm1.weight": dtype_t}, md))
+    mx = schemes.quantize_weight(torch.randn(128, 64).to(torch.bfloat16), "mxfp8")
+    mx_md = tiny_metadata(t, "mxfp8")
+    mx_big = MXTensor(mx.qdata, torch.full_like(mx.scale.view(torch.uint8), 254).view(torch.float8_e8m0fnu),
+                      mx.elem_dtype, 32, mx.orig_dtype, mx.kernel_preference, mx.act_quant_kwargs, True)
+    add("mxfp8-exponent-254.pt", "non-finite value", pt_container({**t, "layers.0.feed_forward.w2.weight": mx_big}, mx_md))
+    mx_flip = MXTensor(mx.qdata, mx.scale, mx.elem_dtype, 32, mx.orig_dtype, mx.kernel_preference, mx.act_quant_kwargs,
+                       False)
+    add("mxfp8-flipped-swizzle.pt", "non-finite value",
+        pt_container({**t, "layers.0.feed_forward.w2.weight": mx_flip}, mx_md))
+    for name, pts in (("huge", 1e38), ("zero", 0.0), ("negative", -1.0)):
+        bad = NVFP4Tensor(nv.qdata, nv.scale, 16, torch.bfloat16, torch.tensor(pts, dtype=torch.float32),
+                          is_swizzled_scales=True, act_quant_kwargs=nv.act_quant_kwargs)
+        add(f"nvfp4-{name}-tensor-scale.pt", "non-finite value",
+            pt_container({**t, "layers.0.feed_forward.w2.weight": bad}, tiny_metadata(t, "nvfp4")))
+    # text from a file holding a lone surrogate: must reach no log, terminal or JSON raw
+    add("surrogate-metadata.pt", "escapes", pt_container(t, tiny_metadata(t, family="z-image\ud800",
+                                                                      base_model_id="a/b\udcff")))
+    add("surrogate-tensor-name.pt", "escapes", pt_container({**t, "layers.0.\ud800.weight": torch.ones(2)}, md))
     # unsupported opcode vs a global: different words
     add("text-int-opcode.pt", "wording", with_pickle(b"\x80\x02(I1\nI2\nt."))
     add("global-os-system.pt", "wording", with_pickle(b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R."))

@@ -85,7 +85,9 @@ def run_one(path: str) -> dict:
             json.loads(json_out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
         except ValueError:
             strict = False
-    return {"outcomes": outcomes, "escape_in_text": "\x1b" in (text_out + text_err + json_out),
+    printed = text_out + text_err + json_out
+    return {"outcomes": outcomes, "escape_in_text": "\x1b" in printed,
+            "surrogate_in_text": any("\ud800" <= c <= "\udfff" for c in printed),
             "json_strict": strict, "text": (text_out + text_err)[:2000]}
 
 

@@ -66,6 +66,12 @@ class Fault:
     short_by: int = 0  # GET body: announce and send this many bytes fewer than the file has
     times: int | None = None  # how many requests the fault applies to; None: all
     where: str = "any"  # "resolve" | "cdn" | "any"
+    stall_after: int | None = None  # GET body: send this many bytes, then hold the connection open, silent
+    drip: float | None = None  # GET body: one byte every this many seconds
+    declare_size: int | None = None  # HEAD / redirect: announce this size instead of the file's
+    extra: int = 0  # GET body: send (and announce) this many bytes more than the file has
+    hang: bool = False  # never answer at all (hold the connection open)
+    redirect_to: str | None = None  # answer 302 to this address instead
 
     def applies(self, method: str, repo: str, filename: str, where: str) -> bool:
         return (self.repo == repo and self.filename == filename and (self.method in (None, method))
@@ -262,9 +268,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                            "siblings": [{"rfilename": n} for n in sorted(files)]}).encode()
         self._plain(rec, 200, headers={"Content-Type": "application/json"}, body=body)
 
+    def _hold(self, seconds: float = 600.0) -> None:
+        """Keep the connection open and say nothing (a stalled server), until the client leaves or the hub stops."""
+        end = time.time() + seconds
+        while time.time() < end and self.hub._httpd is not None:
+            time.sleep(0.1)
+
     def _resolve_route(self, method, repo, revision, filename):
         rec = self._record(route="resolve", repo=repo, revision=revision, filename=filename)
         f = self.hub._take_fault(method, repo, filename, "resolve")
+        if f and f.hang:
+            return self._hold()
+        if f and f.redirect_to:
+            return self._plain(rec, 302, headers={"Location": f.redirect_to})
         if f and f.status:
             return self._plain(rec, f.status, message=f"injected {f.status}")
         err = self._auth_error(repo)
@@ -283,8 +299,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         base = {"X-Repo-Commit": commit, "ETag": f'"{entry.gitsha}"'}
         if entry.lfs:
             loc = f"{self.hub.url}/cdn/{entry.sha256}/{urllib.parse.quote(filename)}"
+            size = f.declare_size if f and f.declare_size is not None else entry.size
             return self._plain(rec, 302, headers={**base, "Location": loc, "X-Linked-Etag": f'"{entry.sha256}"',
-                                                  "X-Linked-Size": str(entry.size)})
+                                                  "X-Linked-Size": str(size)})
         return self._send_file(rec, method, entry, f, base)
 
     def _cdn_route(self, method, sha, filename):
@@ -304,7 +321,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._send_file(rec, method, entry, f, {"ETag": f'"{entry.sha256}"'})
 
     def _send_file(self, rec, method, entry: Entry, fault: Fault | None, headers: dict):
-        size = entry.size - (fault.short_by if fault else 0)
+        extra = fault.extra if fault else 0
+        size = entry.size - (fault.short_by if fault else 0) + extra
         start, status = 0, 200
         rng = self.headers.get("Range")
         if rng and rng.startswith("bytes="):
@@ -331,21 +349,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         drop = fault.drop_after if fault and fault.drop_after is not None else None
         delay = self.hub.slow.get((rec.get("repo"), rec.get("filename")), 0.0)
+        stall = fault.stall_after if fault else None
+        drip = fault.drip if fault else None
         sent = 0
         try:
             with open(entry.path, "rb") as fh:
                 fh.seek(start)
                 while sent < size_to_send:
+                    if stall is not None and sent >= stall:
+                        self.wfile.flush()
+                        rec["sent"] = sent
+                        return self._hold()
                     n = min(self.hub.chunk, size_to_send - sent)
+                    if drip:
+                        n = 1
+                    if stall is not None:
+                        n = min(n, stall - sent)
                     if drop is not None:
                         n = min(n, drop - sent)
                         if n <= 0:
                             break
-                    data = fh.read(n)
+                    data = fh.read(n) or (b"\0" * min(n, extra))  # past the file: the oversized tail
                     if not data:
                         break
                     self.wfile.write(data)
                     sent += len(data)
+                    if drip:
+                        self.wfile.flush()
+                        time.sleep(drip)
                     if delay:
                         self.wfile.flush()
                         time.sleep(delay)

@@ -198,3 +198,16 @@ def test_errors_name_file_expected_found_fix(prequant_files, folder):
     with pytest.raises(errors.CorruptCheckpointError) as e:
         formats.read(str(p))
     assert "empty.safetensors" in str(e.value) and e.value.fix
+
+
+@pytest.mark.parametrize("shape", [(3072, 64, 2), (3072,), ()])
+def test_a_weight_of_the_wrong_rank_is_a_typed_error_not_a_raw_one(shape):
+    """A file that passes detection but holds a 3-D (or 1-D, or scalar) tensor where a Linear's 2-D weight belongs
+    (the family's config reads its shape) is refused as corrupt, naming the model."""
+    from prequant_core import families
+    from tools import tiny_families as tf
+    shapes = {k: tuple(v.shape) for k, v in tf.meta_state_dict("flux.1", real=False).items()}
+    shapes["x_embedder.weight"] = shape
+    with pytest.raises(errors.CorruptCheckpointError) as e:
+        families.get("flux.1").config_from_shapes(shapes, "/m/f.safetensors")
+    assert "FLUX.1" in str(e.value) and "f.safetensors" in str(e.value)

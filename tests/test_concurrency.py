@@ -3,7 +3,7 @@
 * a real server (tools/comfy_server.ComfyServer, set up by test_server's ``server`` fixture): two prompts loading the
   same checkpoint queued at the same moment from two clients; ``/free`` (unload models + reset caches) fired in a
   loop while prompts that load, unload and reload the pack's models run;
-* headless in-process: 100 cycles of load node -> one sampling step -> ``unload_all_models`` -> gc, with the
+* headless in-process: 50 cycles of load node -> one sampling step -> ``unload_all_models`` -> gc, with the
   process's RSS recorded every cycle; after warm-up it must not grow beyond noise. The figures are printed
   (``[rss] ...``) so a regression shows its size.
 """
@@ -21,7 +21,7 @@ import torch
 from conftest import sample
 from test_server import image_digest, prompt_for, server  # noqa: F401  (module-scoped server fixture, reused)
 
-CYCLES = int(os.environ.get("PREQUANT_RSS_CYCLES", "100"))
+CYCLES = int(os.environ.get("PREQUANT_RSS_CYCLES", "50"))
 WARMUP = 10
 # After warm-up, live memory may move by allocator noise, never by a model: one tiny model is ~95 MB.
 RSS_GROWTH_LIMIT = 48 * 2**20

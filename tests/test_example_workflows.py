@@ -273,7 +273,7 @@ def test_workflow_runs_as_shipped_for_a_user_without_the_file(env, server, path)
     # 2. Each loader with the workflow's values, to a model: the named file is fetched into models/prequant
     for repo, fname, hosted, lid in served:
         named = node_values(nodes[lid], info[LOADER])
-        target = os.path.join(prequant_dir, fname)
+        target = os.path.join(prequant_dir, *repo.split("/"), fname)  # kept under its origin (owner/repo)
         partial = {lid: prompt[lid], "999": {"class_type": "PreviewAny", "inputs": {"source": [lid, 0]}}}
         entry = server.run(partial, timeout=300)
         assert execution_error(entry) is None, execution_error(entry) or server.log_tail()
@@ -288,7 +288,7 @@ def test_workflow_runs_as_shipped_for_a_user_without_the_file(env, server, path)
         text = [o["text"][0] for e in (first, entry) for o in e["outputs"].values() if "text" in o]
         assert any(f"File: {target}" in t and f"from {repo}@main" in t for t in text), text
         listed = server.get(f"/object_info/{LOADER}")[LOADER]["input"]["required"]["checkpoint"][0]
-        assert fname in listed
+        assert f"{repo}/{fname}" in listed
     # nothing half-written or left over next to them
     left = [os.path.relpath(os.path.join(r, f), prequant_dir) for r, _, fs in os.walk(prequant_dir) for f in fs]
     assert not [f for f in left if f.endswith(".incomplete") or f.startswith(".prequant-download")], left
@@ -298,9 +298,9 @@ def test_later_runs_need_no_network(env, server):
     """A fresh server (new session) with the Hub gone: every workflow's loader runs from models/prequant."""
     from tools.comfy_server import ComfyServer, execution_error
     prequant_dir = os.path.join(server.base_dir, "models", "prequant")
-    have = sorted(os.listdir(prequant_dir))
-    want = sorted(f for served in env["served"].values() for _, f, _, _ in served)
-    assert [f for f in want if f in have] == want, "run the per-workflow test first (same module) to download"
+    want = sorted({(repo, f) for served in env["served"].values() for repo, f, _, _ in served})
+    assert all(os.path.isfile(os.path.join(prequant_dir, *repo.split("/"), f)) for repo, f in want), \
+        "run the per-workflow test first (same module) to download"
     server.stop()
     hub = env["hub"]
     n = len(hub.log)
@@ -310,13 +310,13 @@ def test_later_runs_need_no_network(env, server):
         for path in WORKFLOWS:
             wf = load_wf(path)
             prompt = wfmod.to_api(wf, info)
-            for _, fname, _, lid in env["served"][os.path.basename(path)]:
+            for repo, fname, _, lid in env["served"][os.path.basename(path)]:
                 entry = s.run({lid: prompt[lid],
                                "999": {"class_type": "PreviewAny", "inputs": {"source": [lid, 0]}}}, timeout=300)
                 assert execution_error(entry) is None, execution_error(entry)
                 summary = entry["outputs"][lid]["prequant"][0]
-                assert summary["location"] == os.path.join(prequant_dir, fname)
-                assert "source" not in summary  # a local file, opened directly
+                assert summary["location"] == os.path.join(prequant_dir, *repo.split("/"), fname)
+                assert summary.get("downloaded") is not True  # the earlier download, found under its origin
     assert len(hub.log) == n, "no request reached the Hub"
     server.start()  # leave the module's server running for the tests after this one
     server.object_info = server.get("/object_info")

@@ -111,7 +111,7 @@ def corpus_results(tmp_path_factory, request):
 def test_corpus_covers_every_attack_class(corpus_results):
     classes = {r["class"] for r in corpus_results.values()}
     assert {"deep nesting", "amplification", "declared size", "malformed JSON", "malformed metadata", "escapes",
-            "non-finite scale", "wording", "control"} <= classes
+            "non-finite scale", "wording", "control", "tensor attributes", "non-finite value", "wrong dtype"} <= classes
     assert len(corpus_results) >= 30
 
 
@@ -131,6 +131,12 @@ def test_hostile_files_are_refused_and_controls_load(corpus_results):
         outs = [r["outcomes"][ep] for ep in ENTRY_POINTS]
         if r["class"] == "control":
             assert outs == ["ok"] * len(outs), (name, r["outcomes"])
+        elif r["class"] in ("tensor attributes", "wrong dtype"):
+            # checked from the tensors' fields and dtypes, no weight byte needed: every entry point refuses
+            assert all(o != "ok" for o in outs), (name, r["outcomes"])
+        elif r["class"] == "non-finite value":
+            # weight values: the reader and the loader refuse; the header-only verify cannot see them
+            assert all(r["outcomes"][ep] != "ok" for ep in ("read", "load")), (name, r["outcomes"])
         elif r["class"] == "non-finite scale":
             # scales are weight bytes: the header-only verify leaves them unread; loading and fingerprinting refuse
             assert all(r["outcomes"][ep] != "ok" for ep in ("read", "info", "load")), (name, r["outcomes"])
@@ -150,7 +156,7 @@ def test_memory_and_time_per_file_are_bounded(corpus_results):
 
 def test_printed_text_never_carries_escapes_and_json_is_strict(corpus_results):
     for name, r in corpus_results.items():
-        assert not r["escape_in_text"], (name, r["text"])
+        assert not r["escape_in_text"] and not r["surrogate_in_text"], (name, r["text"])
         assert r["json_strict"], name
     esc = corpus_results["ansi-metadata.safetensors"]
     assert esc["outcomes"]["info"] == "ok" and "\\x1b[2J" in esc["text"], esc["text"]

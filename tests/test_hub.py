@@ -59,7 +59,8 @@ def test_plan_order_and_inputs():
     fam_only = sources.plan(None, None, "z-image", None)
     assert list(fam_only) == [] and "no scheme chosen" in fam_only.notes[0]
     assert list(sources.plan(None, None, "z-image", "int8-weight-only")) == []
-    assert sources.plan(None, REPO, None, None).candidates[0].scheme == "fp8"  # from the -FP8 suffix
+    auto = sources.plan(None, REPO, None, None).candidates[0]  # the repo holds fp8 and int8: both, fp8 first
+    assert auto.scheme is None and auto.filenames == sources.filenames(REPO, "fp8") + sources.filenames(REPO, "int8")
     with pytest.raises(HubError, match="scheme"):
         sources.plan(None, "me/NoSuffix", None, "auto")
     with pytest.raises(HubError, match="not a Hugging Face repo id"):
@@ -94,6 +95,33 @@ def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
         pick(variant="pro")
     assert sources.plan(None, None, "multi", "int8").candidates[0].filenames[0] == "Thing-schnell-INT8.safetensors"
     assert "Thing-dev / int8" in sources.preset_labels()
+
+
+def test_a_repos_schemes_come_from_unsloths_table_not_its_suffix():
+    """unsloth/Qwen-Image-FP8 holds an int8 transformer (released Unsloth: only that); -MXFP8 / -NVFP4 repos resolve
+    with scheme auto; a repo no family knows falls back to its suffix."""
+    from prequant_core import families, sources
+    assert sources.repo_schemes("unsloth/Qwen-Image-FP8") == ("int8", "fp8")
+    assert sources.repo_schemes("unsloth/Z-Image-Turbo-NVFP4") == ("nvfp4",)
+    assert "Qwen-Image / int8" in sources.preset_labels() and "Wan2.2-TI2V-5B / nvfp4" in sources.preset_labels()
+    q = sources.plan(None, "unsloth/Qwen-Image-FP8", None, None).candidates[0]
+    assert q.scheme is None and "Qwen-Image-INT8.safetensors" in q.filenames and "transformer_int8.pt" in q.filenames
+    for repo, scheme, first in [("someone/Thing-MXFP8", "mxfp8", "Thing-MXFP8.safetensors"),
+                                ("unsloth/Wan2.2-TI2V-5B-NVFP4", "nvfp4", "Wan2.2-TI2V-5B-NVFP4.pt"),
+                                ("someone/Thing-NVFP4", "nvfp4", "Thing-NVFP4.safetensors")]:
+        c = sources.plan(None, repo, None, "auto").candidates[0]
+        assert (c.scheme, c.filenames[0]) == (scheme, first), repo
+    # a family plans only the repos that really hold the scheme
+    assert sources.hosted_repo("qwen-image", scheme="int8") == "unsloth/Qwen-Image-FP8"
+    assert sources.hosted_repo("z-image", scheme="nvfp4") == "unsloth/Z-Image-Turbo-NVFP4"
+    assert sources.hosted_repo("wan2.2-ti2v-5b", scheme="fp8") is None
+    # the name chain in Unsloth's order: ConvRot build where hosted, declared, converted safetensors, pickle, legacy
+    assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8")[0] == "Qwen-Image-2.1-INT8-ConvRot.safetensors"
+    assert all(not n.endswith("ConvRot.safetensors") for n in sources.filenames("unsloth/Qwen-Image-2.1-FP8", "fp8"))
+    assert families.convrot_hosted("unsloth/Z-Image-Turbo-FP8") is False
+    assert sources.filenames("unsloth/Wan2.2-T2V-A14B-NVFP4", "nvfp4", component="transformer_2") == (
+        "Wan2.2-T2V-A14B-transformer_2-NVFP4.pt", "Wan2.2-T2V-A14B-transformer_2-NVFP4.safetensors",
+        "transformer_2_nvfp4.pt")
 
 
 def test_usable_sources(tmp_path, monkeypatch):
@@ -138,7 +166,8 @@ def hf_env(tmp_path, monkeypatch):
     home = tmp_path / "hf"
     monkeypatch.setenv("HF_HOME", str(home))
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
-                "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_ETAG_TIMEOUT"):
+                "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_ETAG_TIMEOUT",
+                "UNSLOTH_DIFFUSION_PREQUANT_MIRROR"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
@@ -301,6 +330,58 @@ def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, m
     off = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert (off.filename, off.path, off.downloaded) == (LEGACY, online.path, False)
     assert len(hub.log) == n  # not a single request
+
+
+def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, files):
+    from prequant_core import hub as h, sources
+    repo = "unsloth/Qwen-Image-FP8"
+    hub.commit(repo, {"Qwen-Image-INT8.safetensors": files["int8.safetensors"]})
+    c = sources.plan(None, repo, None, None).candidates[0]
+    f = h.download(c.repo, c.filenames)
+    assert f.filename == "Qwen-Image-INT8.safetensors"
+    assert [t[0] for t in f.tried] == list(sources.filenames(repo, "fp8"))  # every fp8 name answered 404 first
+
+
+def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, files, monkeypatch):
+    """Another tool (Unsloth) recorded in the shared cache that the first names are not in the repo (``.no_exist``):
+    offline they are skipped like any absent name and the cached one is served, with no request."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+    from prequant_core import hub as h, sources
+    hub.commit(REPO, {LEGACY: files["int8.pt"]})
+    for fn in (PRIMARY, PT):
+        with pytest.raises(EntryNotFoundError):
+            hf_hub_download(REPO, fn, cache_dir=h.cache_dir(), endpoint=h.endpoint())
+    hf_hub_download(REPO, LEGACY, cache_dir=h.cache_dir(), endpoint=h.endpoint())
+    assert any(".no_exist" in f for f in cache_files(hf_env))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    n = len(hub.log)
+    cand = sources.plan(None, REPO, None, "int8").candidates[0]
+    assert h.is_cached(cand)
+    f = h.download(REPO, (PRIMARY, PT, LEGACY))
+    assert f.filename == LEGACY and not f.downloaded and len(hub.log) == n
+
+
+def test_operator_mirror_is_searched_before_the_hub(hub, hf_env, files, tmp_path, monkeypatch):
+    """UNSLOTH_DIFFUSION_PREQUANT_MIRROR: roots (os.pathsep), <root>/<owner>/<repo>/<file>; for a .pt name its
+    converted .safetensors sibling first; never a path outside the root."""
+    from prequant_core import hub as h
+    empty, root = tmp_path / "empty-mirror", tmp_path / "mirror"
+    (root / "unsloth" / "Z-Image-Turbo-FP8").mkdir(parents=True)
+    empty.mkdir()
+    shutil.copy(files["int8.safetensors"], root / "unsloth" / "Z-Image-Turbo-FP8" / PRIMARY)
+    monkeypatch.setenv(h.MIRROR_ENV, os.pathsep.join([str(empty), str(root)]))
+    f = h.download(REPO, (PT, LEGACY, PRIMARY))  # .pt asked first: its safetensors sibling is the mirror's hit
+    assert f.filename == PRIMARY and f.path == str(root / "unsloth" / "Z-Image-Turbo-FP8" / PRIMARY)
+    assert hub.log == [] and not f.downloaded
+    assert h.mirror_file(REPO, ("../Z-Image-Turbo-FP8/" + PRIMARY,)) is None
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(files["int8.safetensors"], outside)
+    os.symlink(outside, root / "unsloth" / "Z-Image-Turbo-FP8" / "link.safetensors")
+    assert h.mirror_file(REPO, ("link.safetensors",)) is None  # a link out of the mirror is not followed
+    monkeypatch.setenv(h.MIRROR_ENV, str(empty))
+    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    assert h.download(REPO, (PRIMARY,)).downloaded  # not in any mirror: the Hub as before
 
 
 def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_request(hub, hf_env, files):
@@ -541,7 +622,7 @@ def _run_hub_workflow(hub, base, env):
         assert os.path.getsize(os.path.join(base, "output", images[0].get("subfolder", ""), images[0]["filename"]))
     assert len(hub.body_gets(PRIMARY)) == 1 and not hub.requests(filename=PT)
     # stored in models/prequant (the default), not in the Hugging Face cache
-    assert os.path.getsize(os.path.join(base, "models", "prequant", PRIMARY)) == size
+    assert os.path.getsize(os.path.join(base, "models", "prequant", *REPO.split("/"), PRIMARY)) == size
     assert not any("/snapshots/" in p for p in cache_files(env["HF_HOME"]))
     staging = os.path.join(base, "models", "prequant", ".prequant-download")
     assert not os.path.isdir(staging) or os.listdir(staging) == [], "the staging folder is emptied after the move"

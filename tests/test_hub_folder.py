@@ -15,6 +15,7 @@ from test_hub import LEGACY, PRIMARY, PT, REPO, cache_files, files, hf_env, hub,
 
 MiB = 2**20
 NAMES = (PRIMARY, PT, LEGACY)
+ORIGIN = os.path.join(*REPO.split("/"))  # downloads are kept under where they came from: <owner>/<repo>/
 
 
 tree = cache_files  # every file under a folder, relative, sorted
@@ -32,10 +33,10 @@ def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_en
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     f = h.download(REPO, NAMES, dest_dir=str(dest))
-    assert f.path == str(dest / PRIMARY) and f.downloaded and f.storage_folder == str(dest)
+    assert f.path == str(dest / ORIGIN / PRIMARY) and f.downloaded and f.storage_folder == str(dest / ORIGIN)
     assert sha256(f.path) == sha256(files["int8.safetensors"])
-    assert model_files(dest) == [PRIMARY], tree(dest)  # staging emptied, nothing else offered
-    assert os.listdir(dest) == [PRIMARY], "the hidden staging folder is gone after a completed download"
+    assert model_files(dest) == [os.path.join(ORIGIN, PRIMARY)], tree(dest)  # staging emptied, nothing else offered
+    assert os.listdir(dest) == ["unsloth"], "the hidden staging folder is gone after a completed download"
     assert not any("/snapshots/" in p for p in tree(hf_env)), "nothing goes to the Hugging Face cache"
     n = len(hub.log)
     again = h.download(REPO, NAMES, dest_dir=str(dest))
@@ -60,7 +61,7 @@ def test_offline_uses_the_folder(hub, hf_env, files, tmp_path, monkeypatch):
     hub.stop()  # no server at all
     plan = sources.plan(None, REPO, None, "int8")
     loc = h.locate(plan, model_dirs=[str(dest)], dest_dir=str(dest))
-    assert loc.path == str(dest / PRIMARY) and not loc.fetched.downloaded
+    assert loc.path == str(dest / ORIGIN / PRIMARY) and not loc.fetched.downloaded
 
 
 def test_legacy_name_gets_the_repo_prefix(hub, hf_env, files, tmp_path):
@@ -70,7 +71,7 @@ def test_legacy_name_gets_the_repo_prefix(hub, hf_env, files, tmp_path):
     hub.commit(REPO, {LEGACY: files["int8.pt"]})
     f = h.download(REPO, NAMES, dest_dir=str(dest))
     assert os.path.basename(f.path) == "Z-Image-Turbo-transformer_int8.pt" and f.filename == LEGACY
-    assert model_files(dest) == ["Z-Image-Turbo-transformer_int8.pt"]
+    assert model_files(dest) == [os.path.join(ORIGIN, "Z-Image-Turbo-transformer_int8.pt")]
 
 
 def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, files, tmp_path):
@@ -84,7 +85,7 @@ def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, files, tmp_pa
     gets = hub.body_gets(PRIMARY)
     assert len(gets) == 2 and gets[0]["range_start"] is None and 0 < gets[1]["range_start"] <= 20 * MiB
     assert gets[1]["sent"] == size - gets[1]["range_start"]
-    assert sha256(f.path) == sha256(files["int8.safetensors"]) and model_files(dest) == [PRIMARY]
+    assert sha256(f.path) == sha256(files["int8.safetensors"]) and model_files(dest) == [os.path.join(ORIGIN, PRIMARY)]
     assert not [p for p in tree(dest) if p.endswith(".incomplete")]
 
 
@@ -107,23 +108,32 @@ def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf
             part = [p for p in tree(dest) if p.endswith(".incomplete")]
             if part and os.path.getsize(dest / part[0]) >= 10 * MiB:
                 break
-            assert not (dest / PRIMARY).exists(), "the final name appeared before the download finished"
+            assert not (dest / ORIGIN / PRIMARY).exists(), "the final name appeared before the download finished"
             time.sleep(0.05)
         else:
             pytest.fail("the first download never got going")
     finally:
         proc.kill()
         proc.wait(10)
+    # its download helper process sees its parent gone (stdin closed) and exits: wait for the bytes to settle
+    last_size, settled = -1, time.time() + 20
+    while time.time() < settled:
+        part = [p for p in tree(dest) if p.endswith(".incomplete")]
+        size_now = os.path.getsize(dest / part[0]) if part else 0
+        if size_now == last_size:
+            break
+        last_size = size_now
+        time.sleep(0.5)
     part = [p for p in tree(dest) if p.endswith(".incomplete")]
     assert len(part) == 1 and part[0].startswith(h.STAGING_DIR + os.sep)
     kept = os.path.getsize(dest / part[0])
     assert 0 < kept < size
-    assert model_files(dest) == [] and not (dest / PRIMARY).exists()
+    assert model_files(dest) == [] and not (dest / ORIGIN / PRIMARY).exists()
     hub.slow.clear()
     f = h.download(REPO, NAMES, dest_dir=str(dest))
     last = hub.body_gets(PRIMARY)[-1]
     assert last["range_start"] == kept and last["sent"] == size - kept
-    assert sha256(f.path) == sha256(files["int8.safetensors"]) and model_files(dest) == [PRIMARY]
+    assert sha256(f.path) == sha256(files["int8.safetensors"]) and model_files(dest) == [os.path.join(ORIGIN, PRIMARY)]
 
 
 def test_downloads_go_to_the_first_prequant_folder_comfyui_lists(comfy, tmp_path):

@@ -326,11 +326,15 @@ def _big_prequant_file(path, n=16384, layers=4) -> tuple[str, dict]:
     _, hdr = sc.flatten({"x.weight": proto}, format_tag=FORMAT_V1, metadata={})
     entry = json.loads(hdr["x.weight"])
     entry["_data"]["block_size"] = [1, n]
-    h = hashlib.md5()
+    h = hashlib.md5()  # Unsloth's md5-packed-v1 of an Int8Tensor: each part's name, then its bytes
     zeros = bytes(16 * MiB)
+    h.update(b"qdata")
     for _ in range(n * n // len(zeros)):
         h.update(zeros)
+    h.update(b"scale")
     h.update(bytes(n * 4))  # float32 scales, all zero
+    h.update(b"zero_point")
+    h.update(bytes(n))  # int8 zero points
     header, meta, names, off = {}, {}, [], 0
     for i in range(layers):
         fqn = f"layers.{i}.attention.to_q"

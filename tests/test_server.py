@@ -116,3 +116,33 @@ def test_errors_reach_the_ui_and_the_server_keeps_serving(server, loader, needle
     assert before == after, "a refused load must write nothing"
     ok = server.run(prompt_for(server))
     assert execution_error(ok) is None
+
+
+@pytest.mark.parametrize("kind", ["surrogate-metadata", "surrogate-name", "undeclared-rotation", "string-kwargs"])
+def test_a_hostile_file_through_the_node_ends_typed_and_the_queue_keeps_running(server, kind):
+    """Files a stranger could make (issue: hostile files, round 3): lone surrogates in metadata strings or tensor
+    names (they used to kill ComfyUI's prompt worker: every later prompt waited for ever), a ConvRot group the
+    metadata never declared, a string where torchao's quantization kwargs belong. Each prompt ends in a typed error
+    shown on the node; the next prompt runs."""
+    import hostile_corpus as hc
+    import torch
+    from tools.comfy_server import execution_error
+    t = hc.tiny_tensors("int8")
+    md = hc.tiny_metadata(t, "int8")
+    key = "layers.0.attention.to_q.weight"
+    if kind == "surrogate-metadata":
+        md = hc.tiny_metadata(t, "int8", family="z-image\ud800", base_model_id="a/b\udcff")
+    elif kind == "surrogate-name":
+        t = {**t, "layers.0.\ud800.weight": torch.ones(2)}
+    elif kind == "undeclared-rotation":
+        t[key].__dict__["prequant_rotation"] = 4 ** 8
+    else:
+        t[key].__dict__["act_quant_kwargs"] = "not kwargs"
+    name = f"hostile-{kind}.pt"
+    with open(os.path.join(server.base_dir, "models", "prequant", name), "wb") as f:
+        f.write(hc.pt_container(t, md))
+    entry = server.run(prompt_for(server, checkpoint=name, scheme="int8"), timeout=120)
+    err = execution_error(entry)
+    assert err and "Fix:" in err and not any("\ud800" <= c <= "\udfff" for c in err), err
+    ok = server.run(prompt_for(server), timeout=300)
+    assert execution_error(ok) is None, "the queue must keep serving after a hostile file"

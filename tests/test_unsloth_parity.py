@@ -251,8 +251,9 @@ def test_fp8_kernels_pinned_to_torch_and_activation_floor_supplied(pt_fp8, tmp_p
 # --- Hub: family-declared names first, excluded bases, the new families -----------------------------------------------
 
 def test_filename_order_declared_names_first():
-    assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8") == (
-        "Qwen-Image-2.1-INT8.safetensors", "Qwen-Image-2.1-INT8.pt", "transformer_int8.pt")
+    assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8") == (  # the repo's ConvRot build first
+        "Qwen-Image-2.1-INT8-ConvRot.safetensors", "Qwen-Image-2.1-INT8.safetensors", "Qwen-Image-2.1-INT8.pt",
+        "transformer_int8.pt")
     fam = dataclasses.replace(families.get("krea-2"), hub_filenames={"unsloth/Krea-2-Turbo-FP8": {
         "fp8": "krea2_turbo_fp8.safetensors"}})
     try:

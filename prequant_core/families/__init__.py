@@ -15,7 +15,7 @@ from typing import Mapping
 
 from ..errors import UnknownFamilyError
 from ._base import (Family, Shapes, base_tail, blocks, count_blocks, first, has_any,  # noqa: F401 (public names)
-                    normalize_base)
+                    normalize_base, schemes_from_suffix)
 
 # Registration order is detection order (``detect`` takes the first family whose markers match):
 # HunyuanVideo 1.5 before HunyuanImage 2.1, as a ComfyUI-layout HunyuanVideo 1.5 file also has HunyuanImage's
@@ -31,8 +31,6 @@ for _mod in MODULES:
         if _f.name in FAMILIES:
             raise RuntimeError(f"family '{_f.name}' is registered twice (prequant_core.families.{_mod})")
         FAMILIES[_f.name] = _f
-
-from .hidream import HIDREAM_LLAMA_LAYERS  # noqa: E402,F401  (public name of the former single module)
 
 
 def declared_filenames(repo: str, scheme: str, component: str = "transformer",
@@ -69,13 +67,20 @@ def all_components() -> tuple[str, ...]:
     return tuple(out)
 
 
-def hosting_family(repo: str) -> Family | None:
-    """The family whose hosted repos include ``repo``, else None."""
+def hosted_schemes(repo: str) -> tuple[str, ...]:
+    """The schemes ``repo`` holds, in the order to try them: from the hosting family's table, else from the repo
+    name's suffix (empty when neither says)."""
     low = str(repo).strip().lower()
     for fam in FAMILIES.values():
-        if any(r.lower() == low for r in fam.hosted_repos):
-            return fam
-    return None
+        for r, sch in fam.hosted.items():
+            if r.lower() == low:
+                return sch
+    return schemes_from_suffix(repo)
+
+
+def convrot_hosted(repo: str) -> bool:
+    low = str(repo).strip().lower()
+    return any(r.lower() == low for fam in FAMILIES.values() for r in fam.convrot_repos)
 
 
 CLASS_TO_FAMILY: dict[str, str] = {}

@@ -40,6 +40,19 @@ def first(shapes: Shapes, *keys: str) -> tuple:
     raise KeyError(keys[0])
 
 
+SUFFIX_SCHEMES = (("-nvfp4", ("nvfp4",)), ("-mxfp8", ("mxfp8",)), ("-int8", ("int8",)), ("-fp8", ("fp8", "int8")))
+
+
+def schemes_from_suffix(repo: str) -> tuple[str, ...]:
+    """What a repo no family describes probably holds, from its name's suffix (an Unsloth ``-FP8`` repo usually
+    holds both fp8 and int8); empty when the name says nothing."""
+    low = str(repo).strip().lower()
+    for suf, sch in SUFFIX_SCHEMES:
+        if low.endswith(suf):
+            return sch
+    return ()
+
+
 def normalize_base(s: str) -> str:
     """Lower-case, backslashes as slashes, no trailing slash (Unsloth's rule: a Windows folder path such as
     ``C:\\models\\Z-Image-Turbo`` compares by its last part like a repo id)."""
@@ -60,7 +73,10 @@ class Family:
     title: str
     diffusers_class: str
     base_repos: tuple[str, ...]
-    hosted_repos: tuple[str, ...]
+    # Unsloth's hosted repos and the schemes each really holds, in the order to try them (a repo's suffix does not
+    # say: unsloth/Qwen-Image-FP8 holds an int8 transformer, unsloth/Z-Image-Turbo-FP8 int8 and fp8). A plain tuple
+    # of repos takes the schemes from the suffixes (``-NVFP4``: nvfp4, ``-MXFP8``: mxfp8, else int8 and fp8).
+    hosted_repos: Mapping[str, tuple[str, ...]] | tuple[str, ...]
     int8_exclude_extra: tuple[str, ...]
     diffusers_markers: tuple  # keys only a diffusers-layout file of this family has (a key, or a tuple: all of them)
     comfy_markers: tuple  # the same for a ComfyUI-layout file; empty where both layouts are the same
@@ -97,6 +113,16 @@ class Family:
     # from its shapes (tried in registry order when ``detect`` is given shapes).
     shape_test: Callable[[Shapes], bool] | None = None
 
+    # Repos that also host an int8 ConvRot file (``<Model>-INT8-ConvRot.safetensors``), tried first for int8
+    convrot_repos: tuple[str, ...] = ()
+
+    @property
+    def hosted(self) -> dict[str, tuple[str, ...]]:
+        """{repo: schemes it holds, in the order tried}."""
+        if isinstance(self.hosted_repos, Mapping):
+            return {r: tuple(s) for r, s in self.hosted_repos.items()}
+        return {r: schemes_from_suffix(r) for r in self.hosted_repos}
+
     def config_from_shapes(self, shapes: Shapes, path: str | None = None) -> dict:
         """ComfyUI's unet config for a file of this family with these tensor shapes. A file that passed detection
         but lacks a key the config reads is refused as corrupt (truncated, or another model's file)."""
@@ -104,6 +130,13 @@ class Family:
             raise ValueError(f"{self.title} has no ComfyUI unet config in this pack")
         try:
             return self.unet_config(shapes)
+        except (IndexError, TypeError, ValueError, ZeroDivisionError) as e:
+            # a tensor of the wrong rank (a 3-D weight where a Linear's 2-D one belongs) or an impossible size
+            raise CorruptCheckpointError(
+                f"This {self.title} checkpoint's tensor shapes do not describe a {self.title} transformer.", path=path,
+                expected=f"the shapes of a {self.title} transformer (family '{self.name}')",
+                found=f"{type(e).__name__} while reading the shapes: {str(e)[:160]}",
+                fix="Download the file again, or pick the file (or family) of the model you meant.") from None
         except KeyError as e:
             key = e.args[0] if e.args else "?"
             raise CorruptCheckpointError(

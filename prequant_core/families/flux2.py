@@ -70,7 +70,7 @@ def flux2_to_diffusers(cfg: Mapping) -> dict:
 FAMILIES = (
     Family(
         name="flux.2-klein", title="FLUX.2 [klein]", diffusers_class="Flux2Transformer2DModel",
-        base_repos=("black-forest-labs/FLUX.2-klein-4B",), hosted_repos=("unsloth/FLUX.2-klein-4B-FP8",),
+        base_repos=("black-forest-labs/FLUX.2-klein-4B",), hosted_repos={"unsloth/FLUX.2-klein-4B-FP8": ("fp8", "int8")},
         int8_exclude_extra=(),
         diffusers_markers=("double_stream_modulation_img.linear.weight",),
         comfy_markers=("double_stream_modulation_img.lin.weight",),
@@ -80,7 +80,7 @@ FAMILIES = (
     ),
     Family(
         name="flux.2-dev", title="FLUX.2 [dev]", diffusers_class="Flux2Transformer2DModel",
-        base_repos=("black-forest-labs/FLUX.2-dev",), hosted_repos=("unsloth/FLUX.2-dev-FP8",),
+        base_repos=("black-forest-labs/FLUX.2-dev",), hosted_repos={"unsloth/FLUX.2-dev-FP8": ("fp8", "int8")},
         int8_exclude_extra=(),
         diffusers_markers=("double_stream_modulation_img.linear.weight",),
         comfy_markers=("double_stream_modulation_img.lin.weight",),

@@ -32,7 +32,7 @@ def config(shapes: Shapes) -> dict:
 FAMILIES = (
     Family(
         name="hidream-i1", title="HiDream-I1", diffusers_class="HiDreamImageTransformer2DModel",
-        base_repos=("HiDream-ai/HiDream-I1-Full",), hosted_repos=("unsloth/HiDream-I1-Full-FP8",),
+        base_repos=("HiDream-ai/HiDream-I1-Full",), hosted_repos={"unsloth/HiDream-I1-Full-FP8": ("fp8", "int8")},
         int8_exclude_extra=(),
         diffusers_markers=(("caption_projection.0.linear.weight", "double_stream_blocks.0.block.attn1.to_q.weight"),),
         comfy_markers=(),  # ComfyUI's HiDream uses the diffusers names

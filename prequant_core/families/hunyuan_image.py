@@ -96,7 +96,7 @@ FAMILIES = (
     Family(
         name="hunyuanimage-2.1", title="HunyuanImage 2.1", diffusers_class="HunyuanImageTransformer2DModel",
         base_repos=("hunyuanvideo-community/HunyuanImage-2.1-Diffusers",),
-        hosted_repos=("unsloth/HunyuanImage-2.1-FP8",),
+        hosted_repos={"unsloth/HunyuanImage-2.1-FP8": ("fp8", "int8")},
         int8_exclude_extra=(),
         diffusers_markers=(("time_guidance_embed.timestep_embedder.linear_1.weight",
                             "context_embedder.token_refiner.refiner_blocks.0.attn.to_q.weight"),),

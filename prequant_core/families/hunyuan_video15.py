@@ -42,7 +42,7 @@ FAMILIES = (
         name="hunyuanvideo-1.5", title="HunyuanVideo 1.5", diffusers_class="HunyuanVideo15Transformer3DModel",
         base_repos=("hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
                     "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v"),
-        hosted_repos=("unsloth/HunyuanVideo-1.5-NVFP4",),
+        hosted_repos={"unsloth/HunyuanVideo-1.5-NVFP4": ("nvfp4",)},
         int8_exclude_extra=("context_embedder", "image_embedder", "add_q_proj", "add_k_proj", "add_v_proj",
                             "to_add_out", "ff_context"),
         diffusers_markers=(("cond_type_embed.weight", "context_embedder_2.linear_1.weight"),),

@@ -9,7 +9,7 @@ from ._base import Family
 FAMILIES = (
     Family(
         name="krea-2", title="Krea 2", diffusers_class="Krea2Transformer2DModel",
-        base_repos=("krea/Krea-2-Turbo",), hosted_repos=("unsloth/Krea-2-Turbo-FP8",),
+        base_repos=("krea/Krea-2-Turbo",), hosted_repos={"unsloth/Krea-2-Turbo-FP8": ("fp8", "int8")},
         int8_exclude_extra=(),
         diffusers_markers=(("text_fusion.projector.weight", "time_mod_proj.weight"),), comfy_markers=(),
         comfy_model="Krea2", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",

@@ -71,7 +71,7 @@ def lumina2_to_diffusers(cfg: Mapping) -> dict:
 FAMILIES = (
     Family(
         name="lumina-2", title="Lumina Image 2.0", diffusers_class="Lumina2Transformer2DModel",
-        base_repos=("Alpha-VLLM/Lumina-Image-2.0",), hosted_repos=("unsloth/Lumina-Image-2.0-FP8",),
+        base_repos=("Alpha-VLLM/Lumina-Image-2.0",), hosted_repos={"unsloth/Lumina-Image-2.0-FP8": ("fp8", "int8")},
         int8_exclude_extra=(),
         diffusers_markers=(("time_caption_embed.caption_embedder.1.weight", "layers.0.attn.to_q.weight"),),
         comfy_markers=(("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.1.weight", "cap_embedder.1.weight"),),

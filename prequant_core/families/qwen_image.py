@@ -19,7 +19,9 @@ FAMILIES = (
     Family(
         name="qwen-image", title="Qwen-Image", diffusers_class="QwenImageTransformer2DModel",
         base_repos=("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"),
-        hosted_repos=("unsloth/Qwen-Image-FP8", "unsloth/Qwen-Image-2512-FP8", "unsloth/Qwen-Image-2512-NVFP4"),
+        # unsloth/Qwen-Image-FP8 held only an int8 transformer in released Unsloth (fp8 added since): int8 first
+        hosted_repos={"unsloth/Qwen-Image-FP8": ("int8", "fp8"), "unsloth/Qwen-Image-2512-FP8": ("fp8", "int8"),
+                      "unsloth/Qwen-Image-2512-NVFP4": ("nvfp4",)},
         int8_exclude_extra=("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
         # ComfyUI's Qwen-Image uses the diffusers names: one layout
         diffusers_markers=(("txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"),), comfy_markers=(),

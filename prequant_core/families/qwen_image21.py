@@ -8,7 +8,10 @@ FAMILIES = (
     Family(
         name="qwen-image-2.1", title="Qwen-Image 2.1", diffusers_class="QwenImage21Transformer2DModel",
         base_repos=("Qwen/Qwen-Image-2.1", "Qwen/Qwen-Image-2.1-Turbo"),
-        hosted_repos=("unsloth/Qwen-Image-2.1-FP8", "unsloth/Qwen-Image-2.1-Turbo-FP8", "unsloth/Qwen-Image-2.1-NVFP4"),
+        hosted_repos={"unsloth/Qwen-Image-2.1-FP8": ("fp8", "int8"), "unsloth/Qwen-Image-2.1-Turbo-FP8": ("fp8", "int8"),
+                      "unsloth/Qwen-Image-2.1-NVFP4": ("nvfp4",)},
+        # Unsloth's resolver lists its 2.1 repos as hosting an int8 ConvRot build (inferred from its variant table)
+        convrot_repos=("unsloth/Qwen-Image-2.1-FP8", "unsloth/Qwen-Image-2.1-Turbo-FP8"),
         int8_exclude_extra=(),
         diffusers_markers=(("modulation.1.weight", "txt_in.in_layer.weight", "txt_in.text_norm.weight"),),
         comfy_markers=(),

@@ -61,7 +61,7 @@ def wan_to_diffusers(cfg: Mapping) -> dict:
 FAMILIES = (
     Family(
         name="wan2.2-ti2v-5b", title="Wan 2.2 TI2V-5B", diffusers_class="WanTransformer3DModel",
-        base_repos=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), hosted_repos=("unsloth/Wan2.2-TI2V-5B-NVFP4",),
+        base_repos=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), hosted_repos={"unsloth/Wan2.2-TI2V-5B-NVFP4": ("nvfp4",)},
         int8_exclude_extra=(),
         diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
         comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
@@ -72,7 +72,7 @@ FAMILIES = (
     ),
     Family(
         name="wan2.2-t2v-a14b", title="Wan 2.2 T2V-A14B", diffusers_class="WanTransformer3DModel",
-        base_repos=("Wan-AI/Wan2.2-T2V-A14B-Diffusers",), hosted_repos=("unsloth/Wan2.2-T2V-A14B-NVFP4",),
+        base_repos=("Wan-AI/Wan2.2-T2V-A14B-Diffusers",), hosted_repos={"unsloth/Wan2.2-T2V-A14B-NVFP4": ("nvfp4",)},
         int8_exclude_extra=(),
         diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
         comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),

@@ -22,7 +22,7 @@ def config(shapes: Shapes) -> dict:
 FAMILIES = (
     Family(
         name="z-image", title="Z-Image", diffusers_class="ZImageTransformer2DModel",
-        base_repos=("Tongyi-MAI/Z-Image-Turbo",), hosted_repos=("unsloth/Z-Image-Turbo-FP8", "unsloth/Z-Image-Turbo-NVFP4"),
+        base_repos=("Tongyi-MAI/Z-Image-Turbo",), hosted_repos={"unsloth/Z-Image-Turbo-FP8": ("fp8", "int8"), "unsloth/Z-Image-Turbo-NVFP4": ("nvfp4",)},
         int8_exclude_extra=(),
         diffusers_markers=("all_x_embedder.2-1.weight", "layers.0.attention.to_q.weight"),
         # Lumina 2 shares ComfyUI's NextDiT names; Z-Image's modulation Linear is adaLN_modulation.0 (Lumina 2: .1)

@@ -13,7 +13,14 @@ def sniff(src) -> str:
 
 
 def read(src, *, mmap: bool = True) -> Checkpoint:
-    """The whole checkpoint. ``src``: a path (opened here, once) or an ``OpenedFile`` (read through it)."""
+    """The whole checkpoint. ``src``: a path (opened here, once) or an ``OpenedFile`` (read through it).
+
+    Whatever a reader raises that is not already one of the pack's typed errors (a stranger's bytes can make any
+    library raise anything) becomes a ``CorruptCheckpointError`` naming the file, with the original attached."""
+    from ..errors import reading
     from .registry import recognise
-    with opened(src) as f:
-        return recognise(f).read(f, mmap=mmap)
+    from .validate_tensors import check_plain_tensors
+    with opened(src) as f, reading(f.path):
+        ck = recognise(f).read(f, mmap=mmap)
+        check_plain_tensors(ck.tensors, f.path)
+        return ck

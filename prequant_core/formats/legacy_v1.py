@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from .. import qtensor, schemes
+from .. import fingerprint, qtensor, schemes
 from ..checkpoint import Checkpoint
 from ..errors import CorruptCheckpointError, PrequantError, UnsafeCheckpointError, UnsupportedFormatError
 from . import pickle_guard, plain_data
@@ -439,8 +439,9 @@ def _state(rec: _Subclass, key: str, need: tuple) -> dict:
     return st
 
 
-def decode_aqt(rec: _Subclass, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """AffineQuantizedTensor record -> (int8 codes [out, in], per-row scale [out, 1] as stored)."""
+def decode_aqt(rec: _Subclass, key: str) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """AffineQuantizedTensor record -> (int8 codes [out, in], per-row scale [out, 1] widened to float32, the
+    record's nesting as ``fingerprint.origin`` describes it: Unsloth's fingerprint hashes the parts as stored)."""
     if rec.cls.name != "AffineQuantizedTensor":
         raise _Bad(f"'{key}': expected an AffineQuantizedTensor inside, found {rec.cls.name}")
     st = _state(rec, key, ("tensor_impl", "block_size"))
@@ -479,10 +480,13 @@ def decode_aqt(rec: _Subclass, key: str) -> tuple[torch.Tensor, torch.Tensor]:
     if rec.dtype not in LOGICAL_DTYPES:
         raise _Bad(f"'{key}': logical dtype {rec.dtype}")
     # float32 holds every bf16 / fp16 value exactly: the scales stay bit-identical in value
-    return q, scale.reshape(rows, 1).to(torch.float32)
+    impl_origin = ("PlainAQTTensorImpl", (("int_data", q), ("scale", scale),
+                                          ("zero_point", zp if isinstance(zp, torch.Tensor) else None)))
+    return q, scale.reshape(rows, 1).to(torch.float32), ("AffineQuantizedTensor", (("tensor_impl", impl_origin),))
 
 
 def decode_weight(rec: _Subclass, key: str):
+    """(current ``Int8Tensor``, the record's nesting for Unsloth's fingerprint)."""
     if rec.cls.name == "LinearActivationQuantizedTensor":
         st = _state(rec, key, ("original_weight_tensor", "input_quant_func"))
         func = st["input_quant_func"]
@@ -498,10 +502,11 @@ def decode_weight(rec: _Subclass, key: str):
         inner = st["original_weight_tensor"]
         if not isinstance(inner, _Subclass):
             raise _Bad(f"'{key}': no weight inside the activation wrapper")
-        q, s = decode_aqt(inner, key)
-        return qtensor.join(q, s, schemes.spec("int8", inner.dtype))
-    q, s = decode_aqt(rec, key)  # a bare AffineQuantizedTensor: int8 weight-only
-    return qtensor.join(q, s, schemes.spec("int8-weight-only", rec.dtype))
+        q, s, aqt = decode_aqt(inner, key)
+        return qtensor.join(q, s, schemes.spec("int8", inner.dtype)), \
+            ("LinearActivationQuantizedTensor", (("original_weight_tensor", aqt),))
+    q, s, aqt = decode_aqt(rec, key)  # a bare AffineQuantizedTensor: int8 weight-only
+    return qtensor.join(q, s, schemes.spec("int8-weight-only", rec.dtype)), aqt
 
 
 def read_legacy_v1(src, *, mmap: bool = True) -> Checkpoint:
@@ -521,10 +526,13 @@ def _read(fh: OpenedFile, mmap: bool) -> Checkpoint:
         raise CorruptCheckpointError("The container's 'format' entry is not a string.", path=path)
     if not isinstance(meta, dict) or not isinstance(sd, dict):
         raise CorruptCheckpointError("The container's 'metadata' / 'state_dict' entries are not dicts.", path=path)
-    tensors = {}
+    tensors, origins = {}, {}
     try:
         for k, v in sd.items():
-            tensors[k] = decode_weight(v, str(k)) if isinstance(v, _Subclass) else v
+            if isinstance(v, _Subclass):
+                tensors[k], origins[k] = decode_weight(v, str(k))
+            else:
+                tensors[k] = v
     except (_Bad, TypeError, ValueError, AttributeError, RuntimeError) as e:
         raise CorruptCheckpointError("A legacy quantized weight is malformed.", path=path,
                                      found=f"{type(e).__name__}: {str(e)[:300]}",
@@ -533,5 +541,8 @@ def _read(fh: OpenedFile, mmap: bool) -> Checkpoint:
         e.path = path
         raise UnsupportedFormatError(e.message, path=path, found=e.found, fix=e.fix or
                                      "Use the .safetensors variant of the repo, or rebuild the file.") from None
+    tensors = check_state_dict(tensors, path)
+    for k, o in origins.items():  # set after the checks: a file never supplies it
+        setattr(tensors[k], fingerprint.ORIGIN_ATTR, o)
     return Checkpoint(path=path, container="legacy-pt", format_tag=tag, metadata=plain_data.plain(meta, path),
-                      tensors=check_state_dict(tensors, path))
+                      tensors=tensors)

@@ -71,6 +71,22 @@ def extensions() -> set[str]:
     return {e for c in containers() for e in c.extensions}
 
 
+def _looks_like(head: bytes) -> str:
+    """What the first bytes look like, in words (never the bytes themselves)."""
+    h = head.lstrip()[:16].lower()
+    if h.startswith((b"<!doctype html", b"<html")):
+        return "an HTML page (an error page saved instead of the file?)"
+    if h.startswith(b"{"):
+        return "JSON text"
+    if head.startswith(b"version https://git-lfs"):
+        return "a Git LFS pointer (the file itself was not downloaded)"
+    if head[:4] == b"GGUF":
+        return "a GGUF file (ComfyUI-GGUF's format)"
+    if all(32 <= c < 127 or c in (9, 10, 13) for c in head[:64]):
+        return "plain text"
+    return "neither a zip archive nor a safetensors header"
+
+
 def recognise(src) -> Container:
     """The container of ``src`` (a path or an ``OpenedFile``), by its first bytes, or a typed error that says what
     the file is not."""
@@ -93,5 +109,6 @@ def recognise(src) -> Container:
         f"Not a pre-quantized checkpoint: the file is neither {names}.",
         path=path, expected="a " + " or ".join(c.extension for c in reversed(containers())) + " pre-quantized "
                                                                                              "transformer",
-        found=f"{size} bytes starting {safe_text.escape(repr(head[:8]))}",
+        # never the file's own bytes: behind a symlinked folder a "checkpoint" may be /etc/passwd
+        found=f"{size} bytes, {_looks_like(head)}",
         fix="Download the file again (it may be truncated or an HTML error page), or pick another file.")

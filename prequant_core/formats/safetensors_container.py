@@ -34,7 +34,8 @@ MAX_EMPTY_DIM = 2**32
 # The one safetensors dtype table: torch dtype <-> the header's name (and so the element size)
 DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.float64: "F64",
                torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
-               torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+               torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+               torch.float8_e8m0fnu: "F8_E8M0"}  # MX block exponents
 for _name, _st in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
     if hasattr(torch, _name):
         DTYPE_NAMES[getattr(torch, _name)] = _st
@@ -202,6 +203,12 @@ def assemble(path: str, index: dict, meta: dict, get, *, read_data: bool = True)
     return tensors, qparts
 
 
+def metadata_json(metadata: dict) -> str:
+    """The ``unsloth_metadata`` entry: the fields in the order given (the builder's, which is Unsloth's), never
+    sorted."""
+    return json.dumps(metadata, default=str)
+
+
 def flatten(tensors: dict, *, format_tag: str, metadata: dict) -> tuple[dict, dict]:
     """State dict with torchao tensors -> (plain tensors, header) in the container's layout."""
     from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
@@ -214,7 +221,7 @@ def flatten(tensors: dict, *, format_tag: str, metadata: dict) -> tuple[dict, di
             raise ValueError(f"root-level tensor '{k}' cannot be quantized")
         flat[ROOT_PREFIX + k] = v.contiguous()
     header["unsloth_format"] = format_tag
-    header["unsloth_metadata"] = json.dumps(metadata, sort_keys=True, default=str)
+    header["unsloth_metadata"] = metadata_json(metadata)
     header["unsloth_root_tensors"] = json.dumps(sorted(roots))
     flat = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in flat.items()}
     return flat, header
@@ -253,7 +260,7 @@ def layout(tensors: Mapping, metadata: dict) -> tuple[dict, list[tuple[str, str,
         flat.extend((k, n, p) for n, p in parts)
     header["tensor_names"] = json.dumps(dotted)
     header["unsloth_format"] = expected_tag(metadata)
-    header["unsloth_metadata"] = json.dumps(metadata, sort_keys=True, default=str)
+    header["unsloth_metadata"] = metadata_json(metadata)
     header["unsloth_root_tensors"] = json.dumps(sorted(roots))
     return header, flat
 

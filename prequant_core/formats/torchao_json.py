@@ -19,6 +19,7 @@ from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTe
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "int8": torch.int8}
+LOGICAL = (torch.bfloat16, torch.float16, torch.float32)  # what a weight dequantizes to
 
 
 class DecodeError(ValueError):
@@ -104,6 +105,22 @@ def decode_act_kwargs(v):
             hp_value_lb=_opt_float(d.get("hp_value_lb"), "hp_value_lb"),
             hp_value_ub=_opt_float(d.get("hp_value_ub"), "hp_value_ub"),
             kernel_preference=KernelPreference.AUTO if kp is None else decode_enum(kp, KernelPreference, "KernelPreference"))
+    if t == "QuantizeTensorToNVFP4Kwargs":
+        from torchao.prototype.mx_formats.nvfp4_tensor import QuantizeTensorToNVFP4Kwargs
+        _need(d.get("block_size", 16) == 16, "NVFP4 activation block size must be 16")
+        return QuantizeTensorToNVFP4Kwargs(
+            block_size=16, is_swizzled_scales=_bool(d.get("is_swizzled_scales"), "is_swizzled_scales"),
+            use_triton_kernel=_bool(d.get("use_triton_kernel"), "use_triton_kernel"),
+            use_dynamic_per_tensor_scale=_bool(d.get("use_dynamic_per_tensor_scale"), "use_dynamic_per_tensor_scale"))
+    if t == "QuantizeTensorToMXKwargs":
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import QuantizeTensorToMXKwargs
+        _need(d.get("block_size", 32) == 32, "MX activation block size must be 32")
+        return QuantizeTensorToMXKwargs(
+            elem_dtype=decode_dtype(d.get("elem_dtype")), block_size=32,
+            scaling_mode=decode_enum(d.get("scaling_mode"), ScaleCalculationMode, "ScaleCalculationMode"),
+            kernel_preference=decode_enum(d.get("kernel_preference"), KernelPreference, "KernelPreference"),
+            is_swizzled_scales=_bool(d.get("is_swizzled_scales"), "is_swizzled_scales"))
     raise DecodeError(f"unsupported act_quant_kwargs type {str(t)[:40]}")
 
 
@@ -127,6 +144,8 @@ def decode_weight(entry_json: str, parts: dict):
     qdata, scale = parts.get("qdata"), parts.get("scale")
     _need(isinstance(qdata, torch.Tensor) and isinstance(scale, torch.Tensor), "missing qdata or scale tensor")
     _need(qdata.ndim == 2, f"qdata must be 2-D, found {tuple(qdata.shape)}")
+    if t in ("NVFP4Tensor", "MXTensor"):
+        return _decode_block(t, d, qdata, scale, parts)
     _need(scale.dtype in (torch.float32, torch.bfloat16, torch.float16), f"scale dtype {scale.dtype}")
     _need(scale.numel() in (1, qdata.shape[0]), f"scale {tuple(scale.shape)} does not match {qdata.shape[0]} rows")
     block = _block_size(d.get("block_size"), qdata)
@@ -146,3 +165,37 @@ def decode_weight(entry_json: str, parts: dict):
                             kernel_preference=KernelPreference.AUTO if kp is None else
                             decode_enum(kp, KernelPreference, "KernelPreference"), dtype=dtype)
     raise DecodeError(f"unsupported tensor type {str(t)[:40]}")
+
+
+def _decode_block(t: str, d: dict, qdata, scale, parts: dict):
+    """NVFP4Tensor / MXTensor from torchao's flattened form (Unsloth's converted per-block files). Only the fields
+    this pack's dequantization understands are accepted; shapes and values are checked by the readers'
+    ``check_quantized`` as for pickled weights."""
+    from torchao.prototype.mx_formats.mx_tensor import MXTensor
+    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+    unknown = set(parts) - {"qdata", "scale", "per_tensor_scale", "act_per_tensor_scale"}
+    _need(not unknown, f"unexpected parts {sorted(unknown)[:3]}")
+    orig = decode_dtype(d.get("orig_dtype"))
+    _need(orig in LOGICAL, f"orig_dtype {orig}")
+    swz = _bool(d.get("is_swizzled_scales"), "is_swizzled_scales")
+    if t == "NVFP4Tensor":
+        _need(d.get("block_size") == 16, f"NVFP4 block_size must be 16, found {str(d.get('block_size'))[:20]}")
+        _need(qdata.dtype == torch.uint8 and scale.dtype == torch.float8_e4m3fn,
+              f"NVFP4 parts {qdata.dtype} / {scale.dtype}, expected uint8 / float8_e4m3fn")
+        pts, apts = parts.get("per_tensor_scale"), parts.get("act_per_tensor_scale")
+        for name, v in (("per_tensor_scale", pts), ("act_per_tensor_scale", apts)):
+            _need(v is None or (v.dtype == torch.float32 and v.numel() == 1), f"{name} must be one float32")
+        return NVFP4Tensor(qdata, scale, 16, orig, per_tensor_scale=pts, act_per_tensor_scale=apts,
+                           is_swizzled_scales=swz, use_triton_kernel=_bool(d.get("use_triton_kernel"), "use_triton_kernel"),
+                           act_quant_kwargs=decode_act_kwargs(d.get("act_quant_kwargs")))
+    _need(d.get("block_size") == 32, f"MX block_size must be 32, found {str(d.get('block_size'))[:20]}")
+    elem = decode_dtype(d.get("elem_dtype"))
+    _need(elem in (torch.float8_e4m3fn, torch.float8_e5m2) and qdata.dtype == elem,
+          f"MX elements {elem} / data {qdata.dtype}: only mxfp8 is read")
+    if scale.dtype == torch.uint8:  # e8m0 exponents written as bytes by writers without the e8m0 dtype
+        scale = scale.view(torch.float8_e8m0fnu)
+    _need(scale.dtype == torch.float8_e8m0fnu, f"MX scales {scale.dtype}, expected float8_e8m0fnu")
+    kp = d.get("kernel_preference")
+    return MXTensor(qdata, scale, elem, 32, orig,
+                    KernelPreference.AUTO if kp is None else decode_enum(kp, KernelPreference, "KernelPreference"),
+                    decode_act_kwargs(d.get("act_quant_kwargs")), swz)

@@ -5,8 +5,12 @@ import torch
 
 from .. import qtensor
 from ..errors import CorruptCheckpointError
+from .tensor_fields import check_fields
 
 QUANT_CODE_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
+MAX_NVFP4_TENSOR_SCALE = 1e35  # 6 x 448 x this stays below bf16's / float32's largest value (3.4e38)
+MAX_MX_EXPONENT = 246  # 448 x 2^(246 - 127) is finite in bf16 / float32
+MAX_ROW_SCALE = 1e35  # int8 / fp8 per-row scales: 448 x this stays finite
 MAX_DIM = 2**40
 
 
@@ -82,15 +86,20 @@ def _block_problem(t) -> str | None:
     if block <= 0 or cols % block:
         return f"width {cols} is not a multiple of the block size {block}"
     n = cols // block
-    want = ceil_div(rows, 128) * 128 * ceil_div(n, 4) * 4 if t.is_swizzled_scales else rows * n
-    if s.numel() != want:
-        return f"{s.numel()} block scales for data {tuple(q.shape)}, expected {want}"
+    # the shape, not only the count, says which layout the scales are in: a flipped is_swizzled_scales flag with a
+    # count that happens to fit would silently scramble every block's scale
+    want = (ceil_div(rows, 128) * 32, ceil_div(n, 4) * 16) if t.is_swizzled_scales else (rows, n)
+    if tuple(s.shape) != want:
+        layout = "swizzled (128 x 4 tiles)" if t.is_swizzled_scales else "row-major"
+        return f"block scales {tuple(s.shape)} for data {tuple(q.shape)}, expected {want} ({layout}, as the " \
+               "tensor's is_swizzled_scales flag says)"
     return None
 
 
 def check_quantized(key: str, t, path: str, *, read_data: bool = True) -> None:
     """Shapes and dtypes always; with ``read_data`` also the values ``qtensor.split`` needs (zero points are zero).
     Without it no tensor byte is touched (Prequant Info on a memory-mapped file)."""
+    check_fields(key, t, path)  # what the tensor carries besides its bytes, before any arithmetic
     if qtensor.kind_of(t) in qtensor.BLOCK_KINDS:
         return _check_block(key, t, path, read_data=read_data)
     try:
@@ -153,23 +162,69 @@ def _check_block(key: str, t, path: str, *, read_data: bool) -> None:
                                          found=f"{type(e).__name__}: {str(e)[:200]}") from None
         if pts is not None:
             check_scale_finite(key, pts.reshape(1), path)
+            p = float(pts.reshape(()))
+            # codes x block scale reach 6 x 448; above this bound a weight is infinite in bf16 / float32
+            if not 0 <= p <= MAX_NVFP4_TENSOR_SCALE or (p == 0 and bool(ts[0].any())):
+                raise CorruptCheckpointError(
+                    f"The per-tensor scale of NVFP4 weight '{key[:80]}' is {p:g}: "
+                    + ("negative" if p < 0 else "zero, though the codes are not" if p == 0 else "so large that its "
+                       "weights would be infinite") + ".", path=path,
+                    expected=f"0 < per-tensor scale <= {MAX_NVFP4_TENSOR_SCALE:g}", found=f"{p:g}",
+                    fix="Download or build the file again.")
         if qtensor.kind_of(t) == "nvfp4":  # e4m3 bytes 0x7f / 0xff are NaN: every weight of that block would be
             bad = ((ts[1] & 0x7F) == 0x7F).any()
-        else:  # e8m0 byte 0xff is NaN
+            if (ts[1] & 0x80).any():  # a negative block scale flips the sign of its 16 weights
+                raise CorruptCheckpointError(f"A block scale of NVFP4 weight '{key[:80]}' is negative.", path=path,
+                                             expected="block scales >= 0", found="a negative e4m3 scale",
+                                             fix="Download or build the file again.")
+        else:  # e8m0 byte 0xff is NaN; 247..254 make e4m3 codes overflow bf16 / float32 (448 x 2^120 > 3.4e38)
             bad = (ts[1] == 0xFF).any()
+            top = int(ts[1].max()) if ts[1].numel() else 0
+            if top > MAX_MX_EXPONENT and top != 0xFF:
+                raise CorruptCheckpointError(
+                    f"A block exponent of MX weight '{key[:80]}' is {top} (2^{top - 127}): every weight of that block "
+                    "would be infinite.", path=path, expected=f"block exponents <= {MAX_MX_EXPONENT}",
+                    found=str(top), fix="Download or build the file again.")
         if bool(bad):
             raise CorruptCheckpointError(f"A block scale of quantized tensor '{key[:80]}' is NaN: every output of "
                                          "that layer would be NaN.", path=path, fix="Download or build the file again.")
 
 
 def check_scale_finite(key: str, s, path: str) -> None:
+    """Finite, not negative (a negative scale flips a row's sign) and small enough that the largest code times it
+    stays finite."""
     try:
-        finite = bool(torch.isfinite(s).all()) if s.is_floating_point() else False
+        finite = bool((torch.isfinite(s) & (s >= 0) & (s <= MAX_ROW_SCALE)).all()) if s.is_floating_point() else False
     except Exception as e:  # noqa: BLE001 - a stranger's tensor
         raise CorruptCheckpointError(f"The scale of quantized tensor '{key[:80]}' cannot be read.", path=path,
                                      found=f"{type(e).__name__}: {str(e)[:200]}") from None
     if not finite:
-        raise CorruptCheckpointError(f"The scale of quantized tensor '{key[:80]}' is not finite (NaN or infinity) "
-                                     "or not a float: every output of that layer would be NaN.", path=path,
+        raise CorruptCheckpointError(f"The scale of quantized tensor '{key[:80]}' is not finite (NaN or infinity), "
+                                     f"negative, above {MAX_ROW_SCALE:g} or not a float: that layer's output would be "
+                                     "NaN, infinite or sign-flipped.", path=path,
                                      found=f"scale {s.dtype} {tuple(s.shape)}",
                                      fix="Download or build the file again.")
+
+
+PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def check_plain_tensors(tensors: dict, path: str, *, read_data: bool = True) -> None:
+    """Unquantized tensors are floating-point weights (an integer, bool, complex or quantized-dtype tensor would be
+    cast silently into a float parameter), and, when their bytes may be read, finite: one NaN or infinity in a norm
+    or a bias makes every output of the model NaN."""
+    for k, v in tensors.items():
+        if qtensor.is_quantized(v) or not isinstance(v, torch.Tensor):
+            continue
+        if v.dtype not in PLAIN_DTYPES:
+            raise CorruptCheckpointError(f"Tensor '{k[:80]}' is {str(v.dtype).replace('torch.', '')}, not a "
+                                         "floating-point weight: a transformer's unquantized tensors are floats.",
+                                         path=path, expected="bfloat16 / float16 / float32",
+                                         found=str(v.dtype).replace("torch.", ""),
+                                         fix="Download or build the file again.")
+        # one float32 sum is NaN / inf exactly when an element is (finite weights cannot overflow it): one fast pass
+        if read_data and v.numel() and v.dtype in PLAIN_DTYPES[:4] and \
+                not bool(torch.isfinite(v.sum(dtype=torch.float64 if v.dtype == torch.float64 else torch.float32))):
+            raise CorruptCheckpointError(f"Tensor '{k[:80]}' holds NaN or infinite values: every output of the model "
+                                         "would be NaN.", path=path, found=f"{v.dtype} {tuple(v.shape)}",
+                                         fix="Download or build the file again.")

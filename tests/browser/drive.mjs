@@ -8,7 +8,7 @@
 // node widget values) to `out` and a screenshot to `screenshot`. Exit 0 on success, 1 with a message otherwise;
 // the Python test asserts on the JSON.
 import fs from "node:fs";
-import { frameNode, launch, openComfy } from "./launch.mjs";
+import { frameNode, launch, openComfy, run } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -20,7 +20,7 @@ function save() {
 }
 
 const context = await launch(cfg, timeout);
-try {
+await run(cfg, context, result, async () => {
   const page = await openComfy(context, cfg, log, timeout);
   result.extensionLoaded = true;
 
@@ -176,15 +176,4 @@ try {
     window.comfyAPI.app.app.extensions?.some((e) => e.name === "ComfyUI-Prequant.Info"), expected.info[0]);
   await page.waitForTimeout(800);
   result.kept.afterReload = await shown();
-  result.ok = true;
-} catch (e) {
-  result.error = String(e?.stack || e).slice(0, 4000);
-  try {
-    const page = context.pages()[0];
-    if (page && cfg.screenshot) await page.screenshot({ path: cfg.screenshot.replace(/\.png$/, "-failed.png") });
-  } catch {}
-} finally {
-  save();
-  await context.close();
-}
-process.exit(result.ok ? 0 : 1);
+}, { failedShot: cfg.screenshot?.replace(/\.png$/, "-failed.png"), save });

@@ -1,6 +1,7 @@
 // Headless Chromium (Debian's /usr/bin/chromium, no downloaded browser) as every browser script here starts it:
 // the flags keep it off the network (this machine's closed network refuses its background connections) and the
 // viewport is the 1600x1000 the layout assertions are made at.
+import fs from "node:fs";
 import { chromium } from "playwright-core";
 
 export const VIEWPORT = { width: 1600, height: 1000 };
@@ -47,4 +48,24 @@ export function frameNode(page, id) {
     const rect = app.canvas.canvas.getBoundingClientRect();
     return { x: rect.left + 90, y: rect.top + 160, width: Math.min(b[2] + 20, 1500), height: Math.min(b[3] + 20, 830) };
   }, id);
+}
+
+// A script's body, then, whatever happened: `result` written to cfg.out (by `save` where given) for the Python side
+// to read, also after a failure (with a screenshot of the page at `failedShot`, where given), the browser closed,
+// and the exit status 0 or 1.
+export async function run(cfg, context, result, work, { failedShot, save } = {}) {
+  try {
+    await work();
+    result.ok = true;
+  } catch (e) {
+    result.error = String(e?.stack || e).slice(0, 4000);
+    try {
+      const page = context.pages()[0];
+      if (page && failedShot) await page.screenshot({ path: failedShot });
+    } catch {}
+  } finally {
+    if (save) save(); else fs.writeFileSync(cfg.out, JSON.stringify(result, null, 2));
+    await context.close();
+  }
+  process.exit(result.ok ? 0 : 1);
 }

@@ -4,8 +4,7 @@
 // validation alerts), every node's widget values by name, and the workflow and prompt it would save / queue.
 //
 //   node load_workflows.mjs '<json>'   with {url, workflows: [{name, workflow}], out, chromium, userDataDir, timeoutMs}
-import fs from "node:fs";
-import { launch, openComfy } from "./launch.mjs";
+import { launch, openComfy, run } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -13,7 +12,7 @@ const log = [];
 const result = { ok: false, console: log, workflows: {} };
 
 const context = await launch(cfg, timeout);
-try {
+await run(cfg, context, result, async () => {
   const page = await openComfy(context, cfg, log, timeout);
   await page.evaluate(() => {
     const app = window.comfyAPI.app.app;
@@ -52,11 +51,4 @@ try {
     r.console = log.slice(start);
     result.workflows[name] = r;
   }
-  result.ok = true;
-} catch (e) {
-  result.error = String(e?.stack || e).slice(0, 4000);
-} finally {
-  fs.writeFileSync(cfg.out, JSON.stringify(result, null, 2));
-  await context.close();
-}
-process.exit(result.ok ? 0 : 1);
+});

@@ -4,12 +4,12 @@
 //
 //   node measure_nodes.mjs '<json>'   with {url, files: [path], out, chromium, userDataDir, timeoutMs}
 import fs from "node:fs";
-import { launch } from "./launch.mjs";
+import { launch, run } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const context = await launch(cfg, cfg.timeoutMs ?? 120000);
 const result = { ok: false, workflows: {} };
-try {
+await run(cfg, context, result, async () => {
   const page = context.pages()[0] ?? await context.newPage();
   page.setDefaultTimeout(cfg.timeoutMs ?? 120000);
   await page.goto(cfg.url, { waitUntil: "domcontentloaded" });
@@ -49,11 +49,4 @@ try {
       return out;
     });
   }
-  result.ok = true;
-} catch (e) {
-  result.error = String(e?.stack || e).slice(0, 4000);
-} finally {
-  fs.writeFileSync(cfg.out, JSON.stringify(result, null, 1));
-  await context.close();
-}
-process.exit(result.ok ? 0 : 1);
+});

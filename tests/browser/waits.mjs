@@ -6,8 +6,7 @@
 //
 // Every 100 ms the loader's panel text is sampled (what is on screen), and every "prequant.status" event the page
 // receives is logged; after each run it reads ComfyUI's own error dialog too.
-import fs from "node:fs";
-import { launch, openComfy } from "./launch.mjs";
+import { launch, openComfy, run } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 120000;
@@ -15,7 +14,7 @@ const log = [];
 const result = { ok: false, console: log, runs: [] };
 
 const context = await launch(cfg, timeout);
-try {
+await run(cfg, context, result, async () => {
   const page = await openComfy(context, cfg, log, timeout);
   await page.evaluate(async (wf) => { await window.comfyAPI.app.app.loadGraphData(wf); }, cfg.workflow);
   await page.waitForFunction((n) => window.comfyAPI.app.app.graph.nodes.length === n, cfg.workflow.nodes.length);
@@ -55,11 +54,4 @@ try {
       await page.waitForTimeout(200);
     }
   }
-  result.ok = true;
-} catch (e) {
-  result.error = String(e?.stack || e).slice(0, 4000);
-} finally {
-  fs.writeFileSync(cfg.out, JSON.stringify(result, null, 2));
-  await context.close();
-}
-process.exit(result.ok ? 0 : 1);
+});

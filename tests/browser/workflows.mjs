@@ -14,7 +14,7 @@
 // page, and read the loader's panel each time. Writes what it saw to `out`; the Python test asserts on it.
 import fs from "node:fs";
 import path from "node:path";
-import { frameNode, frontEndReady, launch, openComfy } from "./launch.mjs";
+import { frameNode, frontEndReady, launch, openComfy, run } from "./launch.mjs";
 
 const cfg = JSON.parse(process.argv[2]);
 const timeout = cfg.timeoutMs ?? 90000;
@@ -121,7 +121,7 @@ async function shot(page, name, clip) {
   return file;
 }
 
-try {
+await run(cfg, context, result, async () => {
   const page = await openComfy(context, cfg, log, timeout);
   fs.mkdirSync(cfg.shotDir, { recursive: true });
 
@@ -224,15 +224,4 @@ try {
   result.freshFits = await page.evaluate(widgetFits);
   await settle(page);
   result.freshShot = await shot(page, "fresh-nodes");
-  result.ok = true;
-} catch (e) {
-  result.error = String(e?.stack || e).slice(0, 4000);
-  try {
-    const page = context.pages()[0];
-    if (page) await page.screenshot({ path: path.join(cfg.shotDir, "failed.png") });
-  } catch {}
-} finally {
-  fs.writeFileSync(cfg.out, JSON.stringify(result, null, 2));
-  await context.close();
-}
-process.exit(result.ok ? 0 : 1);
+}, { failedShot: path.join(cfg.shotDir, "failed.png") });

@@ -1,0 +1,24 @@
+"""What the nodes say they accept, made from the registries the code uses (schemes, containers, families, ComfyUI's
+formats), so a description cannot go stale when one of them grows (tests/test_node_docs.py compares)."""
+from __future__ import annotations
+
+from prequant_core import families, schemes
+from prequant_core.formats import comfy_formats, registry
+
+
+def scheme_names() -> list[str]:
+    """The quantization schemes, without their weight-only variants: int8, fp8, nvfp4, mxfp8."""
+    return list(dict.fromkeys(s.split("-")[0] for s in schemes.SCHEMES))
+
+
+def schemes_text() -> str:
+    return " / ".join(scheme_names())
+
+
+def family_titles() -> list[str]:
+    return list(dict.fromkeys(f.title for f in families.FAMILIES.values()))
+
+
+def containers_text() -> str:
+    exts = " and ".join(sorted({c.extension for c in registry.containers()}))
+    return f"Unsloth's {exts} files and ComfyUI's own quantized files ({', '.join(comfy_formats.FORMATS)})"

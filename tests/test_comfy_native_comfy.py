@@ -1,0 +1,136 @@
+"""ComfyUI's own quantized files on the real ComfyUI (0.3.75 here; scripts/test.sh runs this file on 0.12.1 too):
+
+* read: a tiny FLUX.1 in ComfyUI's key layout, every block Linear written by ComfyUI's writer restated with
+  comfy-kitchen's own quantizer (tests/comfy_quantizer.py), in each format whose math this pack runs, loads through
+  Load Prequant Transformer; each layer's weight as the pack computes with it equals ComfyUI's own dequantization of
+  the same bytes, and sampling stays close to the dense model;
+* write: Build Prequant Checkpoint's ``comfyui-native`` output loads with ComfyUI's stock Load Diffusion Model
+  (``UNETLoader``) where the running ComfyUI knows the format (float8_e4m3fn on 0.3.75; float8_e4m3fn and nvfp4 on
+  0.12.1), and samples as this pack's own load of the same file does.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import comfy_quantizer as cq
+from prequant_core import families, qtensor
+from tools import comfy_headless, tiny_families as tf
+
+FAMILY = "flux.1"
+# the stock loader builds its model from ComfyUI's own detection, which hard-codes FLUX.1's 24 heads (a tiny FLUX is
+# not a FLUX to it) but reads Wan's width from the weights: the write test uses the tiny Wan 2.2 A14B expert
+WRITE_FAMILY = "wan2.2-t2v-a14b"
+READ_FORMATS = [("float8_e4m3fn", {}), ("float8_e5m2", {}), ("nvfp4", {}), ("mxfp8", {}),
+                ("int8_tensorwise", {"per_row": True}), ("int8_tensorwise", {"convrot": 256})]
+
+
+def _version() -> tuple:
+    return tuple(int(x) for x in comfy_headless.comfyui_version().split(".")[:3])
+
+
+def _tiny(comfy, family):
+    """A tiny model: dense in ComfyUI's key layout, and the dense model's sampler output."""
+    _, pack = comfy
+    fam = families.get(family)
+    dense = tf.dense(family, seed=0)
+    shapes = {k: tuple(v.shape) for k, v in dense.items()}
+    comfy_sd = pack.nodes.comfy_model.to_comfy_layout(fam, "diffusers", dense, fam.config_from_shapes(shapes))
+    ref = tf.sample(pack.nodes.comfy_model.build_patcher(fam, "comfyui", dict(comfy_sd), {}), family)
+    return comfy_sd, ref
+
+
+@pytest.fixture(scope="module")
+def flux(comfy):
+    return _tiny(comfy, FAMILY)
+
+
+@pytest.fixture(scope="module")
+def wan(comfy):
+    return _tiny(comfy, WRITE_FAMILY)
+
+
+def _block_linears(sd: dict, mult: int = 32) -> list[str]:
+    return [k[:-len(".weight")] for k, v in sd.items() if k.endswith(".weight") and v.ndim == 2
+            and ("blocks." in k) and v.shape[0] % 16 == 0 and v.shape[1] % mult == 0 and min(v.shape) >= 64]
+
+
+def _folder(sub: str) -> str:
+    import folder_paths
+    d = os.path.join(folder_paths.get_folder_paths("diffusion_models")[0], sub)
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+@pytest.mark.parametrize("fmt,opts", READ_FORMATS, ids=[f + ("-convrot" if o.get("convrot") else "")
+                                                        for f, o in READ_FORMATS])
+def test_comfyui_native_files_load_through_the_node_as_comfyui_dequantizes_them(comfy, flux, fmt, opts):
+    nodes, _ = comfy
+    comfy_sd, dense_out = flux
+    layers = {n: (fmt, opts) for n in _block_linears(comfy_sd, 256 if opts.get("convrot") else 32)}
+    name = f"native-{fmt}{'-convrot' if opts.get('convrot') else ''}.safetensors"
+    path = os.path.join(_folder("native"), name)
+    made = cq.write(path, comfy_sd, layers, style="both")
+    with torch.inference_mode():
+        res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/native/" + name, family=FAMILY)
+    model = res["result"][0]
+    s = res["ui"]["prequant"][0]
+    assert s["container"] == "comfyui-native" and s["family"] == FAMILY and s["quantized_layers"] == len(layers)
+    assert any("ComfyUI-native file" in n for n in s["notes"]), s["notes"]
+    dm = model.model.diffusion_model
+    for layer, (parts, cfg) in made.items():
+        m = dm.get_submodule(layer)
+        got = qtensor.dense_from_parts(m.prequant_parts(), m.prequant_spec, torch.float32)
+        want = cq.dequantize_layer(parts, cfg)
+        assert torch.equal(got, want), f"{layer}: max |pack - ComfyUI| = {(got - want).abs().max().item()}"
+    out = tf.sample(model, FAMILY)
+    rel = ((out - dense_out).norm() / dense_out.norm()).item()
+    print(f"\n[{fmt}{' convrot' if opts.get('convrot') else ''}] {len(layers)} layers equal ComfyUI's dequantization; "
+          f"sampled rel. error vs dense {rel:.4f}; matmul: {res['ui']['prequant'][0].get('matmul')}")
+    assert torch.isfinite(out).all() and rel < (0.3 if fmt == "nvfp4" else 0.1)
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "nvfp4"])
+def test_build_nodes_comfyui_native_output_loads_in_stock_comfyui(comfy, wan, scheme):
+    """Where the running ComfyUI's own loader knows the format (fp8: 0.3.68+, nvfp4: 0.8.0+)."""
+    nodes, pack = comfy
+    name = _build(nodes, wan, scheme)
+    if scheme == "nvfp4" and _version() < (0, 8, 0):
+        # this ComfyUI's stock loader has no nvfp4 (its quant table raises); this pack's loader reads the file, and the
+        # 0.12.1 leg runs the stock nvfp4 load
+        with pytest.raises(Exception), torch.inference_mode():
+            nodes.NODE_CLASS_MAPPINGS["UNETLoader"]().load_unet(name, "default")
+        with torch.inference_mode():
+            ours = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/" + name)["result"][0]
+        assert torch.isfinite(tf.sample(ours, WRITE_FAMILY)).all()
+        return
+    with torch.inference_mode():  # as ComfyUI runs every node
+        stock = nodes.NODE_CLASS_MAPPINGS["UNETLoader"]().load_unet(name, "default")[0]
+        ours = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/" + name)["result"][0]
+    a, b = tf.sample(stock, WRITE_FAMILY), tf.sample(ours, WRITE_FAMILY)
+    dense_out = wan[1]
+    diff = ((a - b).norm() / b.norm()).item()
+    rel = ((a - dense_out).norm() / dense_out.norm()).item()
+    print(f"\n[native {scheme}, ComfyUI {comfy_headless.comfyui_version()}] stock Load Diffusion Model vs this pack, "
+          f"same file: rel. difference {diff:.2e} (stock vs dense {rel:.4f})")
+    assert torch.isfinite(a).all() and type(stock.model.model_config).__name__ in families.get(WRITE_FAMILY).comfy_models
+    assert diff < 1e-3, "stock ComfyUI and this pack must compute the same model from the same file"
+
+
+def _build(nodes, tiny, scheme: str) -> str:
+    """Build Prequant Checkpoint, container comfyui-native, from a dense file in models/diffusion_models."""
+    from safetensors.torch import save_file
+    comfy_sd, _ = tiny
+    dense_name = "wan-tiny-dense.safetensors"
+    dense_path = os.path.join(_folder("."), dense_name)
+    if not os.path.exists(dense_path):
+        save_file({k: v.contiguous() for k, v in comfy_sd.items()}, dense_path)
+    res = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]().build(
+        dense_file=dense_name, scheme=scheme, min_features=64, base_model_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+        family=WRITE_FAMILY, filename="", container="comfyui-native", overwrite=True)
+    info = res["ui"]["prequant_build"][0]
+    assert info["container"] == "comfyui-native" and info["quantized_layers"] >= 4, info
+    assert os.path.samefile(os.path.dirname(info["path"]), _folder("."))  # where Load Diffusion Model looks
+    return info["file"]

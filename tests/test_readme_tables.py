@@ -1,0 +1,36 @@
+"""The README's Families table is the family registry's own (tools/families_table.py): repos, the schemes each really
+holds, the Hub file names tried in order. Regenerate with ``python -m tools.families_table --write``."""
+from __future__ import annotations
+
+import os
+
+from conftest import ROOT
+from tools import families_table
+
+
+def test_readme_families_table_is_generated_from_the_registry():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert families_table.readme_block(text) == families_table.table(), \
+        "README's Families table is stale: run python -m tools.families_table --write"
+
+
+def test_the_table_shows_what_repos_really_hold():
+    t = families_table.table()
+    qwen = next(line for line in t.splitlines() if "| unsloth/Qwen-Image-FP8 |" in line)
+    assert "`Qwen-Image-INT8.safetensors`" in qwen and "| fp8, int8 |" in qwen
+    assert "`Wan2.2-T2V-A14B-transformer_2-NVFP4.pt`" in t
+
+
+def test_every_shipped_workflow_has_a_thumbnail():
+    """ComfyUI's template browser shows example_workflows/<name>.jpg as the card picture of <name>.json
+    (regenerate: python -m tools.make_thumbnails)."""
+    from PIL import Image
+    folder = os.path.join(ROOT, "example_workflows")
+    names = sorted(n[:-5] for n in os.listdir(folder) if n.endswith(".json"))
+    assert names
+    for n in names:
+        jpg = os.path.join(folder, n + ".jpg")
+        assert os.path.isfile(jpg), f"{n}.json has no thumbnail: run python -m tools.make_thumbnails {n}"
+        with Image.open(jpg) as img:
+            assert img.format == "JPEG" and img.width >= 320 and 0.3 < img.height / img.width < 1.2, (n, img.size)
+    assert not [f for f in os.listdir(folder) if f.endswith(".jpg") and f[:-4] not in names], "a picture without a workflow"

@@ -1,0 +1,66 @@
+"""The README's Families table, made from the family registry (repos, the schemes each really holds, the Hub file names
+tried in order) so it cannot drift from what the loader does. ``python -m tools.families_table --write`` rewrites the
+table between its markers in README.md; tests/test_readme_tables.py fails when the README's copy is stale.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START, END = "<!-- families-table:start -->", "<!-- families-table:end -->"
+
+# What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.3.75 and 0.12.1, or
+# the diffusers loader only where no testable ComfyUI has the class.
+NODE_TESTED = "node + diffusers loader, every kind (CPU, tiny)"
+STATUS = {"krea-2": "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI 0.38.1+",
+          "qwen-image-2.1": "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI 0.38.1+"}
+
+
+def _names(repo: str, scheme: str, component: str) -> str:
+    from prequant_core import sources
+    return " → ".join(f"`{n}`" for n in sources.filenames(repo, scheme, component))
+
+
+def rows() -> list[str]:
+    from prequant_core import families, sources
+    out = ["| Family | Hosted repo | Schemes it holds (in the order auto tries them) | File names tried, in order | "
+           "ComfyUI class | Tested here |", "|---|---|---|---|---|---|"]
+    for fam in families.FAMILIES.values():
+        cls = " / ".join(fam.comfy_models) + ("" if fam.unet_config is not None else f" ({fam.min_comfy}+)")
+        status = STATUS.get(fam.name, NODE_TESTED)
+        for i, repo in enumerate(fam.hosted):
+            held = sources.schemes_for_repo(repo)
+            names = []
+            for comp in fam.components:
+                for s in held:
+                    tag = s if comp == "transformer" else f"{s}, {comp}"
+                    names.append(f"{tag}: {_names(repo, s, comp)}")
+            first = i == 0
+            out.append(f"| {fam.title if first else ''} | {repo} | {', '.join(held)} | {'<br>'.join(names)} | "
+                       f"{cls if first else ''} | {status if first else ''} |")
+    return out
+
+
+def table() -> str:
+    return "\n".join([START, *rows(), END])
+
+
+def readme_block(text: str) -> str:
+    a, b = text.index(START), text.index(END) + len(END)
+    return text[a:b]
+
+
+def main(argv: list[str]) -> int:
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    if "--write" in argv:
+        text = text.replace(readme_block(text), table())
+        with open(os.path.join(ROOT, "README.md"), "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

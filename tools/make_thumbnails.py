@@ -1,0 +1,69 @@
+"""Regenerates the template browser's card pictures, ``example_workflows/<name>.jpg`` (ComfyUI's Workflow > Browse
+Templates shows a same-name .jpg beside each workflow JSON), from the real front end:
+
+    .venv/bin/python -m tools.make_thumbnails            # every shipped workflow
+    .venv/bin/python -m tools.make_thumbnails z_image_turbo_prequant
+
+A real ComfyUI 0.3.75 server with this pack starts on 127.0.0.1 (scripts/setup_dev.sh --with-test-extras makes it and
+the headless Chromium), each workflow is opened in the front end and fitted into the canvas (tests/browser/
+thumbnails.mjs), and the capture is scaled to THUMB_WIDTH and saved as a JPEG (the Z-Image one also, larger, as the
+README's picture, docs/images/z_image_workflow.png). tests/test_example_workflows.py fails
+when a workflow has no picture.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKFLOWS = os.path.join(ROOT, "example_workflows")
+README_WORKFLOW = "z_image_turbo_prequant"
+THUMB_WIDTH = 640  # the template browser shows cards at about 300 px: twice that stays sharp on HiDPI screens
+
+
+def chromium() -> str:
+    for c in (os.environ.get("PREQUANT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+        if c and os.path.exists(c):
+            return c
+    raise SystemExit("no Chromium: run scripts/setup_dev.sh --with-test-extras (apt-get install chromium)")
+
+
+def main(argv: list[str]) -> int:
+    from PIL import Image
+
+    from tools.comfy_server import ComfyServer
+    names = argv or sorted(n[:-5] for n in os.listdir(WORKFLOWS) if n.endswith(".json"))
+    workflows = [{"name": n, "workflow": json.load(open(os.path.join(WORKFLOWS, n + ".json"), encoding="utf-8"))}
+                 for n in names]
+    with tempfile.TemporaryDirectory(prefix="prequant-thumbs-") as tmp:
+        server = ComfyServer(os.path.join(tmp, "comfy")).start()
+        try:
+            cfg = {"url": server.url, "workflows": workflows, "outDir": tmp, "out": os.path.join(tmp, "result.json"),
+                   "chromium": chromium(), "userDataDir": os.path.join(tmp, "profile"), "timeoutMs": 120000}
+            subprocess.run(["node", os.path.join(ROOT, "tests", "browser", "thumbnails.mjs"), json.dumps(cfg)],
+                           cwd=os.path.join(ROOT, "tests", "browser"), timeout=600, check=False)
+            res = json.load(open(cfg["out"]))
+            if not res.get("ok"):
+                print(res.get("error"), file=sys.stderr)
+                return 1
+        finally:
+            server.stop()
+        for name, png in res["shots"].items():
+            img = Image.open(png).convert("RGB")
+            h = round(img.height * THUMB_WIDTH / img.width)
+            out = os.path.join(WORKFLOWS, name + ".jpg")
+            img.resize((THUMB_WIDTH, h), Image.LANCZOS).save(out, "JPEG", quality=85, optimize=True)
+            print(f"{out}: {THUMB_WIDTH}x{h}")
+            if name == README_WORKFLOW:  # the README's picture: the same view, larger
+                big = os.path.join(ROOT, "docs", "images", "z_image_workflow.png")
+                img.resize((1200, round(img.height * 1200 / img.width)), Image.LANCZOS).save(big, optimize=True)
+                print(big)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
