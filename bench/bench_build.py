@@ -58,7 +58,7 @@ def child(case: str, dense: str, out: str, scheme: str, container: str) -> None:
     import psutil
     import torch  # noqa: F401
     import torchao  # noqa: F401
-    from prequant_core import build, schemes
+    from prequant_core import build, quantize, schemes
 
     proc = psutil.Process()
     base = proc.memory_info().rss
@@ -80,7 +80,7 @@ def child(case: str, dense: str, out: str, scheme: str, container: str) -> None:
         from prequant_core.checkpoint import FORMAT_V1
         from prequant_core.formats.safetensors_container import flatten
         sd = load_file(dense)
-        q, skipped = build.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
+        q, skipped = quantize.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
         del sd
         flat, header = flatten(q, format_tag=FORMAT_V1, metadata={"scheme": scheme})
         save_file(flat, out, metadata=header)

@@ -104,7 +104,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
     nodes, pack = comfy_headless.boot(base_dir=base)
     import comfy.sample
     import folder_paths
-    from prequant_core import build, families, schemes
+    from prequant_core import families, quantize, schemes
     import gc
     if method == "a":  # one-off imports (hub client, torchao safetensors helpers) are not the loader's cost
         with torch.inference_mode():
@@ -128,10 +128,10 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
                 if method == "b":
                     import comfy.utils
                     sd = comfy.utils.load_torch_file(dense_path)
-                    q, _ = build.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
+                    q, _ = quantize.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
                     del sd
                 else:
-                    from prequant_core.dense import open_dense, stream_quantized
+                    from prequant_core.dense_sources import open_dense, stream_quantized
                     q, _ = stream_quantized(open_dense(dense_path), scheme, min_features=512,
                                             exclude=schemes.exclude_tokens(scheme))
                 model = pack.nodes.comfy_model.build_patcher(fam, "comfyui", q, {})

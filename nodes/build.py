@@ -12,6 +12,7 @@ import comfy.utils
 import folder_paths
 
 from prequant_core import build as core
+from prequant_core import dense_sources, output_file
 from prequant_core import families, schemes
 from prequant_core.errors import BuildError, UnknownFamilyError
 from prequant_core.families import Family
@@ -48,7 +49,7 @@ def check_filename(filename: str, container: str, base_model_id: str, scheme: st
     name = (filename or "").strip()
     if not name:
         return core.default_filename(base_model_id, scheme, container, component)  # derived names pass the same check
-    core.check_output_name(name)
+    output_file.check_output_name(name)
     ext = os.path.splitext(name)[1].lower()
     if container == core.NATIVE:
         if ext in core.EXTENSIONS.values() and ext != ".safetensors":
@@ -149,7 +150,7 @@ class PrequantBuildCheckpoint:
                        "the file in Load Prequant Transformer's list).",)
     FUNCTION = "build"
     OUTPUT_NODE = True
-    SEARCH_ALIASES = ["int8", "fp8", "quantized", "quantize", "pre-quantized", "prequant", "unsloth", "torchao",
+    SEARCH_ALIASES = [*describe.scheme_names(), "quantized", "quantize", "pre-quantized", "prequant", "unsloth", "torchao",
                       "save quantized model"]
     DESCRIPTION = (f"Quantizes a dense diffusion transformer ({describe.schemes_text()}) and writes a pre-quantized "
                    "checkpoint into models/prequant, in the same format as Unsloth's quantized files ("
@@ -221,7 +222,7 @@ class PrequantBuildCheckpoint:
             if fam_for_name is None and model is not None:
                 fam_for_name = model_family(model, family)
             if fam_for_name is None:
-                fam_for_name = core.open_input(folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
+                fam_for_name = dense_sources.open_input(folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
                                                key_map=file_key_map).family
             base = fam_for_name.base_repos[0]
         component = core.check_component(component, fam_arg)

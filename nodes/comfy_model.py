@@ -10,7 +10,7 @@ import comfy.ops
 import comfy.supported_models
 import comfy.utils
 
-from prequant_core import keymap, keymaps, placement
+from prequant_core import keymap, placement
 from prequant_core.checkpoint import Checkpoint
 from prequant_core.errors import ComfyVersionError
 from prequant_core.families import Family
@@ -106,12 +106,7 @@ def key_map_for(family: Family, unet_config: dict, path: str | None = None) -> d
     if fn is None:
         raise _needs_newer(family, f"cannot convert diffusers-layout {family.title} files (no comfy.utils.{km})",
                            path)
-    out = {}
-    for k, t in fn(unet_config).items():
-        if not isinstance(t, str) and len(t) > 2 and callable(t[2]):
-            t = (t[0], t[1], getattr(t[2], "__name__", repr(t[2])))  # e.g. comfy.utils.swap_scale_shift
-        out[k] = t
-    return out
+    return keymap.named(fn(unet_config))  # its functions (comfy.utils.swap_scale_shift) by name
 
 
 def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dict, path: str | None = None,
@@ -124,7 +119,7 @@ def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dic
     key_map = key_map_for(family, unet_config, path)
     if key_map is None:
         return dict(tensors)
-    tensors, key_map = keymaps.apply_row_permutations(tensors, key_map, path=path)
+    tensors, key_map = keymap.apply_row_permutations(tensors, key_map, path=path)
     return keymap.to_comfy(tensors, key_map, path=path)
 
 

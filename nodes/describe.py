@@ -8,7 +8,7 @@ from prequant_core.formats import comfy_formats, registry
 
 def scheme_names() -> list[str]:
     """The quantization schemes, without their weight-only variants: int8, fp8, nvfp4, mxfp8."""
-    return list(dict.fromkeys(s.split("-")[0] for s in schemes.SCHEMES))
+    return [s.name for s in schemes.registry.all_schemes()]
 
 
 def schemes_text() -> str:

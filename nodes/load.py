@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from prequant_core import families, hub, plan as planning, schemes, sources
+from prequant_core import families, pipeline, plan as planning, schemes, sources
 from prequant_core.errors import PrequantError, reading
 from prequant_core.metadata import Request
 from prequant_core.safe_text import escape
@@ -31,8 +31,8 @@ def _summary(opened, model_bytes: int) -> dict:
             "location": ck.path}
 
 
-def _dense_summary(p: planning.Plan, patcher) -> dict:
-    from prequant_core.dense import dense_nbytes, open_dense
+def _dense_summary(p: planning.LoadRoute, patcher) -> dict:
+    from prequant_core.dense_sources import dense_nbytes, open_dense
     quantized = sum(1 for m in patcher.model.diffusion_model.modules() if getattr(m, "prequant_spec", None))
     return {"file": os.path.basename(p.dense_path), "family": p.family.name, "layout": "dense",
             "scheme": p.scheme, "base_model_id": None, "container": "dense safetensors",
@@ -82,7 +82,7 @@ DOWNLOAD_TO_HF_CACHE = "Hugging Face cache"
 # this one by name when an old workflow is opened: checkpoint, path, base_model_id, scheme, family [, hub_repo,
 # preset, revision, hf_token [, min_features, policy, dense_fallback]]. hf_token is gone: tokens come from HF_TOKEN
 # or `hf auth login` only, so none is ever saved in a workflow, the history or an image.
-ALIASES = ["int8", "fp8", "nvfp4", "mxfp8", "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "load diffusion model",
+ALIASES = [*describe.scheme_names(), "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "load diffusion model",
            "transformer", "unet"]
 
 
@@ -209,33 +209,25 @@ class PrequantLoadTransformer:
         component = (component or "").strip() or "transformer"
         src = sources.plan(local, hub_repo, family, scheme, base_model_id=base_model_id, revision=revision,
                            preset=preset, component=component)
-        located, unavailable = None, None
         if src.family and policy != planning.DENSE_ONLY:  # a family this ComfyUI cannot build: say so before a download
             check_loadable(families.get(src.family))
-        to_models = download_to != DOWNLOAD_TO_HF_CACHE
-        if policy != planning.DENSE_ONLY:
+        unavailable = None
+        if missing and policy != planning.DENSE_ONLY:  # a listed name this user does not have: only its Hub source
             try:
-                if missing:  # a listed name this user does not have: only a Hub source of exactly that file
-                    src = sources.for_missing_file(missing, src, paths.searched_folders(missing))
-                # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
-                located = hub.locate(src, model_dirs=paths.model_dirs(), progress=status.bytes,
-                                     dest_dir=paths.download_dir() if to_models else None,
-                                     search_dirs=paths.prequant_dirs(), status=status.say, check=_interrupted)
+                src = sources.for_missing_file(missing, src, paths.searched_folders(missing))
             except PrequantError as e:
                 unavailable = e
-        req = Request(scheme=(located.candidate.scheme if located else None) or src.scheme,
-                      base_model_id=base_model_id.strip() or None, family=src.family, min_features=min_features,
-                      component=component)
+        req = Request(scheme=src.scheme, base_model_id=base_model_id.strip() or None, family=src.family,
+                      min_features=min_features, component=component)
         # Tensors made under ComfyUI's inference mode could not later be moved or swapped outside it.
         with torch.inference_mode(False), torch.no_grad():
-            # The Hugging Face cache is an allowed folder only for the file the Hub step resolved (located.model_dirs).
-            if located:
-                status.say(f"checking {os.path.basename(located.path)} (header: scheme, base model, layout)")
-            p = planning.make_plan(located.path if located else None, req, policy=policy,
-                                   dense_path=paths.resolve_dense(dense_fallback),
-                                   model_dirs=located.model_dirs if located else paths.model_dirs(),
-                                   dense_model_dirs=paths.model_dirs(), unavailable=unavailable,
-                                   memory_guard=_memory_guard())
+            # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
+            routed = pipeline.route(src, req, policy=policy, model_dirs=paths.model_dirs(),
+                                    dense_path=paths.resolve_dense(dense_fallback), progress=status.bytes,
+                                    download_dir=paths.download_dir() if download_to != DOWNLOAD_TO_HF_CACHE else None,
+                                    search_dirs=paths.prequant_dirs(), status=status.say, check=_interrupted,
+                                    memory_guard=_memory_guard(), unavailable=unavailable)
+            p, located = routed.route, routed.located
             if p.path == "pre-quantized":
                 status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "
                            f"{p.opened.family.name} model")

@@ -16,7 +16,9 @@ INFO_NONE_CHOICE = "(none: use path)"  # Prequant Info has no hub_repo
 NONE_CHOICES = (NONE_CHOICE, INFO_NONE_CHOICE)  # either means "no listed file" to both nodes (older workflows)
 # Name patterns of pre-quantized .pt files in diffusion_models (docs/FORMAT.md section 5: <Model>-<SCHEME>.pt and
 # the legacy transformer_<scheme>.pt), one per scheme the pack reads; a .safetensors file is judged by its header.
-_NAME_TOKENS = tuple(dict.fromkeys(f"{sep}{s.split('-')[0]}" for s in schemes.SCHEMES for sep in "-_")) + ("prequant",)
+def _name_tokens() -> tuple[str, ...]:
+    # read from the scheme registry on each listing: a file named for any scheme is listed
+    return tuple(dict.fromkeys(f"{sep}{s.name}" for s in schemes.registry.all_schemes() for sep in "-_")) + ("prequant",)
 _header_cache: dict = {}
 
 
@@ -63,7 +65,7 @@ def _looks_prequant(full: str) -> bool:
             except Exception:  # noqa: BLE001 - an unreadable file is simply not offered
                 _header_cache[key] = False
         return _header_cache[key]
-    return low.endswith(".pt") and any(t in low for t in _NAME_TOKENS)
+    return low.endswith(".pt") and any(t in low for t in _name_tokens())
 
 
 def download_dir() -> str:

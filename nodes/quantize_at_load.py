@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from prequant_core.dense import open_dense, stream_quantized
-from prequant_core.plan import Plan
+from prequant_core.dense_sources import open_dense, stream_quantized
+from prequant_core.plan import LoadRoute
 
 from .comfy_model import build_patcher
 
 
-def load_quantized_at_load(plan: Plan, progress=None):
+def load_quantized_at_load(plan: LoadRoute, progress=None):
     dense = open_dense(plan.dense_path)
     layout = plan.family.layout_of(list(dense.infos())) or "comfyui"
     with torch.inference_mode(False), torch.no_grad():

@@ -38,15 +38,11 @@ from .families import Family
 CONTAINERS = tuple(c.name for c in sorted(registry.writable(), key=lambda c: c.name != "safetensors"))
 EXTENSIONS = {c.name: c.extension for c in registry.writable()}
 
-# The pieces live in their own modules (dense_sources, quantize, output_file, writers); ``build`` is the public entry
-# point and re-exports what callers use.
-from .dense_sources import (INDEX_NAME, KNOWN_PREFIXES, KeyMapArg, MemorySource, RemappedSource,  # noqa: E402,F401
-                            SafetensorsSource, Source, TensorInfo, file_source, open_input)
-from .output_file import (HEADER_SLACK, TEMP_PREFIX, TEMP_SUFFIX, FreeSpaceFn, _host_tag,  # noqa: E402,F401
-                          _refuse_existing, atomic_output, check_free_space, check_output_name, clean_stale_temps,
-                          estimate_output_bytes, human_bytes, temp_name)
-from .quantize import (ProgressFn, is_linear_weight, linear_weight_keys, quantize_items,  # noqa: E402,F401
-                       quantize_one, quantize_rows, quantize_tensors, release_free_memory)
+# The pieces live in their own modules (dense_sources, quantize, output_file, writers); callers import them from there.
+from .dense_sources import KeyMapArg, open_input  # noqa: E402
+from .output_file import (FreeSpaceFn, _refuse_existing, atomic_output, check_free_space,  # noqa: E402
+                          check_output_name, estimate_output_bytes, human_bytes)
+from .quantize import ProgressFn, quantize_items, quantize_tensors  # noqa: E402
 from .writers import BuildProgress, write_checkpoint  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -139,14 +135,13 @@ def container_for(dest: str, container: str | None, scheme: str | None = None) -
                              found=ext, fix="Name the file *.safetensors.")
         return NATIVE
     by_ext = {v: k for k, v in EXTENSIONS.items()}.get(ext)
-    holds = [c for c in CONTAINERS if scheme is None or registry.by_name(c).writes_schemes is None
-             or scheme in registry.by_name(c).writes_schemes]
+    holds = [c for c in CONTAINERS if scheme is None or scheme in registry.writes_schemes(registry.by_name(c))]
     if container is None or container == "auto":
         container = by_ext or ("safetensors" if "safetensors" in holds else holds[0])
     if container in CONTAINERS and container not in holds:
         raise BuildError(f"{scheme} checkpoints are written as {' / '.join(EXTENSIONS[c] for c in holds)} only (the "
                          f"container Unsloth's {scheme} files use; this pack's {container} layout holds "
-                         f"{' / '.join(registry.by_name(container).writes_schemes)} weights).", path=dest,
+                         f"{' / '.join(registry.writes_schemes(registry.by_name(container)))} weights).", path=dest,
                          expected=f"the '{holds[0]}' container, a *{EXTENSIONS[holds[0]]} file name", found=container,
                          fix=f"Pick the '{holds[0]}' container and name the file *{EXTENSIONS[holds[0]]}.")
     if container not in CONTAINERS:
@@ -258,7 +253,7 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
     return BuildResult(path=dest, container=NATIVE, family=family.name, scheme=scheme, base_model_id=base_model_id,
                        input_layout=input_layout, tensors=len(out), quantized=len(layers), skipped=sorted(skipped),
                        file_bytes=os.path.getsize(dest), dense_bytes=dense_bytes, estimated_bytes=nbytes,
-                       fingerprint={}, metadata={**meta, "comfy_quant_formats": {comfy_native.NATIVE_FORMAT[scheme]:
+                       fingerprint={}, metadata={**meta, "comfy_quant_formats": {comfy_native.native_format(scheme):
                                                                                    len(layers)}},
                        seconds=time.time() - t0)
 
@@ -327,7 +322,7 @@ def _cli_native(args, family: str | None) -> int:
     """``build --container comfyui-native``: from a dense .safetensors or from a pre-quantized file this pack reads
     (an Unsloth file turned into one stock ComfyUI loads); diffusers names are mapped to ComfyUI's with the family's
     own map, or ComfyUI's (``--comfyui DIR``)."""
-    from . import formats, keymaps
+    from . import formats, keymap
     from .errors import PrequantError
     try:
         ck = formats.read(args.input)
@@ -347,7 +342,7 @@ def _cli_native(args, family: str | None) -> int:
         else:
             raise BuildError(f"{fam.title} files in diffusers' layout need ComfyUI's key map for ComfyUI-native "
                              "output.", path=args.input, fix="Add --comfyui DIR (your ComfyUI folder).")
-        tensors = keymaps.to_comfy_layout(tensors, km, path=args.input)
+        tensors = keymap.to_comfy_layout(tensors, km, path=args.input)
     output = args.output
     if output is None or os.path.isdir(output):
         output = os.path.join(output or os.getcwd(), default_filename(

@@ -1,5 +1,6 @@
 """Dense inputs read lazily: a state dict, one or more .safetensors files (plain ``readinto``, never a memory
-map that stays resident), ComfyUI-layout files seen through a key map, and diffusers folders."""
+map that stays resident), ComfyUI-layout files seen through a key map, and diffusers folders; for the builder and
+for the loader's dense fallback (``open_dense`` / ``stream_quantized``)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,11 +11,12 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from . import families, qtensor
+from . import families, keymap, qtensor, schemes
 from .checkpoint import COMFY_PREFIX
-from .errors import BuildError, CorruptCheckpointError
+from .errors import BuildError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedFormatError
 from .formats.safetensors_container import NAME_DTYPES
 from .families import Family
+from .quantize import quantize_items
 
 
 # Single-file checkpoints often keep the transformer under a prefix (a full ComfyUI checkpoint: model.diffusion_model.).
@@ -143,7 +145,7 @@ class RemappedSource(Source):
     """A ComfyUI-layout source seen in diffusers layout through a diffusers -> ComfyUI key map, in the form ComfyUI's
     own maps use: ``comfy_key``, ``(comfy_key, (0, row offset, rows))`` (a row slice of a fused weight such as
     ``qkv``) or ``(comfy_key, slice_or_None, row_permutation)`` (a function, e.g. ``comfy.utils.swap_scale_shift``,
-    or a name in ``keymaps.ROW_PERMUTATIONS``; it must be its own inverse, which is checked).
+    or a name in ``keymap.ROW_PERMUTATIONS``; it must be its own inverse, which is checked).
 
     Each ComfyUI tensor is read once and split; ``keymap.to_diffusers`` does the same on a dict, all at once."""
 
@@ -152,16 +154,11 @@ class RemappedSource(Source):
         base_infos = base.infos()
         self.plan: dict[str, list[tuple[str, tuple | None, Callable | None]]] = {}
         for dk, target in key_map.items():
-            if isinstance(target, str):
-                name, sl, perm = target, None, None
-            else:
-                name, sl = target[0], target[1]
-                perm = target[2] if len(target) > 2 else None
-                if sl is not None:
-                    dim, offset, length = sl
-                    if dim != 0:
-                        raise BuildError(f"The key map fuses '{dk}' along dim {dim}; only row fusion is supported.")
-                    sl = (offset, length)
+            try:
+                t = keymap.parse_target(dk, target)
+            except CorruptCheckpointError as e:  # a map that cannot be applied exactly: the build's error
+                raise BuildError(e.message) from None
+            name, sl, perm = t.name, t.rows, t.perm
             if name in base_infos:
                 self.plan.setdefault(name, []).append((dk, sl, _row_permutation(dk, perm, base_infos[name], sl)))
         for parts in self.plan.values():
@@ -199,8 +196,7 @@ def _row_permutation(dk: str, perm, info: TensorInfo, sl) -> Callable | None:
         return None
     fn = perm if callable(perm) else None
     if fn is None:
-        from .keymaps import ROW_PERMUTATIONS
-        fn = ROW_PERMUTATIONS.get(perm) if isinstance(perm, str) else None
+        fn = keymap.ROW_PERMUTATIONS.get(perm) if isinstance(perm, str) else None
     if fn is None:
         raise BuildError(f"The key map transforms '{dk}' with '{perm}', which is not a known row permutation.")
     rows = sl[1] if sl else info.shape[0]
@@ -393,3 +389,26 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
     return Prepared(src, fam, found_layout)
 
 
+# ---- the dense fallback: a dense transformer file quantized while it is read (the builder's reader and quantizer,
+# one implementation; tensors are read with plain file reads into private memory and freed as soon as they are
+# quantized, so the dense model is never whole in memory and a memory-mapped dense file does not stay resident)
+
+def open_dense(path: str) -> SafetensorsSource:
+    if not os.path.isfile(path):
+        raise CheckpointNotFoundError("Dense model file not found.", path=path,
+                                      fix="Put the dense transformer into ComfyUI/models/diffusion_models/.")
+    if not path.endswith(".safetensors"):
+        raise UnsupportedFormatError("Dense fallback files must be .safetensors (pickled .ckpt/.pt/.bin files are "
+                                     "not opened: they could run code).", path=path,
+                                     fix="Use the .safetensors release of the model.")
+    return file_source(path)
+
+
+def dense_nbytes(source: SafetensorsSource) -> int:
+    return sum(i.nbytes for i in source.infos().values())
+
+
+def stream_quantized(source: SafetensorsSource, scheme: str, *, min_features: int, exclude, progress=None):
+    """(tensors, skipped): the builder's quantize_items over the file, in file order."""
+    flt = schemes.LayerFilter(schemes.normalize(scheme), min_features, tuple(exclude))
+    return quantize_items(source.items(), flt, total=len(source.infos()), progress=progress)

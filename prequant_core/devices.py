@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from . import schemes
 from .errors import ValidationError
 
 QUANTIZED = "quantized"
@@ -28,11 +29,9 @@ PATHS = (QUANTIZED, WEIGHT_ONLY)
 ENV = "PREQUANT_MATMUL"
 
 FP8_STORAGE_TYPES = ("cpu", "cuda")  # device types whose torch kernels take float8 tensors (copies, casts)
-FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper / Blackwell: fp8 tensor cores, what torchao's fp8 config asserts
-INT8_MIN_CAPABILITY = (7, 5)  # Turing onwards: int8 tensor cores behind torch._int_mm
-BLOCK_MIN_CAPABILITY = (10, 0)  # Blackwell: NVFP4 / MX block-scaled tensor cores behind torchao's kernels
-BLOCK_KINDS = ("nvfp4", "mxfp8")
-KINDS = ("int8", "float8", *BLOCK_KINDS)
+# The compute capability each scheme's quantized matmul needs is its record's ``min_capability`` (schemes/): int8
+# 7.5 (Turing's int8 tensor cores behind torch._int_mm), fp8 8.9 (Ada / Hopper: what torchao's fp8 config asserts),
+# nvfp4 / mxfp8 10.0 (Blackwell's block-scaled tensor cores behind torchao's kernels).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +68,10 @@ class MatmulChoice:
 
 
 def _scheme(kind: str, dynamic: bool) -> str:
-    if kind in ("nvfp4", "mxfp8"):
-        return kind if dynamic else f"{kind} (weights only)"
-    base = "fp8" if kind == "float8" else "int8"
-    return base if dynamic else f"{base}-weight-only"
+    s = schemes.registry.by_kind(kind)
+    if dynamic or s.weight_only:
+        return schemes.scheme_of_kind(kind, dynamic)
+    return f"{s.name} (weights only)"
 
 
 def choose(kind: str, dynamic: bool, device: Device, override: str | None = None) -> MatmulChoice:
@@ -82,12 +81,12 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
     schemes always run weight-only. ``override`` ("quantized" / "weight-only" / "auto" or None) is the user's
     ``PREQUANT_MATMUL``; forcing "quantized" where the device lacks the kernels is the user's call and is said so.
     """
-    if kind not in KINDS:
+    if kind not in schemes.registry.kinds():
         raise ValueError(f"unknown quantized weight kind {kind!r}")
     scheme = _scheme(kind, dynamic)
     where = device.label()
     # per-block kinds (nvfp4, mxfp8) dequantize by table on any device: their weight-only path is said as such
-    wo = ": dequantized at matmul" if kind in BLOCK_KINDS else ""
+    wo = ": dequantized at matmul" if schemes.registry.by_kind(kind).block_size else ""
     if kind == "float8" and not device.holds_float8():  # nothing fp8 can run or even sit there
         return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: no float8 dtype on {device.type}",
                             codes_as_bytes=True)
@@ -103,16 +102,17 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
 
 
 def _supported(kind: str, device: Device) -> tuple[bool, str]:
-    if kind in BLOCK_KINDS:  # torchao's native NVFP4 / MX matmuls: Blackwell; elsewhere decoded by table
+    s = schemes.registry.by_kind(kind)
+    need = s.min_capability or (99, 0)  # a scheme without a known kernel never runs quantized on a GPU
+    if s.block_size:  # torchao's native NVFP4 / MX matmuls: Blackwell; elsewhere decoded by table
         cap = tuple(device.capability or (0, 0))
-        if device.type == "cuda" and not device.hip and cap >= BLOCK_MIN_CAPABILITY:
-            return True, f"native {kind} matmul (compute capability {cap[0]}.{cap[1]} >= 10.0)"
-        need = f"{BLOCK_MIN_CAPABILITY[0]}.{BLOCK_MIN_CAPABILITY[1]}"
-        return False, f"dequantized at matmul (native {kind} needs an NVIDIA GPU of compute capability >= {need})"
+        if device.type == "cuda" and not device.hip and cap >= need:
+            return True, f"native {kind} matmul (compute capability {cap[0]}.{cap[1]} >= {need[0]}.{need[1]})"
+        return False, (f"dequantized at matmul (native {kind} needs an NVIDIA GPU of compute capability >= "
+                       f"{need[0]}.{need[1]})")
+    what = s.name
     if device.type == "cuda" and not device.hip:
         cap = device.capability or (0, 0)
-        need = FP8_MIN_CAPABILITY if kind == "float8" else INT8_MIN_CAPABILITY
-        what = "fp8" if kind == "float8" else "int8"
         have = f"{cap[0]}.{cap[1]}"
         if tuple(cap) >= need:
             return True, f"{what} matmul supported (compute capability {have} >= {need[0]}.{need[1]})"
@@ -123,7 +123,7 @@ def _supported(kind: str, device: Device) -> tuple[bool, str]:
         return False, "CPUs have no fp8 matmul (torchao would emulate it)"
     if device.type == "cuda" and device.hip:
         return False, "torchao's per-row int8/fp8 matmuls are not used on ROCm"
-    return False, f"no torchao {'fp8' if kind == 'float8' else 'int8'} matmul on {device.type}"
+    return False, f"no torchao {what} matmul on {device.type}"
 
 
 def override_from_env(environ=None) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from . import families, hub, loader, metadata, qtensor, sources
+from . import families, metadata, pipeline, qtensor, sources
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DependencyError, PrequantError,
                      UnknownFamilyError, UnsupportedFormatError)
 
@@ -122,16 +122,15 @@ def _looks_like_repo(source: str) -> bool:
         return False
 
 
-def _locate(source: str | None, fam: families.Family, *, scheme, base_id, variant, revision, token, allow_dirs,
-            progress) -> tuple[hub.Located, list[str]]:
+def _candidates(source: str | None, fam: families.Family, *, scheme, base_id, variant,
+                revision) -> sources.Candidates:
     """A local file (allowlist applies, never replaced by a download), else a Hub repo, else the family's hosted repo
     for ``scheme`` (with the base picking the variant): the ComfyUI node's order."""
     src = None if source is None else os.fspath(source)
     is_file = src is not None and (os.path.exists(os.path.expanduser(src)) or src.endswith((".safetensors", ".pt"))
                                    or not _looks_like_repo(src))
-    plan = sources.plan(path=src if is_file else None, hub_repo=None if is_file else src, family=fam.name,
+    return sources.plan(path=src if is_file else None, hub_repo=None if is_file else src, family=fam.name,
                         scheme=scheme, variant=variant, base_model_id=base_id, revision=revision)
-    return hub.locate(plan, model_dirs=list(allow_dirs), token=token, progress=progress), list(plan.notes)
 
 
 def _rebuild_non_persistent_buffers(model: torch.nn.Module, path: str) -> None:
@@ -165,11 +164,12 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
     accelerate = _need("accelerate")
     base_id = base_model_id or str(base)
     fam = _family_for(cls, family, base_id)
-    located, notes = _locate(source, fam, scheme=scheme, base_id=base_id, variant=variant, revision=revision,
-                             token=token, allow_dirs=allow_dirs, progress=progress)
+    cands = _candidates(source, fam, scheme=scheme, base_id=base_id, variant=variant, revision=revision)
     request = metadata.Request(scheme=scheme, base_model_id=base_id, min_features=min_features,
                                family=fam.name if family else None, component=component, fast_accum=fast_accum)
-    opened = loader.open_checkpoint(located.path, request, model_dirs=located.model_dirs, memory_guard=memory_guard)
+    routed = pipeline.route(cands, request, model_dirs=allow_dirs, token=token, progress=progress,
+                            memory_guard=memory_guard)
+    located, opened, notes = routed.located, routed.route.opened, list(cands.notes)
     ck = opened.checkpoint
     fam = opened.family
     if fam.diffusers_class != cls.__name__:

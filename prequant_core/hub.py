@@ -695,7 +695,7 @@ def _discard(path) -> None:
         log.warning("[prequant] could not remove the partial download %s: %s", path, e)
 
 
-def locate(plan: sources.Plan | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
+def locate(plan: sources.Candidates | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
            token: str | None = None, progress: ProgressFn | None = None,
            env: Mapping[str, str] | None = None, dest_dir: str | None = None,
            search_dirs: Iterable[str] = (), status: StatusFn | None = None,

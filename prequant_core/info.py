@@ -22,10 +22,8 @@ import math
 import os
 from typing import Any, Iterator, Mapping
 
-import torch
 
-from . import families, fingerprint, formats, layer_formats, metadata, qtensor
-from .checkpoint import Checkpoint
+from . import families, fingerprint, formats, layer_formats, metadata, qtensor, schemes
 from .errors import CorruptCheckpointError, UnknownFamilyError, reading
 from .formats import registry
 from .formats.registry import READ_FULL, READ_HEADER, READ_MMAP, Light
@@ -416,7 +414,7 @@ def add_cli(subparsers) -> None:
     v.add_argument("--base", required=True, metavar="ID",
                    help="base model id, e.g. Tongyi-MAI/Z-Image-Turbo (the last path part, any case, also matches)")
     v.add_argument("--scheme", required=True, metavar="S",
-                   help="quantization scheme: int8, fp8, int8-weight-only or fp8-weight-only")
+                   help="quantization scheme: " + ", ".join(schemes.SCHEMES))
     v.add_argument("--min-features", type=int, default=None, metavar="N",
                    help="require this min_features setting (only Linears with in and out features >= N quantized)")
     v.add_argument("--family", default=None, metavar="F",

@@ -10,8 +10,13 @@ from .checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
 from .safe_text import escape
 
 POLICY_KIND = "unsloth_nvfp4_layer_policy_v1"
-# a policy's format names -> what the file's weights are (qtensor.kind_of); "bf16" layers are plain weights
-POLICY_FORMATS = {"nvfp4": "nvfp4", "fp8": "float8", "int8": "int8", "mxfp8": "mxfp8", "bf16": None}
+
+
+def policy_formats() -> dict:
+    """A policy's format names (the scheme names) -> what the file's weights are (qtensor.kind_of); "bf16" layers
+    are plain weights."""
+    from .schemes import registry
+    return {**{s.name: s.kind for s in registry.all_schemes()}, "bf16": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,14 +176,14 @@ def policy_reasons(ckpt: Checkpoint, scheme: str | None) -> list[str]:
     fqns = _names(pol.get("nvfp4_fqns"), "nvfp4_policy.nvfp4_fqns", reasons)
     if counts is not None:
         for fmt, n in counts.items():
-            if fmt not in POLICY_FORMATS:
+            if fmt not in policy_formats():
                 reasons.append(f"nvfp4_policy 'counts' names format '{str(fmt)[:30]}', expected one of "
-                               f"{', '.join(POLICY_FORMATS)}")
+                               f"{', '.join(policy_formats())}")
             elif not _int(n) or n < 0:
                 reasons.append(f"nvfp4_policy counts['{fmt}'] must be a whole number, found {str(n)[:30]!r}")
         if reasons:
             return reasons
-        for fmt, kind in POLICY_FORMATS.items():
+        for fmt, kind in policy_formats().items():
             if kind is None:
                 continue
             have, say = kinds.get(kind, 0), counts.get(fmt, 0)

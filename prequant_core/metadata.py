@@ -56,8 +56,8 @@ def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
                      + (f"; ConvRot on {m['comfy_convrot_layers']} of them" if m.get("comfy_convrot_layers") else "")
                      + f"): ComfyUI {since} and newer load it with their own Load Diffusion Model; this pack loads "
                        "it on older ComfyUI too, on every device (dequantized at matmul where there is no kernel)")
-    coarse = [s for s, field in (("fp8", "fp8_granularity"), ("int8", "int8_granularity"))
-              if m.get(field) in ("per_tensor", "mixed")]
+    coarse = [s.name for s in schemes.registry.all_schemes()
+              if s.granularity_field and m.get(s.granularity_field) in ("per_tensor", "mixed")]
     if coarse:
         notes.append(f"its {' and '.join(coarse)} weights use one scale per tensor, a coarser rounding than a per-row "
                      "file of the same model (expect small output differences from it)")
@@ -188,13 +188,13 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
             reasons.append(f"scheme '{file_scheme}' is not loadable: {getattr(e, 'message', e)}")
     if req.scheme:
         wanted = schemes.normalize(req.scheme)
-        if scheme is not None and scheme != wanted and not (scheme.split("-")[0] == wanted.split("-")[0]
+        if scheme is not None and scheme != wanted and not (schemes.same_kind(scheme, wanted)
                                                             and scheme in found_schemes and wanted in found_schemes):
             reasons.append(f"scheme is '{file_scheme}', requested '{req.scheme}'")
         scheme = scheme or wanted
     if scheme is None and len(found_schemes) == 1:
         scheme = next(iter(found_schemes))
-    if scheme and found_schemes and not any(f.split("-")[0] == scheme.split("-")[0] for f in found_schemes):
+    if scheme and found_schemes and not any(schemes.same_kind(f, scheme) for f in found_schemes):
         reasons.append(f"metadata says scheme '{scheme}' but the weights are {sorted(found_schemes)}")
     if not found_schemes:
         reasons.append("the file holds no quantized weights (a dense checkpoint?)")
@@ -236,16 +236,17 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
         rule = schemes.rules(scheme)
         if m.get("require_bf16") is not None and m["require_bf16"] != rule.require_bf16:
             reasons.append(f"require_bf16 is {m['require_bf16']}, expected {rule.require_bf16} for scheme {scheme} "
-                           "(Unsloth's rule: true for fp8 and mxfp8 only, whose torchao paths take bf16 weights)")
+                           f"(Unsloth's rule: {schemes.bf16_rule_text()}, whose torchao paths take bf16 weights)")
         if m.get("require_divisible") is not None and m["require_divisible"] != rule.require_divisible:
             reasons.append(f"require_divisible is {m['require_divisible']}, expected {rule.require_divisible} for "
-                           f"scheme {scheme} (Unsloth's rule: int8 0, fp8 and nvfp4 16, mxfp8 32)")
+                           f"scheme {scheme} (Unsloth's rule: {schemes.rules_text()})")
         if req.fast_accum is not None and m.get("fast_accum") is not None and m["fast_accum"] != req.fast_accum:
             reasons.append(f"fast_accum is {m['fast_accum']}, requested {req.fast_accum}")
-        gran = m.get("fp8_granularity")
-        if scheme.startswith("fp8") and gran is not None and gran != "per_row" and not native:
-            reasons.append(f"fp8_granularity is '{escape(str(gran)[:40])}', expected 'per_row' (Unsloth's rule: "
-                           "per-tensor fp8 files are stale; rebuild per_row)")
+        gran = m.get(rule.granularity_field) if rule.fp8_granularity else None
+        if gran is not None and gran != rule.fp8_granularity and not native:
+            reasons.append(f"{rule.granularity_field} is '{escape(str(gran)[:40])}', expected "
+                           f"'{rule.fp8_granularity}' (Unsloth's rule: per-tensor {scheme} files are stale; rebuild "
+                           f"{rule.fp8_granularity})")
         expected_ex = req.exclude_tokens if req.exclude_tokens is not None else \
             schemes.exclude_tokens(scheme, family_exclude_extra)
         found_ex = m.get("exclude_name_tokens")

@@ -22,7 +22,9 @@ POLICIES = (PREQUANT_ONLY, PREQUANT_ELSE_DENSE, DENSE_ONLY)
 
 
 @dataclasses.dataclass
-class Plan:
+class LoadRoute:
+    """The route a load takes, decided before anything is loaded: the opened, validated pre-quantized file, or the
+    dense file to quantize while reading it (with why the pre-quantized route was skipped)."""
     path: str  # "pre-quantized" | "quantized at load"
     opened: Opened | None = None
     dense_path: str | None = None
@@ -42,7 +44,7 @@ class Plan:
 def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQUANT_ONLY,
               dense_path: str | None = None, model_dirs: Iterable[str] = (),
               dense_model_dirs: Iterable[str] | None = None, unavailable: PrequantError | None = None,
-              memory_guard=True) -> Plan:
+              memory_guard=True) -> LoadRoute:
     """``unavailable``: why no pre-quantized file could even be located (e.g. offline, not on the Hub)."""
     if policy not in POLICIES:
         raise ValidationError(f"Unknown load policy '{policy}'.", expected=", ".join(POLICIES), found=policy)
@@ -66,8 +68,8 @@ def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQ
         else:
             reasons.append("no pre-quantized file was given")
         if opened is not None:
-            return Plan("pre-quantized", opened=opened, family=opened.family,
-                        scheme=opened.checkpoint.metadata.get("scheme"))
+            return LoadRoute("pre-quantized", opened=opened, family=opened.family,
+                             scheme=opened.checkpoint.metadata.get("scheme"))
     if policy == PREQUANT_ONLY:
         raise ValidationError("No pre-quantized checkpoint to load.", fix="Pick a file, or allow the dense fallback.")
     if not dense_path:
@@ -79,11 +81,11 @@ def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQ
         raise ValidationError("Quantizing at load needs a scheme.", expected=", ".join(schemes.SCHEMES), found="auto",
                               fix="Set the node's scheme input.")
     scheme = schemes.normalize(request.scheme)
-    from .dense import open_dense
+    from .dense_sources import open_dense
     dense = open_dense(real)
     fam = families.get(request.family) if request.family else families.detect(list(dense.infos()), dense.hints, real)[0]
     min_features = request.min_features if request.min_features is not None else schemes.DEFAULT_MIN_FEATURES
     exclude = request.exclude_tokens if request.exclude_tokens is not None else \
         schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
-    return Plan("quantized at load", dense_path=real, scheme=scheme, min_features=min_features, exclude=exclude,
-                family=fam, skipped_because=reasons)
+    return LoadRoute("quantized at load", dense_path=real, scheme=scheme, min_features=min_features,
+                     exclude=exclude, family=fam, skipped_because=reasons)

@@ -382,10 +382,9 @@ def dense_nbytes(t) -> int:
 
 
 def scheme_of(t) -> str | None:
-    if isinstance(t, Int8Tensor):
-        return "int8" if t.act_quant_kwargs is not None else "int8-weight-only"
-    if isinstance(t, Float8Tensor):
-        return "fp8" if t.act_quant_kwargs is not None else "fp8-weight-only"
+    from . import schemes
+    if isinstance(t, (Int8Tensor, Float8Tensor)):
+        return schemes.scheme_of_kind(kind_of(t), dynamic=t.act_quant_kwargs is not None)
     if isinstance(t, (NVFP4Tensor, MXTensor, QParts)):
-        return kind_of(t)
+        return schemes.scheme_of_kind(kind_of(t))
     return None

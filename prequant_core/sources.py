@@ -32,8 +32,12 @@ from typing import Callable, Iterable, Mapping
 from . import allowlist, families, schemes
 from .errors import HubError
 
-MODEL_SUFFIXES = ("-FP8", "-INT8", "-NVFP4", "-MXFP8", "-quantized")
-LEGACY_SCHEMES = ("int8", "fp8")  # the schemes old Unsloth releases published as ``transformer_<scheme>.pt``
+OTHER_SUFFIXES = ("-quantized",)  # a repo-name suffix that names no scheme
+
+
+def model_suffixes() -> tuple[str, ...]:
+    """The repo-name suffixes ``<Model>`` is found by: every scheme's (longest first: ``-MXFP8`` is not ``-FP8``)."""
+    return (*sorted((s.suffix for s in schemes.registry.all_schemes()), key=len, reverse=True), *OTHER_SUFFIXES)
 
 
 def repo_schemes(repo: str) -> tuple[str, ...]:
@@ -70,7 +74,8 @@ class Candidate:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Candidates:
+    """Where a checkpoint may come from, in the order tried (``plan``): no I/O was done to make it."""
     candidates: tuple[Candidate, ...]
     notes: tuple[str, ...] = ()  # steps that were skipped and why
     family: str | None = None  # the family asked for (input or preset), for validation
@@ -132,7 +137,7 @@ def model_name(repo: str) -> str:
     """``<Model>``: the repo name minus one quantization suffix (``unsloth/Z-Image-Turbo-FP8`` -> ``Z-Image-Turbo``)."""
     name = repo.rstrip("/").rsplit("/", 1)[-1]
     low = name.lower()
-    for suf in MODEL_SUFFIXES:
+    for suf in model_suffixes():
         if low.endswith(suf.lower()) and len(name) > len(suf):
             return name[: -len(suf)]
     return name
@@ -153,7 +158,7 @@ def filenames(repo: str, scheme: str, component: str = "transformer", base_model
                                     f"{model}-{component}-{s.upper()}.pt", f"{component}_{s}.pt"]))
     convrot = [f"{model}-INT8-ConvRot.safetensors"] if s == "int8" and families.convrot_hosted(repo) else []
     names = [*convrot, *declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
-    if s in LEGACY_SCHEMES:
+    if schemes.get(s)[0].legacy_pt and not schemes.get(s)[1]:  # old releases: transformer_<scheme>.pt
         names.append(f"transformer_{s}.pt")
     return tuple(dict.fromkeys(names))
 
@@ -242,7 +247,7 @@ def _clean(s: str | None) -> str | None:
 
 def plan(path: str | None = None, hub_repo: str | None = None, family: str | None = None, scheme: str | None = None,
          *, variant: str | None = None, base_model_id: str | None = None, revision: str | None = None,
-         preset: str | None = None, component: str = "transformer") -> Plan:
+         preset: str | None = None, component: str = "transformer") -> Candidates:
     """Ordered candidates for the loader's inputs. Pure: reads no file and no network.
 
     ``scheme`` None (or "auto") means "not chosen": a named repo then takes the scheme its suffix names
@@ -280,9 +285,10 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
         repo = normalize_repo(hub_repo)
         tried = (scheme,) if scheme else schemes_for_repo(repo)
         if not tried:
+            ends = ", ".join(s.suffix for s in schemes.registry.all_schemes())
             raise HubError(f"Which scheme should be downloaded from {repo}?", expected=" / ".join(schemes.SCHEMES),
                            found="auto", fix="Set the node's scheme input (the repo is not one this pack knows and "
-                                             "its name does not end in -FP8, -INT8, -NVFP4 or -MXFP8).")
+                                             f"its name does not end in {ends}).")
         # auto on a repo holding several schemes: every scheme's names, the file's own metadata says which it was
         names = tuple(dict.fromkeys(n for s in tried for n in filenames(repo, s, component, base_model_id)))
         out.append(Candidate("hub", origin, scheme=tried[0] if len(tried) == 1 else None, repo=repo,
@@ -306,7 +312,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
             elif not any(c.kind == "hub" and c.repo == repo and c.scheme == scheme for c in out):
                 out.append(Candidate("hub", "family", scheme=scheme, repo=repo, revision=revision,
                                      filenames=filenames(repo, scheme, component, base_model_id)))
-    return Plan(tuple(out), tuple(notes), family, scheme)
+    return Candidates(tuple(out), tuple(notes), family, scheme)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,7 +359,7 @@ def local_names(candidate: Candidate) -> tuple[str, ...]:
     return tuple(local_name(candidate.repo, fn) for fn in candidate.filenames) if candidate.kind == "hub" else ()
 
 
-def provider(p: Plan, name: str) -> Candidate | None:
+def provider(p: Candidates, name: str) -> Candidate | None:
     """The Hub candidate of ``p`` whose download would be the file ``name`` (a workflow's checkpoint the user does not
     have yet), else None. Only an exact file name counts: another file is never fetched in place of the one named."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
@@ -375,14 +381,14 @@ def hosted_source(name: str) -> Preset | None:
     return None
 
 
-def for_missing_file(name: str, p: Plan, folders: Iterable[str], *, hub_url: str = "https://huggingface.co") -> Plan:
+def for_missing_file(name: str, p: Candidates, folders: Iterable[str], *, hub_url: str = "https://huggingface.co") -> Candidates:
     """A plan for a listed checkpoint ``name`` that is in none of ``folders``: the one Hub candidate that provides
     exactly that file. Raises ``CheckpointNotFoundError`` naming the file, the folders searched and where to get it."""
     from .errors import CheckpointNotFoundError
     c = provider(p, name)
     if c is not None:
-        return Plan((c,), p.notes + (f"'{name}' is not in {', '.join(folders) or 'the model folders'}: "
-                                     f"downloading it from {c.repo}",), p.family, p.scheme)
+        return Candidates((c,), p.notes + (f"'{name}' is not in {', '.join(folders) or 'the model folders'}: "
+                                           f"downloading it from {c.repo}",), p.family, p.scheme)
     folders = list(folders)
     first = folders[0] if folders else "ComfyUI/models/prequant"
     hosted = hosted_source(name)

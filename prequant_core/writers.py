@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from typing import Callable, Mapping
 
-import torch
 
 from . import qtensor
 from .errors import BuildError
@@ -30,11 +28,12 @@ def write_checkpoint(dest: str, tensors: Mapping, metadata: dict, *, container: 
         raise BuildError(f"Unknown output container '{container}'.", expected=" or ".join(names), found=container)
     c = registry.by_name(container)
     scheme = metadata.get("scheme") if isinstance(metadata, dict) else None
-    if c.writes_schemes is not None and scheme is not None and scheme not in c.writes_schemes:
+    held = registry.writes_schemes(c)
+    if scheme is not None and scheme not in held:
         raise BuildError(f"The {container} container does not hold {scheme} weights; nothing was written.",
-                         path=dest, expected=" / ".join(c.writes_schemes), found=str(scheme),
+                         path=dest, expected=" / ".join(held), found=str(scheme),
                          fix="Write this scheme as " + " or ".join(
-                             x.extension for x in registry.writable() if x.writes_schemes is None) + ".")
+                             x.extension for x in registry.writable() if scheme in registry.writes_schemes(x)) + ".")
     writer = c.write
     try:
         with atomic_output(dest, overwrite=overwrite) as tmp:

@@ -9,6 +9,12 @@ if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
 fi
+# Debian's strace for the load-trace test (tests/test_load_trace.py: how often a load opens the checkpoint)
+if ! command -v strace >/dev/null 2>&1; then
+  echo "[setup] installing Debian's strace for the load-trace test"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq strace >/dev/null
+fi
 if [ ! -d tests/browser/node_modules/playwright-core ]; then
   echo "[setup] npm ci (playwright-core, no browser download)"
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null

@@ -11,6 +11,19 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 # torch.compile's cache stays inside the checkout like everything else the suite makes.
 export TORCHINDUCTOR_CACHE_DIR="$root/.cache/torchinductor"
+# Scratch files (pytest's tmp_path, the test ComfyUI roots, the browser's profile) go to a folder of this run that is
+# emptied when each leg ends and removed at exit: a CI run once died with "No space left on device" when the legs'
+# leftovers piled up in /tmp. It stays under /tmp, not in the checkout, because sockets made under TMPDIR (the
+# browser's) must keep a path shorter than 108 bytes. A killed run's folder is removed by the next start; runs side by
+# side keep their own.
+for d in /tmp/prequant-test-*; do
+  [ -d "$d" ] || continue
+  kill -0 "${d##*-}" 2>/dev/null || rm -rf "$d"
+done
+export TMPDIR="/tmp/prequant-test-$$"
+mkdir -p "$TMPDIR"
+trap 'rm -rf "$TMPDIR"' EXIT
+leg_done() { rm -rf "$TMPDIR"; mkdir -p "$TMPDIR"; df -h "$root" | awk 'NR==2 {print "[test] disk after this leg: " $4 " free"}'; }
 c012="$root/.cache/comfyui-0.12"
 run012() {  # pytest on ComfyUI 0.12.1: its venv's python, tools/comfy_headless.py told where its root is
   "$root/scripts/setup_comfyui012.sh"
@@ -20,21 +33,24 @@ run012() {  # pytest on ComfyUI 0.12.1: its venv's python, tools/comfy_headless.
 for a in "$@"; do  # a test file, folder or node id among the arguments (option values such as no:cacheprovider are not)
   case "$a" in -*) ;; *) if [ -e "${a%%::*}" ]; then
     if [ "${PREQUANT_TEST_COMFYUI:-}" = "0.12" ]; then run012 "$@"; exit $?; fi
-    exec .venv/bin/python -m pytest "$@"; fi ;; esac
+    .venv/bin/python -m pytest "$@"; exit $?; fi ;; esac
 done
 CORE_TESTS=(tests/test_core_tier.py tests/test_bad_input.py tests/test_build_faults.py tests/test_hostile_files.py
             tests/test_unsloth_parity.py tests/test_registry.py tests/test_fuzz.py tests/test_pages.py
             tests/test_block_formats.py tests/test_format_registry.py tests/test_unsloth_conformance.py
-            tests/test_readme_tables.py tests/test_hub_hostile.py tests/test_comfy_native.py tests/test_int8_cpu.py)
+            tests/test_readme_tables.py tests/test_hub_hostile.py tests/test_comfy_native.py tests/test_int8_cpu.py
+            tests/test_scheme_registry.py)
 echo "[test] core tier: prequant_core without ComfyUI (${#CORE_TESTS[@]} files)"
 rc=0
 # the slowest tests of each leg are listed at its end: where the suite's time goes, in every CI log
 slow=(--durations=12)
 PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${slow[@]}" "${CORE_TESTS[@]}" "$@" || rc=$?
+leg_done
 echo "[test] ComfyUI tier: the real ComfyUI 0.3.75 in-process, as a server, and in the browser"
 ignore=()
 for f in "${CORE_TESTS[@]}"; do ignore+=(--ignore="$f"); done
 PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest "${slow[@]}" tests "${ignore[@]}" "$@" || rc=$?
+leg_done
 # The ComfyUI-side tests again on ComfyUI 0.12.1 (pip-installable distribution, its own venv with the same torch and
 # torchao pins): the files where the pack meets ComfyUI (model classes and configs of every family, folders and file
 # lists, ModelPatcher / LoRA / low-VRAM loading, matmul paths, the dense fallback, nodes over a real server), chosen

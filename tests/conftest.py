@@ -31,7 +31,6 @@ def comfy(tmp_path_factory):
     from tools import comfy_headless
     base = tmp_path_factory.mktemp("comfy_base")
     nodes, pack = comfy_headless.boot(base_dir=str(base))
-    import folder_paths
     pack.nodes.paths.register()
     return nodes, pack
 

@@ -1,7 +1,6 @@
 """Bad input: every case is a typed error that names the file and the fix; nothing runs, nothing is written."""
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import zipfile

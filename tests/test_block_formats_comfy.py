@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from prequant_core import build, families, formats, layer_formats, qtensor, rotation, schemes, writers
+from prequant_core import build, families, formats, layer_formats, quantize, rotation, schemes, writers
 from prequant_core.checkpoint import FORMAT_V2, FORMAT_V3
 from tools import tiny_families as tf
 
@@ -75,7 +75,7 @@ def test_block_file_equals_load_time_quantization_and_says_its_path(comfy, folde
         assert qkv.weight.dtype == torch.uint8 and qkv.weight.shape[1] * 2 == qkv.in_features
         assert len(torch.unique(qkv.weight_scale_2)) == 3
     out = sample(model)
-    q, _ = build.quantize_tensors(dense(), scheme)
+    q, _ = quantize.quantize_tensors(dense(), scheme)
     ref = sample(load_time(comfy, q))
     d = sample(load_time(comfy, dict(dense())))
     rel = ((out - d).norm() / d.norm()).item()
@@ -135,7 +135,7 @@ def policy_tensors():
     fam = families.get(FAMILY)
     out, fqns, counts = {}, [], {"nvfp4": 0, "fp8": 0, "bf16": 0}
     flt = schemes.LayerFilter("fp8", schemes.DEFAULT_MIN_FEATURES, ())
-    lin = set(build.linear_weight_keys(dense()))
+    lin = set(quantize.linear_weight_keys(dense()))
     for k, v in dense().items():
         v = v.to(torch.bfloat16)
         mod = k[:-len(".weight")]
@@ -195,7 +195,7 @@ def test_v3_policy_with_wrong_counts_is_refused_naming_the_field(comfy, folder):
 def convrot_tensors(group=64):
     fam = families.get(FAMILY)
     flt = schemes.LayerFilter("int8", schemes.DEFAULT_MIN_FEATURES, tuple(schemes.exclude_tokens("int8", ())))
-    lin = set(build.linear_weight_keys(dense()))
+    lin = set(quantize.linear_weight_keys(dense()))
     out, fqns = {}, []
     for k, v in dense().items():
         v = v.to(torch.bfloat16)
@@ -239,7 +239,7 @@ def test_convrot_file_rotates_inputs_and_matches_the_dense_model(comfy, folder):
     # the whole model: the rotated int8 file tracks the dense model as well as the plain int8 file does
     out = sample(model)
     d = sample(load_time(comfy, dict(dense())))
-    q, _ = build.quantize_tensors(dense(), "int8", exclude=schemes.exclude_tokens("int8", ()))
+    q, _ = quantize.quantize_tensors(dense(), "int8", exclude=schemes.exclude_tokens("int8", ()))
     plain = sample(load_time(comfy, q))
     rel_rot = ((out - d).norm() / d.norm()).item()
     rel_plain = ((plain - d).norm() / d.norm()).item()

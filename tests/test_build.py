@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import BASE_ID, ROOT, sample
-from prequant_core import build, families, fingerprint, formats, keymap, loader, metadata, qtensor, schemes
+from prequant_core import (build, dense_sources, families, fingerprint, formats, keymap, loader, metadata, output_file,
+                           qtensor, quantize, schemes, writers)
 from prequant_core.errors import BuildError, UnknownFamilyError
 from tools import tiny_models
 
@@ -66,7 +67,7 @@ def prequant_dir():
 
 
 def temps_in(folder):
-    return sorted(f for f in os.listdir(folder) if f.startswith(build.TEMP_PREFIX) and f.endswith(build.TEMP_SUFFIX))
+    return sorted(f for f in os.listdir(folder) if f.startswith(output_file.TEMP_PREFIX) and f.endswith(output_file.TEMP_SUFFIX))
 
 
 def assert_same_tensors(a: dict, b: dict):
@@ -117,7 +118,7 @@ def reference(comfy, zimage_dense):
 
     def ref(scheme):
         if scheme not in cache:
-            q, skipped = build.quantize_tensors(zimage_dense, scheme, exclude=schemes.exclude_tokens(scheme))
+            q, skipped = quantize.quantize_tensors(zimage_dense, scheme, exclude=schemes.exclude_tokens(scheme))
             meta = build.make_metadata(family=fam, scheme=scheme, base_model_id=BASE_ID, min_features=512,
                                        exclude=schemes.exclude_tokens(scheme), tensors=q, skipped=skipped)
             cache[scheme] = (sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, meta)), meta)
@@ -191,7 +192,7 @@ def test_built_file_passes_validation_and_carries_every_field(node_built, zimage
     # two; keys are diffusers names
     weights = {k for k in ck.tensors if k.endswith(".weight")}
     assert set(fp["skipped"]) == weights - set(ck.quantized_keys) and set(fp["modules"]) == set(ck.quantized_keys)
-    assert set(build.linear_weight_keys(zimage_dense)) <= set(ck.quantized_keys) | set(fp["skipped"])
+    assert set(quantize.linear_weight_keys(zimage_dense)) <= set(ck.quantized_keys) | set(fp["skipped"])
     assert set(ck.tensors) == set(zimage_dense)
 
 
@@ -214,7 +215,7 @@ def test_streamed_safetensors_is_what_torchao_and_safetensors_read(node_built, t
     tensors = {k: ck.tensors[k] for k in json.loads(read_header(path)[1]["tensor_names"])}
     tensors.update({k: v for k, v in ck.tensors.items() if k not in tensors})
     flat_ref, header_ref = flatten(tensors, format_tag=ck.format_tag, metadata=ck.metadata)
-    out = build.write_checkpoint(str(tmp_path / "again.safetensors"), tensors, ck.metadata)
+    out = writers.write_checkpoint(str(tmp_path / "again.safetensors"), tensors, ck.metadata)
     index, header, _ = read_header(out)
     assert header == header_ref
     with safe_open(out, framework="pt") as f:
@@ -240,7 +241,7 @@ def test_two_builds_are_deterministic(dense_files, node_built, reference, tmp_pa
         assert fa.read() == fb.read(), "same input, same bytes"
     # and the same as quantizing the in-memory state dict (load-time quantization)
     assert reference("int8")[1]["fingerprint"]["modules"] == a.fingerprint["modules"]
-    assert a.estimated_bytes >= a.file_bytes > 0.95 * a.estimated_bytes - build.HEADER_SLACK
+    assert a.estimated_bytes >= a.file_bytes > 0.95 * a.estimated_bytes - output_file.HEADER_SLACK
     # a progress event per tensor while quantizing, then the writes, ending complete
     q = [e for e in events if e[0] == "quantize"]
     w = [e for e in events if e[0] == "write"]
@@ -259,7 +260,7 @@ def test_row_chunked_quantization_is_the_same_tensor(dtype):
     w[9, :4] = 1e4
     for scheme in schemes.SCHEMES:
         whole = schemes.quantize_weight(w.to(torch.bfloat16).contiguous(), scheme)
-        got, skipped = build.quantize_one("blk.proj.weight", w, schemes.LayerFilter(scheme, 512, ()),
+        got, skipped = quantize.quantize_one("blk.proj.weight", w, schemes.LayerFilter(scheme, 512, ()),
                                           chunk_elems=100 * 768)  # 11 row blocks, the last one short
         assert not skipped and type(got) is type(whole), scheme
         for name in ("qdata", "scale", "zero_point"):
@@ -274,19 +275,19 @@ def test_row_chunked_quantization_is_the_same_tensor(dtype):
 def test_key_map_row_permutations_are_undone():
     """Map entries with a row transform (ComfyUI's swap_scale_shift, as a function or by name) are undone on the way
     back to diffusers names; a transform that is not its own inverse is refused."""
-    from prequant_core.keymaps import ROW_PERMUTATIONS
+    from prequant_core.keymap import ROW_PERMUTATIONS
     comfy_sd = {"final.mod.weight": torch.arange(8.0).repeat(4, 1).T.contiguous(), "final.mod.bias": torch.arange(8.0)}
-    src = build.MemorySource(comfy_sd)
+    src = dense_sources.MemorySource(comfy_sd)
     kmap = {"norm_out.linear.weight": ("final.mod.weight", None, ROW_PERMUTATIONS["swap_scale_shift"]),
             "norm_out.linear.bias": ("final.mod.bias", None, "swap_scale_shift")}
-    out = dict(build.RemappedSource(src, kmap).items())
+    out = dict(dense_sources.RemappedSource(src, kmap).items())
     assert out["norm_out.linear.bias"].tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
     assert out["norm_out.linear.weight"][:, 0].tolist() == [4, 5, 6, 7, 0, 1, 2, 3]
     with pytest.raises(BuildError, match="own inverse"):
-        build.RemappedSource(src, {"x.weight": ("final.mod.weight", None, lambda t: t.roll(1, 0)),
+        dense_sources.RemappedSource(src, {"x.weight": ("final.mod.weight", None, lambda t: t.roll(1, 0)),
                                    "x.bias": "final.mod.bias"})
     with pytest.raises(BuildError, match="no diffusers name"):
-        build.RemappedSource(src, {"x.bias": "final.mod.bias"})
+        dense_sources.RemappedSource(src, {"x.bias": "final.mod.bias"})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,10 +306,10 @@ def test_comfyui_layout_file_is_converted_with_comfyuis_key_map(comfy, dense_fil
     assert_same_tensors(got.tensors, ref.tensors)
     assert not any(".qkv." in k for k in got.tensors), "output keys are diffusers names"
     # streamed remapping == keymap.to_diffusers on the in-memory dict
-    src = build.SafetensorsSource([dense_files["comfyui"]])
+    src = dense_sources.SafetensorsSource([dense_files["comfyui"]])
     shapes = {k: i.shape for k, i in src.infos().items()}
     kmap = comfy_utils.z_image_to_diffusers(fam.config_from_shapes(shapes))
-    streamed = dict(build.RemappedSource(src, kmap).items())
+    streamed = dict(dense_sources.RemappedSource(src, kmap).items())
     in_memory = keymap.to_diffusers(dict(src.items()), kmap)
     assert list(streamed) and sorted(streamed) == sorted(in_memory)
     assert all(torch.equal(streamed[k], in_memory[k]) for k in streamed)
@@ -401,7 +402,7 @@ def test_node_builds_from_comfyuis_own_unetloader(comfy, models_dir, tmp_path):
         fam = families.get("z-image")
         kmap = comfy_utils.z_image_to_diffusers(fam.config_from_shapes({k: tuple(v.shape) for k, v in sd.items()}))
         diff = keymap.to_diffusers(sd, kmap)
-        q, skipped = build.quantize_tensors(diff, "int8", exclude=schemes.exclude_tokens("int8"))
+        q, skipped = quantize.quantize_tensors(diff, "int8", exclude=schemes.exclude_tokens("int8"))
         ck = formats.read(built)
         assert ck.metadata["fingerprint"]["modules"] == fingerprint.compute(q)["modules"] and len(ck.quantized_keys) > 20
         assert set(ck.tensors) == set(q)
@@ -465,7 +466,7 @@ def make_diffusers_folder(root, dense: dict, shards: int = 2) -> str:
         part = {k: dense[k].contiguous() for k in keys[i::shards]}
         save_file(part, os.path.join(t, name))
         wmap.update({k: name for k in part})
-    with open(os.path.join(t, build.INDEX_NAME), "w") as f:
+    with open(os.path.join(t, dense_sources.INDEX_NAME), "w") as f:
         json.dump({"metadata": {}, "weight_map": wmap}, f)
     return root
 
@@ -493,7 +494,7 @@ def test_cli_builds_a_sharded_diffusers_folder(tmp_path, zimage_dense, reference
     assert os.stat(path).st_mtime_ns == before.st_mtime_ns
     # a single shard picked directly means the whole folder (the node lists shards, not folders)
     shard = os.path.join(root, "transformer", "diffusion_pytorch_model-00001-of-00002.safetensors")
-    src = build.open_input(shard).source
+    src = dense_sources.open_input(shard).source
     assert len(src.files) == 2 and set(src.infos()) == set(zimage_dense)
     assert src.hints["transformer_class"] == "ZImageTransformer2DModel"
 
@@ -545,7 +546,7 @@ def test_disk_space_is_checked_before_writing(small_dense, tmp_path):
             seen["folder"] = path
             return seen["estimate"] + estimate_offset
         return free
-    est, n_q = build.estimate_output_bytes(build.open_input(small_dense).source.infos(),
+    est, n_q = output_file.estimate_output_bytes(dense_sources.open_input(small_dense).source.infos(),
                                            schemes.LayerFilter("int8", 512, tuple(schemes.exclude_tokens("int8"))))
     seen["estimate"] = est
     with pytest.raises(BuildError, match="Not enough free disk space") as e:
@@ -654,7 +655,7 @@ def test_killed_build_leaves_no_file_and_temps_do_not_accumulate(small_dense, tm
     # a live build's temp (pid of a running process) must survive the cleanup
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        live = out_dir / f".prequant-{build._host_tag()}-{sleeper.pid}-abc123.partial"
+        live = out_dir / f".prequant-{output_file._host_tag()}-{sleeper.pid}-abc123.partial"
         live.write_bytes(b"in progress")
         res = build.build(small_dense, out_dir / "next.safetensors", scheme="int8")
         assert os.path.exists(res.path) and not dest.exists()
@@ -662,5 +663,5 @@ def test_killed_build_leaves_no_file_and_temps_do_not_accumulate(small_dense, tm
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert build.clean_stale_temps(str(out_dir)) == [str(live)]
+    assert output_file.clean_stale_temps(str(out_dir)) == [str(live)]
     assert temps_in(out_dir) == []

@@ -24,14 +24,14 @@ import time
 import pytest
 
 from conftest import BASE_ID, ROOT
-from prequant_core import build, errors, families, formats
+from prequant_core import build, errors, families, formats, output_file, quantize, writers
 
 FAM = families.get("z-image")
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def temps(folder) -> list[str]:
-    return sorted(n for n in os.listdir(folder) if n.startswith(build.TEMP_PREFIX))
+    return sorted(n for n in os.listdir(folder) if n.startswith(output_file.TEMP_PREFIX))
 
 
 def digest(path) -> str:
@@ -61,7 +61,7 @@ def remount_ro(path) -> None:
 @pytest.fixture(scope="module")
 def quantized(zimage_dense):
     """The tiny Z-Image quantized once (int8; about 95 MB written), with the metadata build would write."""
-    q, skipped = build.quantize_tensors(zimage_dense, "int8")
+    q, skipped = quantize.quantize_tensors(zimage_dense, "int8")
     meta = build.make_metadata(family=FAM, scheme="int8", base_model_id=BASE_ID, min_features=512,
                                exclude=build.schemes.exclude_tokens("int8"), tensors=q, skipped=skipped)
     return q, meta
@@ -85,7 +85,7 @@ def small_ckpt():
          "layers.0.attention.to_q.bias": torch.randn(256, generator=g).bfloat16(),
          "x_pad_token": torch.zeros(1, 512).bfloat16()}
     p = os.path.join(d, "small.safetensors")
-    build.write_checkpoint(p, t, {"family": "z-image", "scheme": "int8"})
+    writers.write_checkpoint(p, t, {"family": "z-image", "scheme": "int8"})
     os.chmod(p, 0o644)
     yield p
     shutil.rmtree(d, ignore_errors=True)
@@ -110,7 +110,7 @@ def test_disk_full_new_file(quantized, tmp_path, container):
     with tmpfs(tmp_path / "small") as mnt:
         dest = os.path.join(mnt, f"Z-Image-Turbo-INT8.{container}")
         with pytest.raises(errors.BuildError) as e:
-            build.write_checkpoint(dest, q, meta, container=container)
+            writers.write_checkpoint(dest, q, meta, container=container)
         assert "disk filled up" in str(e.value) and e.value.fix
         assert_untouched(mnt, dest, None)
         # torch.save's writer (pt) keeps its descriptor of the unlinked temp until the exception is dropped
@@ -128,7 +128,7 @@ def test_disk_full_existing_file_keeps_its_bytes(quantized, tmp_path, container)
             f.write(EXISTING)
         before = digest(dest)
         with pytest.raises(errors.BuildError):
-            build.write_checkpoint(dest, q, meta, container=container, overwrite=True)
+            writers.write_checkpoint(dest, q, meta, container=container, overwrite=True)
         assert_untouched(mnt, dest, before)
 
 
@@ -163,7 +163,7 @@ def test_read_only_filesystem(quantized, tmp_path, container):
         for dest, overwrite, prior in ((os.path.join(mnt, f"new.{container}"), False, None),
                                        (existing, True, before)):
             with pytest.raises(errors.BuildError) as e:
-                build.write_checkpoint(dest, q, meta, container=container, overwrite=overwrite)
+                writers.write_checkpoint(dest, q, meta, container=container, overwrite=overwrite)
             assert "read-only" in str(e.value).lower() or "permission" in str(e.value).lower(), str(e.value)
             assert e.value.fix
             assert_untouched(mnt, dest, prior)
@@ -179,7 +179,7 @@ def test_immutable_destination(small_ckpt, tmp_path):
         pytest.skip("chattr +i is not supported on this filesystem / for this user")
     try:
         with pytest.raises(errors.BuildError) as e:
-            build.write_checkpoint(str(dest), ck.tensors, ck.metadata, overwrite=True)
+            writers.write_checkpoint(str(dest), ck.tensors, ck.metadata, overwrite=True)
         assert e.value.fix
         assert_untouched(str(tmp_path), str(dest), before)
     finally:
@@ -189,14 +189,14 @@ def test_immutable_destination(small_ckpt, tmp_path):
 CHILD = textwrap.dedent("""
     import json, os, resource, signal, sys
     sys.path.insert(0, {root!r})
-    from prequant_core import build, errors, formats
+    from prequant_core import errors, formats, writers
     cfg = json.loads(sys.argv[1])
     ck = formats.read(cfg["src"])
     # every lazy import of the writers happens now, before privileges or limits change
     warm = os.path.join(cfg["warm"], "warm.safetensors")
     for c in ("safetensors", "pt"):
         w = warm[: -len(".safetensors")] + "." + c
-        build.write_checkpoint(w, ck.tensors, ck.metadata, container=c, overwrite=True)
+        writers.write_checkpoint(w, ck.tensors, ck.metadata, container=c, overwrite=True)
         os.unlink(w)
     if cfg.get("fsize"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing us
@@ -208,8 +208,8 @@ CHILD = textwrap.dedent("""
     out = []
     for case in cfg["cases"]:
         try:
-            build.write_checkpoint(case["dest"], ck.tensors, ck.metadata, container=case["container"],
-                                   overwrite=case["overwrite"])
+            writers.write_checkpoint(case["dest"], ck.tensors, ck.metadata, container=case["container"],
+                                     overwrite=case["overwrite"])
             out.append({{"ok": True}})
         except errors.PrequantError as e:
             out.append({{"ok": False, "prequant": True, "type": type(e).__name__, "msg": str(e)}})
@@ -343,7 +343,7 @@ def test_sigkill_mid_write(dense_file, small_ckpt, tmp_path, container, overwrit
     # the next build in that folder removes it (its pid is gone), and its own temp too once done
     ck = formats.read(small_ckpt)
     other = str(folder / "next.safetensors")
-    build.write_checkpoint(other, ck.tensors, ck.metadata)
+    writers.write_checkpoint(other, ck.tensors, ck.metadata)
     assert temps(str(folder)) == []
     assert formats.read(other).quantized_keys
     if before is None:
@@ -375,5 +375,5 @@ def test_sigkill_cli_at_an_arbitrary_moment(dense_file, tmp_path):
     if os.path.lexists(dest):  # the write finished before the signal landed: then it must be complete
         assert formats.read(dest).quantized_keys
     assert len(temps(str(folder))) <= 1
-    assert build.clean_stale_temps(str(folder)) or temps(str(folder)) == []
+    assert output_file.clean_stale_temps(str(folder)) or temps(str(folder)) == []
     assert temps(str(folder)) == []

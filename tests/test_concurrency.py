@@ -122,9 +122,9 @@ def test_free_racing_loads(server, request):  # noqa: F811
 
 
 def _rss() -> int:
-    from prequant_core import build
+    from prequant_core import quantize
     gc.collect()
-    build.release_free_memory()  # freed heap pages back to the OS: RSS then tracks live memory, not malloc caching
+    quantize.release_free_memory()  # freed heap pages back to the OS: RSS then tracks live memory, not malloc caching
     return psutil.Process().memory_info().rss
 
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 import torch
 
-from conftest import BASE_ID, sample
+from conftest import sample
 from prequant_core import errors, plan
 from prequant_core.metadata import Request
 

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from prequant_core import build, families, keymaps, qtensor, schemes
+from prequant_core import build, families, keymap, qtensor, quantize, schemes
 from prequant_core.errors import ComfyVersionError, CorruptCheckpointError, UnknownFamilyError
 from tools import tiny_families as tf
 
@@ -142,7 +142,7 @@ def test_prequant_equals_load_time_quantization(comfy, prequant_dir, family, sch
     assert all(model.model.diffusion_model.get_submodule(n).weight.dtype == want_dtype for n in qlinears)
 
     out = sample(model, family)
-    q, _ = build.quantize_tensors(dense(family), scheme,
+    q, _ = quantize.quantize_tensors(dense(family), scheme,
                                   exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra))
     ref = sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {}), family)
     assert torch.isfinite(out).all()
@@ -239,7 +239,7 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
     for scheme in SCHEMES:
         flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
                                   tuple(schemes.exclude_tokens(scheme, fam.int8_exclude_extra)))
-        quantized = {k for k in build.linear_weight_keys(sd) if flt.reason_skipped(k[:-len(".weight")], sd[k]) is None}
+        quantized = {k for k in quantize.linear_weight_keys(sd) if flt.reason_skipped(k[:-len(".weight")], sd[k]) is None}
         assert len(quantized) > 10
         mixed = {t: parts for t, parts in fused.items() if len({p in quantized for p in parts}) > 1}
         assert not mixed, f"{scheme}: fused ComfyUI weights with quantized and dense parts: {mixed}"
@@ -285,7 +285,7 @@ def test_a_file_that_passes_detection_but_lacks_a_config_key_is_corrupt(comfy, p
 def test_swap_scale_shift_is_exact_on_quantized_rows(scheme):
     w = torch.randn(1024, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     swapped_dense = torch.cat([w[512:], w[:512]])
-    a = qtensor.split(keymaps.swap_halves(schemes.quantize_weight(w, scheme)))
+    a = qtensor.split(keymap.swap_halves(schemes.quantize_weight(w, scheme)))
     b = qtensor.split(schemes.quantize_weight(swapped_dense, scheme))
     assert torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0].view(torch.uint8), qtensor.split(schemes.quantize_weight(w, scheme))[0].view(torch.uint8))

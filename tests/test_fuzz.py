@@ -30,7 +30,6 @@ import contextlib
 import copy
 import copyreg
 import faulthandler
-import io
 import json
 import os
 import pickle
@@ -41,7 +40,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import zipfile
 
 import pytest
 import torch

@@ -26,7 +26,7 @@ import torch
 
 import hostile_corpus
 from conftest import ROOT
-from prequant_core import allowlist, build, errors, formats, loader, memory
+from prequant_core import allowlist, build, errors, formats, loader, memory, output_file
 from prequant_core.formats import pickle_guard
 from prequant_core.metadata import Request
 
@@ -262,7 +262,7 @@ def test_names_derived_from_base_model_id_pass_the_filename_check(base_id):
 @pytest.mark.parametrize("name", ["CON.safetensors", "nul", "a.safetensors.", "a\u202eb.pt", "a/../b.pt", ".x.pt"])
 def test_typed_names_pass_the_same_check(name):
     with pytest.raises(errors.BuildError, match="not a plain file name"):
-        build.check_output_name(name)
+        output_file.check_output_name(name)
 
 
 def test_windows_paths_give_their_last_part():

@@ -5,7 +5,6 @@ repo never stands in for the official one of the same name)."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 import pytest

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import BASE_ID, ROOT, sample
-from prequant_core import build, errors, families, formats, loader, metadata, qtensor, schemes
+from prequant_core import build, errors, families, formats, loader, metadata, qtensor, quantize, schemes, writers
 from prequant_core.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3
 from prequant_core.formats import legacy_v1
 from tools import tiny_models
@@ -96,7 +96,7 @@ def test_fixture_is_a_real_torchao_v1_file(legacy, zimage_dense):
         torch.load(legacy.path, weights_only=True)  # what current torch + torchao alone make of it
     # the same layers our int8 scheme quantizes
     flt = schemes.LayerFilter("int8", exclude=tuple(schemes.exclude_tokens("int8")))
-    picked = {k for k in build.linear_weight_keys(zimage_dense)
+    picked = {k for k in quantize.linear_weight_keys(zimage_dense)
               if flt.reason_skipped(k[: -len(".weight")], zimage_dense[k]) is None}
     assert set(legacy.keys) == picked and len(picked) > 10
     assert all(legacy.s[k].dtype == torch.bfloat16 and legacy.s[k].numel() == legacy.q[k].shape[0]
@@ -142,7 +142,7 @@ def test_legacy_sampler_output(comfy, legacy, zimage_dense, prequant_files, allo
             for k, v in zimage_dense.items()}
     meta = build.make_metadata(family=fam, scheme="int8", base_model_id=BASE_ID, min_features=512,
                                exclude=schemes.exclude_tokens("int8"), tensors=same, skipped=[])
-    same_path = build.write_checkpoint(str(folder / "same-codes-INT8.safetensors"), same, meta, overwrite=True)
+    same_path = writers.write_checkpoint(str(folder / "same-codes-INT8.safetensors"), same, meta, overwrite=True)
     same_out = sample(load_path(comfy, same_path, base_model_id=BASE_ID, scheme="int8"))
     os.unlink(same_path)
     assert (out - same_out).abs().max().item() == 0.0, "legacy file must run exactly like the same codes in a v1 file"

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 import torch
 
 from conftest import BASE_ID, sample
-from prequant_core import build, families, qtensor, schemes
+from prequant_core import families, quantize, schemes
 
 NONE = "(none: use path or hub_repo)"
 
@@ -27,7 +26,7 @@ def load_time_reference(comfy, dense, scheme):
     """The same dense weights quantized in memory at load time (no file), through the same ComfyUI model path."""
     _, pack = comfy
     fam = families.get("z-image")
-    q, _ = build.quantize_tensors(dense, scheme, exclude=schemes.exclude_tokens(scheme))
+    q, _ = quantize.quantize_tensors(dense, scheme, exclude=schemes.exclude_tokens(scheme))
     return pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {})
 
 

@@ -74,3 +74,33 @@ def test_prequant_files_of_every_scheme_are_listed_from_both_model_folders(comfy
     finally:
         for p in made:
             os.remove(p)
+
+
+def test_a_registered_scheme_is_listed_and_offered_by_the_nodes(comfy, monkeypatch):
+    """A scheme added with one registry line (tests/toy/toy_scheme.py) is listed from both model folders and offered
+    by every node's scheme input; without the line its .pt in models/diffusion_models is not listed."""
+    import folder_paths
+    import torch
+    from prequant_core.schemes import registry
+    from toy import toy_scheme
+    _, pack = comfy
+    paths = pack.nodes.paths
+    made = []
+    for folder in ("prequant", "diffusion_models"):
+        p = os.path.join(folder_paths.get_folder_paths(folder)[0], "toyscheme", "Thing-Q8TOY.pt")
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        torch.save({}, p)
+        made.append(p)
+    try:
+        # models/prequant lists every checkpoint; models/diffusion_models a .pt only when its name has a scheme token
+        assert [c for c in paths.choices() if "Thing-Q8TOY" in c] == ["toyscheme/Thing-Q8TOY.pt"]
+        monkeypatch.setattr(registry, "SCHEMES", (*registry.SCHEMES, toy_scheme.SCHEME))
+        listed = [c for c in paths.choices() if "Thing-Q8TOY" in c]
+        assert len(listed) == 2 and any(c.startswith("diffusion_models/") for c in listed), listed
+        for name in ("PrequantLoadTransformer", "PrequantBuildCheckpoint", "PrequantInfo"):
+            spec = pack.NODE_CLASS_MAPPINGS[name].INPUT_TYPES()
+            offered = {**spec["required"], **spec.get("optional", {})}["scheme"][0]
+            assert "q8toy" in offered, name
+    finally:
+        for p in made:
+            os.remove(p)

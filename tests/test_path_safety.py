@@ -28,7 +28,7 @@ import signal
 import pytest
 import torch
 
-from prequant_core import allowlist, errors, formats
+from prequant_core import allowlist, errors, formats, writers
 from prequant_core.loader import open_checkpoint
 
 NONE = "(none: use path or hub_repo)"
@@ -339,7 +339,6 @@ def test_builder_filename_input(layout, comfy, no_allowlist, zimage_dense, tmp_p
 
 
 def test_overwriting_a_symlinked_name_is_refused_and_leaves_link_and_target(layout, no_allowlist):
-    from prequant_core import build
     victim = os.path.join(layout.outside, "victim.bin")
     with open(victim, "wb") as f:
         f.write(SECRET)
@@ -349,10 +348,10 @@ def test_overwriting_a_symlinked_name_is_refused_and_leaves_link_and_target(layo
     small = {k: v for k, v in list(ck.tensors.items())[:3]}
     try:
         with pytest.raises(errors.BuildError):  # without overwrite: refused, both untouched
-            build.write_checkpoint(link, small, {"family": "z-image"})
+            writers.write_checkpoint(link, small, {"family": "z-image"})
         assert os.path.islink(link) and open(victim, "rb").read() == SECRET
         with pytest.raises(errors.BuildError, match="symbolic link"):  # overwrite replaces regular files only
-            build.write_checkpoint(link, small, {"family": "z-image"}, overwrite=True)
+            writers.write_checkpoint(link, small, {"family": "z-image"}, overwrite=True)
         assert os.path.islink(link) and open(victim, "rb").read() == SECRET
     finally:
         os.unlink(link)

@@ -13,7 +13,7 @@ import torch
 
 import conformance_check as cc
 import unsloth_builder as ub
-from prequant_core import build, families, qtensor, schemes
+from prequant_core import families, qtensor, quantize, schemes
 from tools import tiny_families as tf
 
 FAMILIES = ["z-image", *tf.TINY]
@@ -38,7 +38,7 @@ def _reference_tensors(family, kind, dense, ck):
     fam = families.get(family)
     if kind != "policy":
         scheme = ub.KINDS[kind]
-        q, _ = build.quantize_tensors(dense, scheme, exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra))
+        q, _ = quantize.quantize_tensors(dense, scheme, exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra))
         return q
     nv = set(ck.metadata["nvfp4_policy"]["nvfp4_fqns"])
     out = {}

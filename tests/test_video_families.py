@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from prequant_core import build, families, schemes, sources
+from prequant_core import build, families, quantize, schemes, sources
 from prequant_core.errors import BuildError, PrequantError
 from tools import tiny_families as tf
 
@@ -88,7 +88,7 @@ def test_two_expert_graph_equals_load_time_quantization(comfy, experts):
 
     ref = {}
     for comp, seed in (("transformer", 0), ("transformer_2", 1)):
-        q, _ = build.quantize_tensors(dense(A14B, seed), "int8", exclude=schemes.exclude_tokens("int8", ()))
+        q, _ = quantize.quantize_tensors(dense(A14B, seed), "int8", exclude=schemes.exclude_tokens("int8", ()))
         ref[comp] = pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {})
     ref_mid, ref_out = two_expert_sample(comfy, ref["transformer"], ref["transformer_2"])
     # the low-noise expert really ran: swapping in the high-noise expert for the second pass changes the output
@@ -203,7 +203,7 @@ RSS_GROWTH_LIMIT = 24 * 2**20
 def _rss() -> int:
     import psutil
     gc.collect()
-    build.release_free_memory()
+    quantize.release_free_memory()
     return psutil.Process().memory_info().rss
 
 
@@ -274,7 +274,7 @@ def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy,
             pack.nodes.build.NO_FILE, "int8", 512, "", "auto", name, "safetensors", True, model=model)
     ck = formats.read(res["result"][0])
     assert ck.metadata["family"] == family and ck.metadata["base_model_id"] == fam.base_repos[0]
-    want, _ = build.quantize_tensors(d, "int8", exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra))
+    want, _ = quantize.quantize_tensors(d, "int8", exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra))
     assert set(ck.tensors) == set(want)
     for k, w in want.items():
         got = ck.tensors[k]

@@ -34,13 +34,13 @@ def measure(method: str, comfy_base: str, ckpt_name: str, dense_path: str, schem
     nodes, pack = comfy_headless.boot(base_dir=comfy_base)
     import comfy.sample
     import comfy.utils
-    from prequant_core import build, families, schemes
+    from prequant_core import families, quantize, schemes
     gc.collect()
     meter = RssPeak()
     with torch.inference_mode(False), torch.no_grad():
         if method == "dense":
             sd = comfy.utils.load_torch_file(dense_path)
-            q, _ = build.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
+            q, _ = quantize.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
             del sd
             model = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", q, {})
             matmul = model.prequant_matmul

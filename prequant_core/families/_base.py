@@ -40,17 +40,12 @@ def first(shapes: Shapes, *keys: str) -> tuple:
     raise KeyError(keys[0])
 
 
-SUFFIX_SCHEMES = (("-nvfp4", ("nvfp4",)), ("-mxfp8", ("mxfp8",)), ("-int8", ("int8",)), ("-fp8", ("fp8", "int8")))
-
-
 def schemes_from_suffix(repo: str) -> tuple[str, ...]:
-    """What a repo no family describes probably holds, from its name's suffix (an Unsloth ``-FP8`` repo usually
-    holds both fp8 and int8); empty when the name says nothing."""
-    low = str(repo).strip().lower()
-    for suf, sch in SUFFIX_SCHEMES:
-        if low.endswith(suf):
-            return sch
-    return ()
+    """What a repo no family describes probably holds, from its name's suffix (the scheme records' ``suffix`` and
+    ``suffix_holds``: an Unsloth ``-FP8`` repo usually holds both fp8 and int8); empty when the name says nothing."""
+    from ..schemes import registry
+    s = registry.by_suffix(repo)
+    return () if s is None else (s.suffix_holds or (s.name,))
 
 
 def normalize_base(s: str) -> str:

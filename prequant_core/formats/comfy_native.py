@@ -22,12 +22,12 @@ granularity, and Prequant Info says which ComfyUI release reads the file nativel
 """
 from __future__ import annotations
 
-import json
 
 import torch
 
 from ..checkpoint import COMFY_PREFIX, Checkpoint
-from ..errors import CorruptCheckpointError, UnsupportedFormatError
+from .. import schemes as _schemes
+from ..errors import CorruptCheckpointError, UnsupportedFormatError, ValidationError
 from ..safe_text import escape
 from . import comfy_formats as cf, plain_data
 from .file_handle import OpenedFile
@@ -187,7 +187,7 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
     if attention:
         metadata["comfy_attention_configs"] = attention
     for scheme, grans in granularity.items():
-        field = "fp8_granularity" if scheme == "fp8" else "int8_granularity"
+        field = _schemes.get(scheme)[0].granularity_field
         metadata[field] = "per_tensor" if grans == {"per_tensor"} else "per_row" if grans == {"per_row"} else "mixed"
     return Checkpoint(path=path, container="comfyui-native", format_tag=None, metadata=metadata, tensors=tensors)
 
@@ -200,9 +200,14 @@ def native_since(counts: dict) -> str | None:
 
 # --- writing: a file stock ComfyUI loads with its own Load Diffusion Model ----------------------------------------
 
-# this pack's scheme -> the ComfyUI format that holds it
-NATIVE_FORMAT = {"fp8": "float8_e4m3fn", "fp8-weight-only": "float8_e4m3fn", "int8": "int8_tensorwise",
-                 "int8-weight-only": "int8_tensorwise", "nvfp4": "nvfp4", "mxfp8": "mxfp8"}
+def native_format(scheme: str) -> str:
+    """The ComfyUI format that holds this pack's ``scheme`` (its record's ``comfy_format``)."""
+    s, _ = _schemes.get(scheme)
+    if s.comfy_format is None:
+        raise ValidationError(f"Scheme '{s.name}' has no ComfyUI-native format.", expected=", ".join(
+            x.name for x in _schemes.registry.all_schemes() if x.comfy_format), found=s.name,
+            fix="Write it in the Unsloth format instead.")
+    return s.comfy_format
 # Only the transformer's repeated blocks are quantized: ComfyUI reads the model's configuration from the shapes of the
 # layers around them (FLUX's img_in, Z-Image's cap_embedder ...), and NVFP4's packed codes halve a weight's width.
 BLOCK_TOKENS = ("blocks.", "layers.", "refiner.")
@@ -215,8 +220,8 @@ def native_tensors(tensors, scheme: str, *, min_features: int, progress=None) ->
     fp8, per row for int8)."""
     import json as _json
 
-    from .. import qtensor, schemes as _schemes
-    fmt = NATIVE_FORMAT[_schemes.normalize(scheme)]
+    from .. import qtensor
+    fmt = native_format(scheme)
     flt = _schemes.LayerFilter(_schemes.normalize(scheme), min_features, ())
     out, layers, skipped = {}, {}, []
     items = list(tensors.items())
@@ -227,7 +232,7 @@ def native_tensors(tensors, scheme: str, *, min_features: int, progress=None) ->
         eligible = layer is not None and dense.ndim == 2 and any(t in k for t in BLOCK_TOKENS)
         if eligible and flt.reason_skipped(layer, dense.to(torch.bfloat16)) is None:
             lossless = quantized and qtensor.kind_of(v) == fmt and not qtensor.parts(v)[1].rotation \
-                and fmt in ("nvfp4", "mxfp8") and getattr(v, "is_swizzled_scales", False)
+                and _schemes.registry.by_comfy_format(fmt).block_size and getattr(v, "is_swizzled_scales", False)
             parts = cf.from_weight(fmt, v) if lossless else cf.from_dense(fmt, dense.to(torch.bfloat16))
             cfg = {"format": fmt}
             for suffix, t in parts.items():

@@ -11,6 +11,8 @@ path resolved when the file was opened (the narrow race that remains there is do
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import stat
 from typing import Iterator, Union
@@ -24,6 +26,12 @@ class OpenedFile:
 
     def __init__(self, fd: int, path: str, real: str, size: int, io_path: str):
         self.fd, self.path, self.real, self.size, self.io_path = fd, path, real, size, io_path
+        self.zip_infos = None  # a .pt archive's checked zip index, parsed once (pickle_guard.zip_index)
+
+    def reader(self) -> io.BufferedReader:
+        """A file object on this handle (its own position, reads by ``pread``): for libraries that take a file
+        object (zipfile, torch's zip reader), so that they read this file without reopening it."""
+        return io.BufferedReader(_HandleIO(self), buffer_size=1 << 16)
 
     def read_at(self, offset: int, n: int) -> bytes:
         """Exactly ``n`` bytes from ``offset`` (fewer only at the end of the file)."""
@@ -59,6 +67,38 @@ class OpenedFile:
 
 
 Source = Union[str, os.PathLike, OpenedFile]
+
+
+class _HandleIO(io.RawIOBase):
+    """Read-only, seekable, on an ``OpenedFile``'s descriptor; the size is the one ``fstat`` gave at open time."""
+
+    def __init__(self, fh: OpenedFile):
+        super().__init__()
+        self._fh, self._pos = fh, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._fh.size}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence {whence}")
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, b) -> int:
+        data = self._fh.read_at(self._pos, len(b))
+        b[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 _PREAD = getattr(os, "pread", None)

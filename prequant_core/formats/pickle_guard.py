@@ -74,14 +74,49 @@ def check_zip_index(fileobj, path: str) -> list:
     return infos
 
 
+def zip_index(fh) -> list:
+    """``check_zip_index`` of an ``OpenedFile``, read through its handle once and kept on it: the memory guard,
+    the pickle bounds and the reader share one parse of the central directory."""
+    if fh.zip_infos is None:
+        with fh.reader() as raw:
+            fh.zip_infos = check_zip_index(raw, fh.path)
+    return fh.zip_infos
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then (after 22 bytes) file name and extra field lengths
+
+
+def checked_pickle(fh) -> bytes:
+    """``data.pkl`` of an ``OpenedFile``'s archive, found in its (checked) zip index and read by ``pread``, after
+    the index and the pickle passed every bound here: what ``torch.load`` may then unpickle. torch's zip reader
+    names records under the first entry's folder (``archive/data.pkl``), so that is the record read here too."""
+    infos = zip_index(fh)
+    prefix = infos[0].filename.split("/", 1)[0] if infos else ""
+    entry = next((i for i in infos if i.filename == f"{prefix}/data.pkl"), None)
+    if entry is None:
+        raise CorruptCheckpointError("The .pt archive has no data.pkl.", path=fh.path, fix="Download the file again.")
+    if entry.file_size > MAX_PICKLE_BYTES:
+        raise _refuse(fh.path, "its pickle is larger than any checkpoint's",
+                      f"data.pkl of {human_bytes(entry.file_size)} (limit {human_bytes(MAX_PICKLE_BYTES)})")
+    head = fh.read_at(entry.header_offset, _LOCAL_HEADER.size)
+    sig, name_len, extra_len = _LOCAL_HEADER.unpack(head) if len(head) == _LOCAL_HEADER.size else (b"", 0, 0)
+    start = entry.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    if sig != b"PK\x03\x04" or start + entry.file_size > fh.size:
+        raise CorruptCheckpointError("The .pt archive's data.pkl cannot be read.", path=fh.path,
+                                     found=f"a damaged local header at byte {entry.header_offset}",
+                                     fix="Download or build the file again.")
+    data = fh.read_at(start, entry.file_size)
+    scan(data, fh.path)
+    return data
+
+
 def open_checked(fh) -> tuple:
     """(torch's zip reader, data.pkl bytes) for an ``OpenedFile``, once the zip index and the pickle passed every
-    bound here: what both ``torch.load`` and the legacy reader may then unpickle."""
+    bound here: what the legacy reader may then unpickle (it reads records through torch's reader)."""
     import torch
-    with open(fh.io_path, "rb") as raw:
-        check_zip_index(raw, fh.path)
+    zip_index(fh)
     try:
-        reader = torch._C.PyTorchFileReader(fh.io_path)
+        reader = torch._C.PyTorchFileReader(fh.reader())
     except RuntimeError as e:
         raise CorruptCheckpointError("The .pt file is damaged or truncated (torch cannot open the archive).",
                                      path=fh.path, found=(str(e).strip().splitlines() or ["RuntimeError"])[0][:200],

@@ -28,7 +28,7 @@ def load_weights_only(src, *, mmap: bool = True):
     mapped to our types. ``src``: a path or an ``OpenedFile`` (then this very file is read)."""
     with opened(src) as f:
         path = f.path
-        pickle_guard.open_checked(f)
+        pickle_guard.checked_pickle(f)
         try:
             with torch.serialization.safe_globals(_safe_globals()):
                 return torch.load(f.io_path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -135,8 +135,7 @@ def read_light(f) -> Light | None:
 def declared_bytes(f) -> int | None:
     """The stored tensor records' sizes, from the zip index (after ``pickle_guard``'s bounds on it)."""
     try:
-        with open(f.io_path, "rb") as raw:
-            infos = pickle_guard.check_zip_index(raw, f.path)  # bounds the entry count before listing them
+        infos = pickle_guard.zip_index(f)  # bounds the entry count before listing them; kept for the reader
         return sum(i.file_size for i in infos if _DATA_RECORD.search(i.filename))
     except Exception:  # noqa: BLE001 - a damaged zip index: no estimate; the reader names what is wrong
         return None

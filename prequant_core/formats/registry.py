@@ -13,7 +13,6 @@ import dataclasses
 import importlib
 from typing import Callable
 
-from .. import safe_text
 from ..errors import CorruptCheckpointError
 from .file_handle import opened
 
@@ -42,7 +41,6 @@ class Container:
     read_light: Callable  # OpenedFile -> Light | None (None: only the full read understands this file)
     declared_bytes: Callable  # OpenedFile -> bytes of tensor data the index declares, or None
     write: Callable | None = None  # (path, tensors, metadata, *, progress) -> None; None: read-only
-    writes_schemes: tuple[str, ...] | None = None  # the schemes ``write`` can hold; None: every scheme
 
     @property
     def extension(self) -> str:
@@ -65,6 +63,17 @@ def by_name(name: str) -> Container:
 
 def writable() -> tuple[Container, ...]:
     return tuple(c for c in containers() if c.write is not None)
+
+
+def writes_schemes(c: Container) -> tuple[str, ...]:
+    """The scheme names the builder writes to ``c`` (each scheme's record lists its containers)."""
+    from ..schemes import registry as schemes
+    return schemes.in_container(c.name) if c.write is not None else ()
+
+
+def holds_every_scheme(c: Container) -> bool:
+    from ..schemes import registry as schemes
+    return set(writes_schemes(c)) == set(schemes.names())
 
 
 def extensions() -> set[str]:

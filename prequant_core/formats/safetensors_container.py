@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 
 import torch
 
@@ -347,5 +346,4 @@ def _recognise(head: bytes, size: int) -> bool:
 
 CONTAINER = Container(
     name="safetensors", description="a safetensors file", extensions=(".safetensors",), recognise=_recognise,
-    read=lambda f, mmap=True: read_safetensors(f), read_light=read_light, declared_bytes=declared_bytes, write=write,
-    writes_schemes=("int8", "fp8", "int8-weight-only", "fp8-weight-only"))
+    read=lambda f, mmap=True: read_safetensors(f), read_light=read_light, declared_bytes=declared_bytes, write=write)

@@ -1,0 +1,68 @@
+"""The quantization schemes this pack knows: one module per scheme, one line each here. Everything that depends on
+a scheme (names, repo suffixes, rules, torchao configs, containers, ComfyUI format names, matmul kinds) is read
+from these records at call time, so a scheme added here is known everywhere (tests/test_scheme_registry.py)."""
+from __future__ import annotations
+
+from . import fp8, int8, mxfp8, nvfp4
+from .record import WEIGHT_ONLY_TAIL, Scheme
+
+SCHEMES: tuple[Scheme, ...] = (
+    int8.SCHEME,
+    fp8.SCHEME,
+    nvfp4.SCHEME,
+    mxfp8.SCHEME,
+)
+
+
+def all_schemes() -> tuple[Scheme, ...]:
+    return SCHEMES
+
+
+def names() -> tuple[str, ...]:
+    """Every name a file or a node input may use, the plain names first (int8, fp8, ..., then the weight-only
+    variants): the order the nodes list them."""
+    return (*(s.name for s in SCHEMES), *(n for s in SCHEMES for n in s.names()[1:]))
+
+
+def lookup(name: str) -> tuple[Scheme, bool] | None:
+    """``name`` (already normalized) -> (its scheme, weight-only?), or None."""
+    for s in SCHEMES:
+        if name == s.name:
+            return s, False
+        if s.weight_only and name == s.name + WEIGHT_ONLY_TAIL:
+            return s, True
+    return None
+
+
+def by_kind(kind: str) -> Scheme:
+    """The scheme whose weights are of ``kind`` (the first listed, where several share one)."""
+    for s in SCHEMES:
+        if s.kind == kind:
+            return s
+    raise KeyError(kind)
+
+
+def by_suffix(repo_or_file: str) -> Scheme | None:
+    """The scheme a repo name's suffix names (``unsloth/Z-Image-Turbo-FP8`` -> fp8), longest suffix first so that
+    ``-MXFP8`` is never read as ``-FP8``."""
+    low = str(repo_or_file).strip().lower()
+    for s in sorted(SCHEMES, key=lambda s: -len(s.suffix)):
+        if low.endswith(s.suffix.lower()):
+            return s
+    return None
+
+
+def kinds() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(s.kind for s in SCHEMES))
+
+
+def in_container(container: str) -> tuple[str, ...]:
+    """The scheme names the builder writes to ``container``."""
+    return tuple(n for s in SCHEMES if s.containers is None or container in s.containers for n in s.names())
+
+
+def by_comfy_format(fmt: str) -> Scheme | None:
+    for s in SCHEMES:
+        if s.comfy_format == fmt:
+            return s
+    return None

@@ -1,0 +1,64 @@
+"""Each checkpoint is opened once per load: one load through Load Prequant Transformer on the real ComfyUI plus one
+sampling step, traced with strace (open / openat of the checkpoint's path and of its descriptor's /proc/self/fd
+name). Allowed: the pack's own handle, plus the two opens ``torch.load(mmap=True)`` (a .pt) or safetensors (its
+reader and torch's mapping of the file) make by themselves; the zip index of a .pt is parsed once by the pack."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+
+from conftest import ROOT
+
+OPEN = re.compile(r'^(\d+)\s+open(?:at)?\((?:AT_FDCWD, )?"([^"]+)".*\)\s+=\s+(-?\d+)')
+CONTAINERS = ("safetensors", "pt")
+
+
+def _opens(lines: list[str], i: int, real: str) -> list[str]:
+    """The opens of ``real`` and of any /proc/self/fd/N whose N was returned for it, between load i's markers."""
+    start = next(n for n, ln in enumerate(lines) if f"TRACE_START_{i}" in ln)
+    end = next(n for n, ln in enumerate(lines) if f"TRACE_END_{i}" in ln)
+    fds, hits = set(), []
+    for ln in lines[start:end]:
+        m = OPEN.match(ln)
+        if not m:
+            continue
+        _, path, rc = m.groups()
+        if path == real and int(rc) >= 0:
+            fds.add(int(rc))
+            hits.append(path)
+        elif path.startswith("/proc/self/fd/") and int(path.rsplit("/", 1)[1]) in fds:
+            hits.append(path)
+    return hits
+
+
+def test_one_load_opens_the_checkpoint_once(prequant_files, tmp_path):
+    strace = shutil.which("strace")
+    assert strace, "strace is missing: scripts/setup_test_extras.sh installs Debian's strace"
+    base = tmp_path / "comfy"
+    folder = base / "models" / "prequant"
+    folder.mkdir(parents=True)
+    names = [f"Z-Image-Turbo-INT8.{c}" for c in CONTAINERS]
+    for c, name in zip(CONTAINERS, names):
+        shutil.copyfile(prequant_files("int8", c), folder / name)
+    log = tmp_path / "strace.log"
+    r = subprocess.run([strace, "-f", "--seccomp-bpf", "-qq", "-e", "trace=open,openat", "-o", str(log), sys.executable,
+                        os.path.join(ROOT, "tests", "load_trace_worker.py"), str(base), str(tmp_path), *names],
+                       capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert [o["name"] for o in results] == names
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, (c, name, out) in enumerate(zip(CONTAINERS, names, results)):
+        assert out["finite"] and name in out["status"], out
+        real = os.path.realpath(folder / name)
+        hits = _opens(lines, i, real)
+        # by name once (the pack's handle); every other open goes through that handle's descriptor
+        assert hits.count(real) == 1, (c, hits)
+        assert 1 <= len(hits) <= 3, (c, hits)
+        if c == "pt":  # the pack parses the zip index once; torch.load's own reader is torch's
+            assert out["zipfile"] == 1 and out["torch_reader_outside_load"] == 0, out
