@@ -233,9 +233,9 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
 
     key_map = cm.key_map_for(fam, cfg) or {}
     fused: dict = {}
-    for dk, target in key_map.items():
-        if not isinstance(target, str) and target[1] is not None and dk.endswith(".weight") and dk in sd:
-            fused.setdefault(target[0], []).append(dk)
+    for dk, target in keymap.parse_map(key_map).items():
+        if target.rows is not None and dk.endswith(".weight") and dk in sd:
+            fused.setdefault(target.name, []).append(dk)
     for scheme in SCHEMES:
         flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
                                   tuple(schemes.exclude_tokens(scheme, fam.int8_exclude_extra)))
