@@ -150,7 +150,8 @@ class PrequantBuildCheckpoint:
                        "the file in Load Prequant Transformer's list).",)
     FUNCTION = "build"
     OUTPUT_NODE = True
-    SEARCH_ALIASES = [*describe.scheme_names(), "quantized", "quantize", "pre-quantized", "prequant", "unsloth", "torchao",
+    SEARCH_ALIASES = [*describe.scheme_names(), "quantized", "quantize", "pre-quantized", "prequant", "unsloth",
+                      "torchao",
                       "save quantized model"]
     DESCRIPTION = (f"Quantizes a dense diffusion transformer ({describe.schemes_text()}) and writes a pre-quantized "
                    "checkpoint into models/prequant, in the same format as Unsloth's quantized files ("
@@ -222,8 +223,9 @@ class PrequantBuildCheckpoint:
             if fam_for_name is None and model is not None:
                 fam_for_name = model_family(model, family)
             if fam_for_name is None:
-                fam_for_name = dense_sources.open_input(folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
-                                               key_map=file_key_map).family
+                fam_for_name = dense_sources.open_input(
+                    folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
+                    key_map=file_key_map).family
             base = fam_for_name.base_repos[0]
         component = core.check_component(component, fam_arg)
         name = check_filename(filename, container, base, scheme, component)

@@ -24,7 +24,8 @@ class PrequantInfo:
     OUTPUT_TOOLTIPS = ("The same report as text (one line per field, the verdict first).",)
     FUNCTION = "inspect"
     OUTPUT_NODE = True
-    SEARCH_ALIASES = [*describe.scheme_names(), "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "inspect",
+    SEARCH_ALIASES = [*describe.scheme_names(), "quantized", "pre-quantized", "prequant", "unsloth", "torchao",
+                      "inspect",
                       "checkpoint info", "verify"]
     DESCRIPTION = (f"Shows what a pre-quantized ({describe.schemes_text()}; " + describe.containers_text() + ") "
                    "checkpoint is "

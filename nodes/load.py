@@ -82,7 +82,8 @@ DOWNLOAD_TO_HF_CACHE = "Hugging Face cache"
 # this one by name when an old workflow is opened: checkpoint, path, base_model_id, scheme, family [, hub_repo,
 # preset, revision, hf_token [, min_features, policy, dense_fallback]]. hf_token is gone: tokens come from HF_TOKEN
 # or `hf auth login` only, so none is ever saved in a workflow, the history or an image.
-ALIASES = [*describe.scheme_names(), "quantized", "pre-quantized", "prequant", "unsloth", "torchao", "load diffusion model",
+ALIASES = [*describe.scheme_names(), "quantized", "pre-quantized", "prequant", "unsloth", "torchao",
+           "load diffusion model",
            "transformer", "unet"]
 
 

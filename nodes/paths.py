@@ -18,7 +18,8 @@ NONE_CHOICES = (NONE_CHOICE, INFO_NONE_CHOICE)  # either means "no listed file" 
 # the legacy transformer_<scheme>.pt), one per scheme the pack reads; a .safetensors file is judged by its header.
 def _name_tokens() -> tuple[str, ...]:
     # read from the scheme registry on each listing: a file named for any scheme is listed
-    return tuple(dict.fromkeys(f"{sep}{s.name}" for s in schemes.registry.all_schemes() for sep in "-_")) + ("prequant",)
+    names = (s.name for s in schemes.registry.all_schemes())
+    return tuple(dict.fromkeys(f"{sep}{n}" for n in names for sep in "-_")) + ("prequant",)
 _header_cache: dict = {}
 
 

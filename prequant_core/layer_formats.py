@@ -175,15 +175,16 @@ def policy_reasons(ckpt: Checkpoint, scheme: str | None) -> list[str]:
         counts = None
     fqns = _names(pol.get("nvfp4_fqns"), "nvfp4_policy.nvfp4_fqns", reasons)
     if counts is not None:
+        formats = policy_formats()
         for fmt, n in counts.items():
-            if fmt not in policy_formats():
+            if fmt not in formats:
                 reasons.append(f"nvfp4_policy 'counts' names format '{str(fmt)[:30]}', expected one of "
-                               f"{', '.join(policy_formats())}")
+                               f"{', '.join(formats)}")
             elif not _int(n) or n < 0:
                 reasons.append(f"nvfp4_policy counts['{fmt}'] must be a whole number, found {str(n)[:30]!r}")
         if reasons:
             return reasons
-        for fmt, kind in policy_formats().items():
+        for fmt, kind in formats.items():
             if kind is None:
                 continue
             have, say = kinds.get(kind, 0), counts.get(fmt, 0)

@@ -26,6 +26,8 @@ from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
 from torchao.quantization import PerRow
 from torchao.quantization.quantize_.workflows import Float8Tensor, Int8Tensor
 
+from . import schemes
+
 ROW_KINDS = ("int8", "float8")
 BLOCK_KINDS = ("nvfp4", "mxfp8")
 NVFP4_BLOCK = 16
@@ -382,7 +384,6 @@ def dense_nbytes(t) -> int:
 
 
 def scheme_of(t) -> str | None:
-    from . import schemes
     if isinstance(t, (Int8Tensor, Float8Tensor)):
         return schemes.scheme_of_kind(kind_of(t), dynamic=t.act_quant_kwargs is not None)
     if isinstance(t, (NVFP4Tensor, MXTensor, QParts)):

@@ -158,7 +158,8 @@ def filenames(repo: str, scheme: str, component: str = "transformer", base_model
                                     f"{model}-{component}-{s.upper()}.pt", f"{component}_{s}.pt"]))
     convrot = [f"{model}-INT8-ConvRot.safetensors"] if s == "int8" and families.convrot_hosted(repo) else []
     names = [*convrot, *declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
-    if schemes.get(s)[0].legacy_pt and not schemes.get(s)[1]:  # old releases: transformer_<scheme>.pt
+    rec, weight_only = schemes.get(s)
+    if rec.legacy_pt and not weight_only:  # old releases: transformer_<scheme>.pt
         names.append(f"transformer_{s}.pt")
     return tuple(dict.fromkeys(names))
 
@@ -381,7 +382,8 @@ def hosted_source(name: str) -> Preset | None:
     return None
 
 
-def for_missing_file(name: str, p: Candidates, folders: Iterable[str], *, hub_url: str = "https://huggingface.co") -> Candidates:
+def for_missing_file(name: str, p: Candidates, folders: Iterable[str], *,
+                     hub_url: str = "https://huggingface.co") -> Candidates:
     """A plan for a listed checkpoint ``name`` that is in none of ``folders``: the one Hub candidate that provides
     exactly that file. Raises ``CheckpointNotFoundError`` naming the file, the folders searched and where to get it."""
     from .errors import CheckpointNotFoundError

@@ -22,7 +22,6 @@ granularity, and Prequant Info says which ComfyUI release reads the file nativel
 """
 from __future__ import annotations
 
-
 import torch
 
 from ..checkpoint import COMFY_PREFIX, Checkpoint
@@ -222,6 +221,7 @@ def native_tensors(tensors, scheme: str, *, min_features: int, progress=None) ->
 
     from .. import qtensor
     fmt = native_format(scheme)
+    rec, _ = _schemes.get(scheme)
     flt = _schemes.LayerFilter(_schemes.normalize(scheme), min_features, ())
     out, layers, skipped = {}, {}, []
     items = list(tensors.items())
@@ -231,8 +231,8 @@ def native_tensors(tensors, scheme: str, *, min_features: int, progress=None) ->
         layer = k[: -len(".weight")] if k.endswith(".weight") else None
         eligible = layer is not None and dense.ndim == 2 and any(t in k for t in BLOCK_TOKENS)
         if eligible and flt.reason_skipped(layer, dense.to(torch.bfloat16)) is None:
-            lossless = quantized and qtensor.kind_of(v) == fmt and not qtensor.parts(v)[1].rotation \
-                and _schemes.registry.by_comfy_format(fmt).block_size and getattr(v, "is_swizzled_scales", False)
+            lossless = quantized and rec.block_size and qtensor.kind_of(v) == rec.kind \
+                and not qtensor.parts(v)[1].rotation and getattr(v, "is_swizzled_scales", False)
             parts = cf.from_weight(fmt, v) if lossless else cf.from_dense(fmt, dense.to(torch.bfloat16))
             cfg = {"format": fmt}
             for suffix, t in parts.items():

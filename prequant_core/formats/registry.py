@@ -14,6 +14,7 @@ import importlib
 from typing import Callable
 
 from ..errors import CorruptCheckpointError
+from ..schemes import registry as scheme_registry
 from .file_handle import opened
 
 READ_HEADER = "header"  # length + JSON header only
@@ -67,13 +68,7 @@ def writable() -> tuple[Container, ...]:
 
 def writes_schemes(c: Container) -> tuple[str, ...]:
     """The scheme names the builder writes to ``c`` (each scheme's record lists its containers)."""
-    from ..schemes import registry as schemes
-    return schemes.in_container(c.name) if c.write is not None else ()
-
-
-def holds_every_scheme(c: Container) -> bool:
-    from ..schemes import registry as schemes
-    return set(writes_schemes(c)) == set(schemes.names())
+    return scheme_registry.in_container(c.name) if c.write is not None else ()
 
 
 def extensions() -> set[str]:

@@ -31,7 +31,7 @@ class SchemeRules:
     require_bf16: bool
     require_divisible: int
     fast_accum: bool | None
-    fp8_granularity: str | None
+    fp8_granularity: str | None  # the granularity the file must record (fp8: per_row), in granularity_field
     granularity_field: str | None = None
 
 
@@ -54,8 +54,8 @@ def rules(scheme: str) -> SchemeRules:
     name = normalize(scheme)
     s, weight_only = registry.lookup(name)
     return SchemeRules(name, require_bf16=s.require_bf16, require_divisible=s.require_divisible,
-                       fast_accum=None if weight_only else s.fast_accum, fp8_granularity="per_row" if s.granularity_field == "fp8_granularity"
-                       else None, granularity_field=s.granularity_field)
+                       fast_accum=None if weight_only else s.fast_accum, fp8_granularity=s.granularity,
+                       granularity_field=s.granularity_field)
 
 
 def same_kind(a: str, b: str) -> bool:

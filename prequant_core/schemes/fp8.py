@@ -34,5 +34,5 @@ def quantize(weight, cfg):
 
 # an Unsloth -FP8 repo holds the int8 file too (tried after the fp8 one)
 SCHEME = Scheme(name="fp8", kind="float8", suffix="-FP8", config=config, quantize=quantize, require_bf16=True,
-                require_divisible=16, granularity_field="fp8_granularity", fast_accum=True, weight_only=True,
-                suffix_holds=("fp8", "int8"), legacy_pt=True, comfy_format="float8_e4m3fn", min_capability=(8, 9))
+                require_divisible=16, granularity_field="fp8_granularity", granularity="per_row", fast_accum=True,
+                weight_only=True, suffix_holds=("fp8", "int8"), legacy_pt=True, comfy_format="float8_e4m3fn", min_capability=(8, 9))

@@ -18,7 +18,8 @@ class Scheme:
     # Unsloth's builder rules, recorded in every file and checked on load
     require_bf16: bool = False
     require_divisible: int = 0
-    granularity_field: str | None = None  # the metadata field naming its scale granularity ("per_row")
+    granularity_field: str | None = None  # the metadata field naming its scale granularity
+    granularity: str | None = None  # the value Unsloth's builder records there and its loader requires
     fast_accum: bool | None = None
     exclude_base_tokens: tuple[str, ...] = ()  # layer-name tokens it keeps dense on every family (+ family extras)
     block_size: int = 0  # per-block scales along the input dim; 0: one scale per row

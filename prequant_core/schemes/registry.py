@@ -59,10 +59,3 @@ def kinds() -> tuple[str, ...]:
 def in_container(container: str) -> tuple[str, ...]:
     """The scheme names the builder writes to ``container``."""
     return tuple(n for s in SCHEMES if s.containers is None or container in s.containers for n in s.names())
-
-
-def by_comfy_format(fmt: str) -> Scheme | None:
-    for s in SCHEMES:
-        if s.comfy_format == fmt:
-            return s
-    return None
