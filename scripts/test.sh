@@ -4,11 +4,37 @@
 #   comfyui       everything else on ComfyUI 0.3.75 (.comfyui): in-process, as a server, the browser
 #   comfyui-0.12  COMFY012_TESTS on ComfyUI 0.12.1 (.cache/comfyui-0.12, its own venv; scripts/setup_comfyui012.sh)
 # With test paths as arguments it runs just those (one pytest run), on 0.3.75, or on 0.12.1 with
-# PREQUANT_TEST_COMFYUI=0.12 in the environment.
+# PREQUANT_TEST_COMFYUI=0.12 in the environment, and sets up only what those files need.
+#   --changed     the test files that the uncommitted and unpushed changes touch (docs/DEVELOPING.md: the quick loop)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-"$root/scripts/setup_dev.sh" --with-test-extras
 cd "$root"
+t_start=$SECONDS
+"$root/scripts/setup_dev.sh"
+
+# The core tier's files (the first leg)
+# (each list heaviest first, from the durations each leg prints: xdist hands files out in this order)
+CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_hostile.py tests/test_build_faults.py
+            tests/test_hostile_files.py tests/test_block_formats.py tests/test_unsloth_parity.py tests/test_bad_input.py
+            tests/test_core_tier.py tests/test_int8_cpu.py tests/test_registry.py tests/test_comfy_native.py
+            tests/test_pages.py tests/test_format_registry.py tests/test_readme_tables.py tests/test_scheme_registry.py)
+# The ComfyUI tier's heaviest files; every other tests/test_*.py follows them.
+COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conformance_comfy.py
+             tests/test_diffusers_loader.py tests/test_concurrency.py tests/test_hub.py tests/test_build.py
+             tests/test_example_workflows.py tests/test_server.py tests/test_families.py tests/test_loader.py
+             tests/test_legacy_formats.py)
+# The extras a test file needs beyond the dev venv (scripts/setup_test_extras.sh names them).
+extras_of() {
+  case "$(basename "${1%%::*}")" in
+    test_browser.py) echo browser ;;
+    test_load_trace.py) echo strace ;;
+    test_fuzz.py | test_legacy_formats.py) echo torchao014 ;;
+    test_registry.py) echo comfy-cli ;;
+    test_diffusers_loader.py | test_families.py | test_unsloth_conformance.py) echo diffusers042 ;;
+    test_comfy_native.py | test_comfy_native_comfy.py) echo comfy-kitchen ;;
+  esac
+}
+
 # torch.compile's cache stays inside the checkout like everything else the suite makes.
 export TORCHINDUCTOR_CACHE_DIR="$root/.cache/torchinductor"
 # Scratch files (pytest's tmp_path, the test ComfyUI roots, the browser's profile) go to a folder of this run that is
@@ -23,34 +49,106 @@ done
 export TMPDIR="/tmp/prequant-test-$$"
 mkdir -p "$TMPDIR"
 trap 'rm -rf "$TMPDIR"' EXIT
-leg_done() { rm -rf "$TMPDIR"; mkdir -p "$TMPDIR"; df -h "$root" | awk 'NR==2 {print "[test] disk after this leg: " $4 " free"}'; }
+legs=()  # "name seconds rc" per leg, printed at the end: the suite's time in every CI log
+leg_start=$t_start
+leg_done() {  # NAME RC
+  local took=$((SECONDS - leg_start))
+  legs+=("$1 $took $2")
+  printf '[test] leg %s: %d:%02d (exit %s)\n' "$1" $((took / 60)) $((took % 60)) "$2"
+  rm -rf "$TMPDIR"; mkdir -p "$TMPDIR"
+  df -h "$root" | awk 'NR==2 {print "[test] disk after this leg: " $4 " free"}'
+  leg_start=$SECONDS
+}
+summary() {
+  local l name took rc
+  echo "[test] wall time per leg:"
+  for l in "${legs[@]}"; do
+    read -r name took rc <<<"$l"
+    printf '[test]   %-14s %3d:%02d  exit %s\n' "$name" $((took / 60)) $((took % 60)) "$rc"
+  done
+  local all=$((SECONDS - t_start))
+  printf '[test]   %-14s %3d:%02d\n' "total" $((all / 60)) $((all % 60))
+}
 c012="$root/.cache/comfyui-0.12"
 run012() {  # pytest on ComfyUI 0.12.1: its venv's python, tools/comfy_headless.py told where its root is
   "$root/scripts/setup_comfyui012.sh"
   PREQUANT_COMFYUI="$c012/src" PREQUANT_EXPECT_COMFYUI=0.12.1 TORCHINDUCTOR_CACHE_DIR="$root/.cache/torchinductor012" \
     "$c012/venv/bin/python" -m pytest "$@"
 }
-for a in "$@"; do  # a test file, folder or node id among the arguments (option values such as no:cacheprovider are not)
-  case "$a" in -*) ;; *) if [ -e "${a%%::*}" ]; then
-    if [ "${PREQUANT_TEST_COMFYUI:-}" = "0.12" ]; then run012 "$@"; exit $?; fi
-    .venv/bin/python -m pytest "$@"; exit $?; fi ;; esac
+
+args=("$@")
+if [ "${1:-}" = "--changed" ]; then
+  # Test files touched since origin/main (or HEAD when there is no remote), and the test files that import a
+  # touched module of the pack by name: a quick loop, not a substitute for the whole suite.
+  base="$(git rev-parse -q --verify origin/main 2>/dev/null || git rev-parse HEAD)"
+  mapfile -t touched < <( { git diff --name-only "$base"; git ls-files --others --exclude-standard; } | sort -u)
+  picked=()
+  for f in "${touched[@]}"; do
+    case "$f" in
+      tests/test_*.py) [ -f "$f" ] && picked+=("$f") ;;
+      prequant_core/*.py | nodes/*.py | tools/*.py)
+        mod="$(basename "${f%.py}")"
+        [ "$mod" = "__init__" ] && mod="$(basename "$(dirname "$f")")"
+        while IFS= read -r t; do picked+=("$t"); done < <(grep -lwE "$mod" tests/test_*.py || true) ;;
+    esac
+  done
+  mapfile -t picked < <(printf '%s\n' "${picked[@]}" | sed '/^$/d' | sort -u)
+  if [ "${#picked[@]}" -eq 0 ]; then echo "[test] --changed: no test file touches the changes"; exit 0; fi
+  echo "[test] --changed: ${picked[*]}"
+  args=("${picked[@]}" "${@:2}")
+fi
+
+paths=()
+for a in "${args[@]}"; do  # a test file, folder or node id among the arguments (option values such as no:cacheprovider are not)
+  case "$a" in -*) ;; *) [ -e "${a%%::*}" ] && paths+=("$a") ;; esac
 done
-CORE_TESTS=(tests/test_core_tier.py tests/test_bad_input.py tests/test_build_faults.py tests/test_hostile_files.py
-            tests/test_unsloth_parity.py tests/test_registry.py tests/test_fuzz.py tests/test_pages.py
-            tests/test_block_formats.py tests/test_format_registry.py tests/test_unsloth_conformance.py
-            tests/test_readme_tables.py tests/test_hub_hostile.py tests/test_comfy_native.py tests/test_int8_cpu.py
-            tests/test_scheme_registry.py)
+if [ "${#paths[@]}" -gt 0 ]; then
+  need=()
+  for p in "${paths[@]}"; do
+    if [ -d "${p%%::*}" ]; then need=(all); break; fi
+    e="$(extras_of "$p")"; [ -n "$e" ] && need+=("$e")
+  done
+  if [ "${need[*]:-}" = "all" ]; then "$root/scripts/setup_test_extras.sh"
+  elif [ "${#need[@]}" -gt 0 ]; then "$root/scripts/setup_test_extras.sh" "${need[@]}"; fi
+  if [ "${PREQUANT_TEST_COMFYUI:-}" = "0.12" ]; then run012 "${args[@]}"; exit $?; fi
+  all_core=1  # core-tier files alone run as in the core leg: ComfyUI taken away
+  for p in "${paths[@]}"; do
+    is_core=0
+    for c in "${CORE_TESTS[@]}"; do [ "${p%%::*}" = "$c" ] && is_core=1; done
+    [ "$is_core" -eq 1 ] || all_core=0
+  done
+  if [ "$all_core" -eq 1 ]; then PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${args[@]}"; exit $?; fi
+  .venv/bin/python -m pytest "${args[@]}"; exit $?
+fi
+
+"$root/scripts/setup_test_extras.sh"
+leg_done set-up 0
+# ComfyUI 0.12.1's venv is built (once) while the first two legs run: it is mostly file copying.
+log012="$root/.cache/setup-comfyui012.log"
+mkdir -p "$root/.cache"
+"$root/scripts/setup_comfyui012.sh" >"$log012" 2>&1 &
+pid012=$!
+# Each leg runs on both cores: pytest-xdist, a test file per worker (module fixtures and servers are built once),
+# heaviest files first so that no long file starts last. PREQUANT_TEST_WORKERS=0 runs a leg in one process.
+workers="${PREQUANT_TEST_WORKERS:-2}"
+par=()
+[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadfile)
 echo "[test] core tier: prequant_core without ComfyUI (${#CORE_TESTS[@]} files)"
 rc=0
 # the slowest tests of each leg are listed at its end: where the suite's time goes, in every CI log
 slow=(--durations=12)
-PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${slow[@]}" "${CORE_TESTS[@]}" "$@" || rc=$?
-leg_done
+r=0; PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${par[@]}" "${slow[@]}" "${CORE_TESTS[@]}" "$@" \
+  || r=$?
+leg_done core "$r"; [ "$r" -eq 0 ] || rc=$r
 echo "[test] ComfyUI tier: the real ComfyUI 0.3.75 in-process, as a server, and in the browser"
-ignore=()
-for f in "${CORE_TESTS[@]}"; do ignore+=(--ignore="$f"); done
-PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest "${slow[@]}" tests "${ignore[@]}" "$@" || rc=$?
-leg_done
+COMFY_TESTS=()  # every other test file, the heaviest first
+for f in "${COMFY_HEAVY[@]}" tests/test_*.py; do
+  skip=0
+  for c in "${CORE_TESTS[@]}" "${COMFY_TESTS[@]}"; do [ "$f" = "$c" ] && skip=1; done
+  [ "$skip" -eq 1 ] || COMFY_TESTS+=("$f")
+done
+r=0; PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest "${par[@]}" "${slow[@]}" "${COMFY_TESTS[@]}" "$@" || r=$?
+leg_done comfyui-0.3.75 "$r"; [ "$r" -eq 0 ] || rc=$r
 # The ComfyUI-side tests again on ComfyUI 0.12.1 (pip-installable distribution, its own venv with the same torch and
 # torchao pins): the files where the pack meets ComfyUI (model classes and configs of every family, folders and file
 # lists, ModelPatcher / LoRA / low-VRAM loading, matmul paths, the dense fallback, nodes over a real server), chosen
@@ -67,12 +165,17 @@ leg_done
 #   the two stock-LoRA strength-0 checks (test_loader / test_matmul_path): 0.12.1's distribution keeps "which patches
 #                        are on the weights" per ModelPatcher copy instead of on the shared model, so a clone used
 #                        after a LoRA'd clone is not unpatched; a stock dense Linear stays patched there too
-COMFY012_TESTS=(tests/test_comfyui_version.py tests/test_loader.py tests/test_families.py tests/test_info.py
-                tests/test_server.py tests/test_fallback.py tests/test_matmul_path.py tests/test_block_formats_comfy.py
+COMFY012_TESTS=(tests/test_server.py tests/test_families.py tests/test_loader.py tests/test_matmul_path.py
+                tests/test_info.py tests/test_block_formats_comfy.py tests/test_comfyui_version.py tests/test_fallback.py
                 tests/test_comfy_native_comfy.py)
 COMFY012_DESELECT=(--deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
                    --deselect tests/test_matmul_path.py::test_weight_only_stock_lora
                    --deselect tests/test_families.py::test_prequant_equals_load_time_quantization)
+r=0; wait "$pid012" || r=$?
+cat "$log012"
+leg_done set-up-0.12.1 "$r"; [ "$r" -eq 0 ] || { echo "[test] ComfyUI 0.12.1 did not set up (above)" >&2; summary; exit "$r"; }
 echo "[test] ComfyUI 0.12.1 tier: ${#COMFY012_TESTS[@]} files on the real ComfyUI 0.12.1, in-process and as a server"
-run012 "${slow[@]}" "${COMFY012_TESTS[@]}" "${COMFY012_DESELECT[@]}" "$@" || rc=$?
+r=0; run012 "${par[@]}" "${slow[@]}" "${COMFY012_TESTS[@]}" "${COMFY012_DESELECT[@]}" "$@" || r=$?
+leg_done comfyui-0.12.1 "$r"; [ "$r" -eq 0 ] || rc=$r
+summary
 exit "$rc"
