@@ -22,13 +22,29 @@ if [ ! -f "$stamp" ]; then
       "beside this checkout, beside its origin ($origin) and in PREQUANT_SHARED" >&2; exit 1; }
     echo "[setup] building ComfyUI 0.12.1 in $dest (a few minutes, once)"
     t0=$SECONDS
+    # torch 2.14.1 / torchvision 0.29.1 / torchao 0.18.0 (and torch's CUDA libraries) are the same pins as ./.venv's:
+    # the venv is made first with those installed files on its path (links in $dest/dev-torch, named by a .pth file,
+    # so they come after the venv's own packages), and setup.sh's pip finds them satisfied instead of unpacking
+    # another 5 GB. pip never removes a package outside the venv, so nothing in ./.venv can be changed from here.
+    "$root/scripts/setup_dev.sh" >/dev/null
+    rm -rf "$dest/venv" "$dest/dev-torch"
+    python3 -m venv "$dest/venv"
+    mkdir -p "$dest/dev-torch"
+    dev_sp="$("$root/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    for e in "$dev_sp"/{torch,torchgen,functorch,torchvision,torchvision.libs,torchao,triton,nvidia,cuda} \
+             "$dev_sp"/{torch,torchvision,torchao,triton}-[0-9]*.dist-info "$dev_sp"/{nvidia,cuda}_*.dist-info; do
+      [ -e "$e" ] && ln -s "$e" "$dest/dev-torch/"
+    done
+    "$dest/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+      | { read -r sp; echo "$dest/dev-torch" > "$sp/prequant-dev-torch.pth"; }
     pipq bash "$shared/setup.sh" "$dest"
     echo "[setup] ComfyUI 0.12.1 built in $((SECONDS - t0)) s"
     [ -f "$dest/venv/.ready" ] || { echo "[setup] ComfyUI 0.12.1 did not build" >&2; exit 1; }
   fi
   # shellcheck disable=SC2086
   pipq "$dest/venv/bin/pip" install -q $pins -c "$dest/constraints.txt"
-  "$dest/venv/bin/python" -c "import pytest, xdist, hypothesis, torch, torchao, comfy; assert comfy.__version__ == '0.12.1'"
+  "$dest/venv/bin/python" -c "import pytest, xdist, hypothesis, torch, torchao, comfy
+assert comfy.__version__ == '0.12.1' and torch.__version__.startswith('2.14.1'), (comfy.__version__, torch.__version__)"
   rm -f "$dest"/venv/.prequant-tests*
   touch "$stamp"
 fi

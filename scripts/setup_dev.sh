@@ -31,4 +31,4 @@ if [ ! -f .comfyui/comfyui_version.py ]; then
 fi
 mkdir -p .comfyui/custom_nodes
 ln -sfn "$root" .comfyui/custom_nodes/ComfyUI-Prequant
-echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch,torchao;print("torch",torch.__version__,"torchao",torchao.__version__)')), ComfyUI $(sed -n 's/^__version__ = "\(.*\)"/\1/p' .comfyui/comfyui_version.py)"
+echo "[setup] ready: .venv ($(.venv/bin/python -c 'from importlib.metadata import version as v; print("torch", v("torch"), "torchao", v("torchao"))')), ComfyUI $(sed -n 's/^__version__ = "\(.*\)"/\1/p' .comfyui/comfyui_version.py)"

@@ -132,7 +132,13 @@ pid012=$!
 # heaviest files first so that no long file starts last. PREQUANT_TEST_WORKERS=0 runs a leg in one process.
 workers="${PREQUANT_TEST_WORKERS:-2}"
 par=()
-[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadfile)
+if [ "$workers" -gt 1 ]; then
+  par=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+  # one compute thread per process: two workers each running torch's default two threads on two cores (plus the
+  # 0.12.1 build) measured 3x slower in the conformance files than one worker alone. Every process of the run
+  # (workers, the servers and children they start) inherits it, so results computed here and in a child agree.
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+fi
 echo "[test] core tier: prequant_core without ComfyUI (${#CORE_TESTS[@]} files)"
 rc=0
 # the slowest tests of each leg are listed at its end: where the suite's time goes, in every CI log
