@@ -11,7 +11,7 @@ cd "$root"
 py="${PYTHON:-python3}"
 stamp=".venv/.prequant-dev-$(sha256sum requirements-dev.txt | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  echo "[setup] creating .venv with pinned packages (first run downloads ~6 GB of torch wheels)"
+  echo "[setup] creating .venv with pinned packages (~6 GB with torch, through pip's wheel cache)"
   [ -x .venv/bin/python ] || "$py" -m venv .venv
   pipq .venv/bin/python -m pip install -q --upgrade pip
   pipq .venv/bin/python -m pip install -q -r requirements-dev.txt
