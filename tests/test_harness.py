@@ -1,0 +1,75 @@
+"""The test runner's own lists (scripts/test.sh) stay true to the files they name.
+
+Guards: a test file listed in a leg that no longer exists (renamed: it would silently drop out of its leg, or end the
+leg with "file not found"), a file in two legs, a core-tier file that imports ComfyUI's test helpers, and a test file
+that needs a set-up extra (Chromium, strace, torchao 0.14.1, comfy-cli, diffusers 0.42.1, comfy-kitchen) that
+``scripts/test.sh FILE`` would not set up for it (it would then fail on a machine that never ran the whole suite).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+
+from conftest import ROOT
+
+SCRIPT = os.path.join(ROOT, "scripts", "test.sh")
+# what in a test file (or the helper it imports) shows that it needs an extra, and the extra's name in the script
+NEEDS = {
+    "browser": (r"tests/browser|BROWSER_DIR|playwright", ),
+    "strace": (r"\bstrace\b", ),
+    "torchao014": (r"torchao014|TORCHAO014", ),
+    "comfy-cli": (r"comfy-cli", ),
+    "diffusers042": (r"diffusers042|DIFFUSERS042", ),
+    "comfy-kitchen": (r"comfy_quantizer|comfy-kitchen", ),
+}
+
+
+def _array(name: str) -> list[str]:
+    text = open(SCRIPT, encoding="utf-8").read()
+    m = re.search(rf"^{name}=\((.*?)\)", text, re.M | re.S)
+    assert m, f"{name}=(...) is gone from scripts/test.sh"
+    return [w for w in m.group(1).split() if not w.startswith("--")]
+
+
+def _extras_of(path: str) -> str:
+    """The script's own answer, from its extras_of function run by bash."""
+    text = open(SCRIPT, encoding="utf-8").read()
+    fn = re.search(r"^extras_of\(\) \{.*?^\}", text, re.M | re.S).group(0)
+    return subprocess.run(["bash", "-c", f"{fn}\nextras_of {path}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_every_listed_file_exists_and_each_test_file_runs_in_one_leg():
+    core, heavy = _array("CORE_TESTS"), _array("COMFY_HEAVY")
+    on012 = [w for w in _array("COMFY012_TESTS")]
+    for f in core + heavy + on012:
+        assert os.path.isfile(os.path.join(ROOT, f)), f"scripts/test.sh lists {f}, which does not exist"
+    assert len(set(core)) == len(core) and len(set(heavy)) == len(heavy)
+    assert not set(core) & set(heavy), "a file listed both in the core tier and in the ComfyUI tier"
+    assert not set(core) & set(on012), "a core-tier file listed for ComfyUI 0.12.1"
+    every = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py"))}
+    assert set(core) <= every and set(heavy) <= every
+
+
+def test_core_tier_files_do_not_start_comfyui():
+    for f in _array("CORE_TESTS"):
+        text = open(os.path.join(ROOT, f), encoding="utf-8").read()
+        assert not re.search(r"\bcomfy_headless\b|\bComfyServer\b|def \w+\([^)]*\bcomfy\b", text), \
+            f"{f} starts ComfyUI: it belongs to the ComfyUI tier"
+
+
+def test_a_file_run_alone_gets_the_extras_it_needs():
+    checked = 0
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
+        rel = os.path.relpath(path, ROOT)
+        if rel == "tests/test_harness.py":  # names every marker itself
+            continue
+        text = open(path, encoding="utf-8").read()
+        needed = {extra for extra, (pattern,) in NEEDS.items() if re.search(pattern, text)}
+        got = set(_extras_of(rel).split())
+        assert needed <= got, f"{rel} needs {sorted(needed - got)}: add it to extras_of in scripts/test.sh"
+        checked += bool(needed)
+    assert checked >= 6, "the markers above no longer find the files that need extras"
+    assert _extras_of("tests/test_core_tier.py") == "", "a core-tier file needs no Chromium, strace or npm"
