@@ -141,6 +141,25 @@ def pin_fp8_kernels(tensors: dict) -> int:
     return changed
 
 
+def _per_row_replacement(family, m: dict) -> str:
+    """Where the current per-row fp8 file of the same model is: its hosted repo and first file name, else how to
+    build it."""
+    build = "or build a per-row file from the dense model with Build Prequant Checkpoint"
+    if family is None:
+        return "use a per-row fp8 file, " + build
+    from . import sources
+    from .errors import PrequantError
+    base = m.get("base_model_id") if isinstance(m.get("base_model_id"), str) else None
+    try:
+        repo = sources.hosted_repo(family.name, base_model_id=base, scheme="fp8")
+    except PrequantError:
+        repo = None
+    if not repo:
+        return "use a per-row fp8 file, " + build
+    return (f"the current file is {sources.filenames(repo, 'fp8')[0]} in {repo} (per-row; the loader's preset "
+            f"downloads it), {build}")
+
+
 def _type_reason(field, value, types, what):
     if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
         return f"metadata '{field}' is {type(value).__name__} {str(value)[:60]!r}, expected {what}"
@@ -206,7 +225,7 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
     native = ckpt.container == "comfyui-native"
     if per_tensor and not native:
         reasons.append(f"{len(per_tensor)} fp8 weights use one scale per tensor (e.g. '{per_tensor[0]}'): "
-                       "per-tensor fp8 files are stale; use a per-row file")
+                       "a stale per-tensor fp8 build (Unsloth's older builder); " + _per_row_replacement(family, m))
 
     # A family's excluded base (Tongyi-MAI/Z-Image for Z-Image-Turbo files) is another model: only a file recorded as
     # built from it may serve it, never the hosted file of its namesake.

@@ -262,3 +262,33 @@ def test_an_unknown_policy_id_loads_with_a_note_when_self_consistent():
     ck.metadata["nvfp4_policy"]["counts"]["fp8"] = 4  # not self-consistent: refused as before
     v = metadata.validate(ck, metadata.Request(scheme="nvfp4"), family=families.get("z-image"))
     assert not v.ok
+
+
+# --- stale files: what Unsloth's older builders made, described by Info and refused by the loader as stale -------
+
+@pytest.mark.parametrize("container", ["pt", "safetensors"])
+def test_a_stale_per_tensor_fp8_build_is_described_and_refused_as_stale_not_corrupt(tmp_path, container):
+    """Unsloth's older fp8 builds hold one scale per weight (torchao PerTensor, block_size the whole weight,
+    ``fp8_granularity`` 'per_tensor'). Info and ``python -m prequant_core info`` describe such a file with an INVALID
+    verdict that says it is stale and names the current per-row file; the loader refuses it with that reason as a
+    ValidationError. Guards the tensor-field boundary calling it corrupt ("a field this pack does not accept:
+    'block_size'") before validation could say what it is."""
+    from prequant_core.info import info
+    path = str(tmp_path / f"Z-Image-Turbo-FP8.{container}")
+    meta = ub.build_file("z-image", "fp8", path, fp8_granularity="per_tensor")
+    assert meta["fp8_granularity"] == "per_tensor"
+    current = "the current file is Z-Image-Turbo-FP8.safetensors in unsloth/Z-Image-Turbo-FP8"
+    r = info(path)
+    assert not r.valid and r.scheme == "fp8" and r.family == "z-image"
+    stale = [x for x in r.reasons if "stale per-tensor fp8 build" in x]
+    assert stale and current in stale[0], r.reasons
+    assert "stale" in r.to_text() and "INVALID" in r.to_text()
+    with pytest.raises(ValidationError) as e:
+        loader.open_checkpoint(path, metadata.Request(base_model_id=ub.FAMILIES["z-image"][1], scheme="fp8"),
+                               model_dirs=[str(tmp_path)])
+    assert "stale per-tensor fp8 build" in str(e.value) and current in str(e.value)
+    if container == "pt":  # the command line answers the same, exit 0 (the file could be read)
+        p = subprocess.run([sys.executable, "-m", "prequant_core", "info", path], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "INVALID" in p.stdout and "stale per-tensor fp8 build" in p.stdout and current in p.stdout

@@ -102,16 +102,18 @@ def make_filter(min_features: int, tokens, require_bf16: bool, divisible: int):
     return keep
 
 
-def quant_config(scheme: str, fast_accum: bool = True):
-    """Unsloth's ``_make_quant_config``."""
+def quant_config(scheme: str, fast_accum: bool = True, granularity: str = "per_row"):
+    """Unsloth's ``_make_quant_config`` (``granularity="per_tensor"``: fp8 as its older builds made it, one scale per
+    weight, the files its current loader calls stale)."""
     if scheme == "int8":
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig
         return Int8DynamicActivationInt8WeightConfig()
     if scheme == "fp8":
         from torchao.float8.inference import Float8MMConfig
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor
         from torchao.quantization.quantize_.common import KernelPreference
-        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), activation_value_lb=1e-12,
+        gran = PerTensor() if granularity == "per_tensor" else PerRow()
+        return Float8DynamicActivationFloat8WeightConfig(granularity=gran, activation_value_lb=1e-12,
                                                          kernel_preference=KernelPreference.TORCH,
                                                          mm_config=Float8MMConfig(use_fast_accum=fast_accum))
     if scheme == "nvfp4":
@@ -138,10 +140,10 @@ def _no_hardware_gate():
         qa._check_hardware_support, iw.is_sm_at_least_100 = saved
 
 
-def quantize(model: torch.nn.Module, scheme: str, keep, fast_accum: bool = True) -> None:
+def quantize(model: torch.nn.Module, scheme: str, keep, fast_accum: bool = True, granularity: str = "per_row") -> None:
     from torchao.quantization import quantize_
     with _no_hardware_gate():
-        quantize_(model, quant_config(scheme, fast_accum), filter_fn=keep)
+        quantize_(model, quant_config(scheme, fast_accum, granularity), filter_fn=keep)
 
 
 # --- ConvRot ------------------------------------------------------------------------------------------------------
@@ -254,7 +256,8 @@ def _versions() -> dict:
 
 
 def metadata(*, family: str, scheme: str, sd: dict, base_model_id: str, component: str = "transformer",
-             version: str = "current", exclude=None, fast_accum=None, extra: dict | None = None) -> dict:
+             version: str = "current", exclude=None, fast_accum=None, extra: dict | None = None,
+             fp8_granularity: str = "per_row") -> dict:
     """Unsloth's metadata dict in its insertion order (``extra``: policy or rotation keys, appended as it does)."""
     cls = FAMILIES[family][0]
     ex = list(exclude_tokens(scheme, family) if exclude is None else exclude)
@@ -271,7 +274,7 @@ def metadata(*, family: str, scheme: str, sd: dict, base_model_id: str, componen
     extra = dict(extra or {})
     policy = extra.pop("nvfp4_policy", None)
     if scheme == "fp8":
-        m["fp8_granularity"] = "per_row"
+        m["fp8_granularity"] = fp8_granularity
     if policy is not None:
         m["nvfp4_policy"] = policy
         m["fp8_granularity"] = "per_row"
@@ -338,10 +341,12 @@ def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
 
 def build(model: torch.nn.Module, family: str, kind: str, paths, *, base_model_id: str | None = None,
           component: str = "transformer", version: str = "current", group: int = 256, policy_id: str = "tiny_test_v1",
-          policy_rules=("attn.to_q", "attention.to_q", "attn1.to_q"), exclude=None) -> dict:
+          policy_rules=("attn.to_q", "attention.to_q", "attn1.to_q"), exclude=None,
+          fp8_granularity: str = "per_row") -> dict:
     """Quantize ``model`` (changed in place) as Unsloth's builder does for ``kind`` (``KINDS``) and write each of
     ``paths`` (``.pt`` or ``.safetensors``, from the name; a ``.safetensors`` after a ``.pt`` is written as Unsloth's
-    converter makes it from that pickle). Returns the metadata written."""
+    converter makes it from that pickle). ``fp8_granularity="per_tensor"``: an fp8 file of Unsloth's older builds, one
+    scale per weight. Returns the metadata written."""
     paths = [paths] if isinstance(paths, str) else list(paths)
     scheme = KINDS[kind]
     base = base_model_id or FAMILIES[family][1]
@@ -366,11 +371,11 @@ def build(model: torch.nn.Module, family: str, kind: str, paths, *, base_model_i
                 rotate_weight_(mods[n], group)
             extra.update({"activation_rotation": CONVROT_KIND, "activation_rotation_group": group,
                           "activation_rotation_fqns": fqns})
-        quantize(model, scheme, keep)
+        quantize(model, scheme, keep, granularity=fp8_granularity)
         fast_accum = None
     sd = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     meta = metadata(family=family, scheme=scheme, sd=sd, base_model_id=base, component=component, version=version,
-                    exclude=exclude, fast_accum=fast_accum, extra=extra)
+                    exclude=exclude, fast_accum=fast_accum, extra=extra, fp8_granularity=fp8_granularity)
     pickled = None
     for path in paths:
         if path.endswith(".pt"):

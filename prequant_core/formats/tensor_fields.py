@@ -78,9 +78,12 @@ def _mm_config(v, field):
         _bool(getattr(v, f), f"{field}.{f}")
 
 
-def _block(v, field, cols):
-    _need(isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
-                                                              for i in v) and v[0] == 1 and v[1] == cols,
+def _block(v, field, cols, whole=None):
+    """``[1, cols]``: one block per row; ``whole`` (the weight's shape, fp8 with one scale): also one block for the
+    whole weight, the stale per-tensor fp8 of Unsloth's older builds, which validation then names as such."""
+    two_ints = isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                    for i in v)
+    _need(two_ints and ((v[0] == 1 and v[1] == cols) or (whole is not None and list(v) == list(whole))),
           field, f"[1, {cols}] (one block per row)", v)
 
 
@@ -150,7 +153,9 @@ def _int8(t):
 def _fp8(t):
     from torchao.quantization.quantize_.common import KernelPreference
     d = t.__dict__
-    _block(d.get("block_size"), "block_size", t.qdata.shape[-1] if t.qdata.ndim else -1)
+    one_scale = isinstance(d.get("scale"), torch.Tensor) and d["scale"].numel() == 1 and t.qdata.ndim == 2
+    _block(d.get("block_size"), "block_size", t.qdata.shape[-1] if t.qdata.ndim else -1,
+           whole=tuple(t.qdata.shape) if one_scale else None)
     _mm_config(d.get("mm_config"), "mm_config")
     _fp8_act(d.get("act_quant_kwargs"), "act_quant_kwargs")
     _enum(d.get("kernel_preference"), KernelPreference, "kernel_preference")

@@ -124,10 +124,14 @@ def decode_act_kwargs(v):
     raise DecodeError(f"unsupported act_quant_kwargs type {str(t)[:40]}")
 
 
-def _block_size(v, qdata):
+def _block_size(v, qdata, per_tensor_ok: bool = False):
+    """Per-row ``[1, K]``; with ``per_tensor_ok`` also the whole weight ``[N, K]`` (fp8 of Unsloth's older builds:
+    decoded so that Info can describe the file and validation can call it stale, never loaded)."""
     _need(isinstance(v, list) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
           "block_size must be two integers")
-    _need(v[0] == 1 and v[1] == qdata.shape[1], f"block_size {v} is not per-row for data {tuple(qdata.shape)}")
+    whole = per_tensor_ok and v == list(qdata.shape)
+    _need(whole or (v[0] == 1 and v[1] == qdata.shape[1]),
+          f"block_size {v} is not per-row for data {tuple(qdata.shape)}")
     return v
 
 
@@ -148,7 +152,7 @@ def decode_weight(entry_json: str, parts: dict):
         return _decode_block(t, d, qdata, scale, parts)
     _need(scale.dtype in (torch.float32, torch.bfloat16, torch.float16), f"scale dtype {scale.dtype}")
     _need(scale.numel() in (1, qdata.shape[0]), f"scale {tuple(scale.shape)} does not match {qdata.shape[0]} rows")
-    block = _block_size(d.get("block_size"), qdata)
+    block = _block_size(d.get("block_size"), qdata, per_tensor_ok=t == "Float8Tensor" and scale.numel() == 1)
     dtype = decode_dtype(d.get("dtype"))
     if t == "Int8Tensor":
         _need(qdata.dtype == torch.int8, f"Int8Tensor data is {qdata.dtype}")
