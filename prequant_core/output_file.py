@@ -164,6 +164,11 @@ def check_output_name(name: str, *, origin: str = "filename") -> str:
     return name
 
 
+# the same refusal reaches the Build node and the command line: name the switch of each
+OVERWRITE_FIX = ("Choose another filename, or allow overwriting: the Build node's overwrite input, or --overwrite on "
+                 "the command line.")
+
+
 def _refuse_existing(dest: str, overwrite: bool) -> None:
     if os.path.isdir(dest):
         raise BuildError("The output path is a folder.", path=dest, fix="Give a file name.")
@@ -176,7 +181,7 @@ def _refuse_existing(dest: str, overwrite: bool) -> None:
                          fix="Check the folder's permissions, or choose another filename.") from None
     if not overwrite:
         raise BuildError("The output file already exists; it was left untouched.", path=dest,
-                         fix="Choose another filename, or allow overwriting.")
+                         fix=OVERWRITE_FIX)
     if not stat.S_ISREG(st.st_mode):
         # overwriting means replacing a checkpoint, never a pipe, a device node or a link to somewhere else
         raise BuildError("The output path exists and is not a regular file; it was left untouched, even with "
@@ -211,7 +216,7 @@ def atomic_output(dest: str, *, overwrite: bool = False):
                 os.link(tmp, dest)
             except FileExistsError:
                 raise BuildError("The output file appeared while building; it was left untouched.", path=dest,
-                                 fix="Choose another filename, or allow overwriting.") from None
+                                 fix=OVERWRITE_FIX) from None
             except OSError:
                 _refuse_existing(dest, overwrite)
                 os.replace(tmp, dest)

@@ -490,7 +490,7 @@ def test_cli_builds_a_sharded_diffusers_folder(tmp_path, zimage_dense, reference
     # existing output: refused with the documented exit code, file untouched
     before = os.stat(path)
     r2 = cli("build", "--input", root, "--output", path, "--scheme", "fp8", "--quiet")
-    assert r2.returncode == 2 and "already exists" in r2.stderr
+    assert r2.returncode == 2 and "already exists" in r2.stderr and "--overwrite" in r2.stderr  # the fix names the switch
     assert os.stat(path).st_mtime_ns == before.st_mtime_ns
     # a single shard picked directly means the whole folder (the node lists shards, not folders)
     shard = os.path.join(root, "transformer", "diffusion_pytorch_model-00001-of-00002.safetensors")
