@@ -43,13 +43,15 @@ export TORCHINDUCTOR_CACHE_DIR="$root/.cache/torchinductor"
 # leftovers piled up in /tmp. It stays under /tmp, not in the checkout, because sockets made under TMPDIR (the
 # browser's) must keep a path shorter than 108 bytes. A killed run's folder is removed by the next start; runs side by
 # side keep their own.
-for d in /tmp/prequant-test-*; do
+for d in /tmp/prequant-test-* /tmp/prequant-setup012-*; do
   [ -d "$d" ] || continue
   kill -0 "${d##*-}" 2>/dev/null || rm -rf "$d"
 done
 export TMPDIR="/tmp/prequant-test-$$"
-mkdir -p "$TMPDIR"
-trap 'rm -rf "$TMPDIR"' EXIT
+# the 0.12.1 build in the background has scratch of its own: pip's unpacking must outlive the legs' clean-ups
+tmp012="/tmp/prequant-setup012-$$"
+mkdir -p "$TMPDIR" "$tmp012"
+trap 'rm -rf "$TMPDIR" "$tmp012"' EXIT
 legs=()  # "name seconds rc" per leg, printed at the end: the suite's time in every CI log
 leg_start=$t_start
 leg_done() {  # NAME RC
@@ -127,7 +129,7 @@ leg_done set-up 0
 # ComfyUI 0.12.1's venv is built (once) while the first two legs run: it is mostly file copying.
 log012="$root/.cache/setup-comfyui012.log"
 mkdir -p "$root/.cache"
-"$root/scripts/setup_comfyui012.sh" >"$log012" 2>&1 &
+TMPDIR="$tmp012" "$root/scripts/setup_comfyui012.sh" >"$log012" 2>&1 &
 pid012=$!
 # Each leg runs on both cores: pytest-xdist, a test file per worker (module fixtures and servers are built once),
 # heaviest files first so that no long file starts last. PREQUANT_TEST_WORKERS=0 runs a leg in one process.
