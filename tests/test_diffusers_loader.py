@@ -60,7 +60,7 @@ def test_pt_container_too(tmp_path, scheme):
 
 def _newer_diffusers(args, tmp_path):
     if not os.path.isfile(os.path.join(DIFFUSERS042, "diffusers", "__init__.py")):
-        pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_dev.sh --with-test-extras")
+        pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_test_extras.sh diffusers042")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([DIFFUSERS042, ROOT]))
     p = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -377,7 +377,7 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     from prequant_core.info import info
     side = os.path.join(ROOT, ".cache", "diffusers042")
     if not os.path.isfile(os.path.join(side, "diffusers", "__init__.py")):
-        pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_dev.sh --with-test-extras")
+        pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_test_extras.sh diffusers042")
     t = tf.DIFFUSERS_ONLY[family]
     fam = families.get(family)
     name = f"{t.file_stem}-INT8.safetensors"

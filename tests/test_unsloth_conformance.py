@@ -71,7 +71,7 @@ def test_unsloth_files_load_equal_to_load_time_quantization(tmp_path, family):
 @pytest.mark.parametrize("family", NEWER)
 def test_unsloth_files_of_the_newer_diffusers_families(tmp_path, family):
     if not os.path.isfile(os.path.join(DIFFUSERS042, "diffusers", "__init__.py")):
-        pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_dev.sh --with-test-extras")
+        pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_test_extras.sh diffusers042")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([DIFFUSERS042, ROOT, os.path.join(ROOT, "tests")]))
     p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "conformance_check.py"), family, str(tmp_path)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

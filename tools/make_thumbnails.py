@@ -4,8 +4,8 @@ Templates shows a same-name .jpg beside each workflow JSON), from the real front
     .venv/bin/python -m tools.make_thumbnails            # every shipped workflow
     .venv/bin/python -m tools.make_thumbnails z_image_turbo_prequant
 
-A real ComfyUI 0.3.75 server with this pack starts on 127.0.0.1 (scripts/setup_dev.sh --with-test-extras makes it and
-the headless Chromium), each workflow is opened in the front end and fitted into the canvas (tests/browser/
+A real ComfyUI 0.3.75 server with this pack starts on 127.0.0.1 (scripts/setup_dev.sh makes it,
+scripts/setup_test_extras.sh browser the headless Chromium), each workflow is opened in the front end and fitted into the canvas (tests/browser/
 thumbnails.mjs), and the capture is scaled to THUMB_WIDTH and saved as a JPEG (the Z-Image one also, larger, as the
 README's picture, docs/images/z_image_workflow.png). tests/test_example_workflows.py fails
 when a workflow has no picture.
@@ -29,7 +29,7 @@ def chromium() -> str:
     for c in (os.environ.get("PREQUANT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
         if c and os.path.exists(c):
             return c
-    raise SystemExit("no Chromium: run scripts/setup_dev.sh --with-test-extras (apt-get install chromium)")
+    raise SystemExit("no Chromium: run scripts/setup_test_extras.sh browser (apt-get install chromium)")
 
 
 def main(argv: list[str]) -> int:
