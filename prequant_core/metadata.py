@@ -142,18 +142,18 @@ def pin_fp8_kernels(tensors: dict) -> int:
 
 
 def _per_row_replacement(family, m: dict) -> str:
-    """Where the current per-row fp8 file of the same model is: its hosted repo and first file name, else how to
-    build it."""
-    build = "or build a per-row file from the dense model with Build Prequant Checkpoint"
-    if family is None:
-        return "use a per-row fp8 file, " + build
+    """Where the current per-row fp8 file of the same model is (its hosted repo and first file name), else how to make
+    one. Only a refusal's text needs the Hub names, hence the import here."""
     from . import sources
     from .errors import PrequantError
-    base = m.get("base_model_id") if isinstance(m.get("base_model_id"), str) else None
-    try:
-        repo = sources.hosted_repo(family.name, base_model_id=base, scheme="fp8")
-    except PrequantError:
-        repo = None
+    build = "or build a per-row file from the dense model with Build Prequant Checkpoint"
+    repo = None
+    if family is not None:
+        base = m.get("base_model_id") if isinstance(m.get("base_model_id"), str) else None
+        try:
+            repo = sources.hosted_repo(family.name, base_model_id=base, scheme="fp8")
+        except PrequantError:  # a base the family never hosts (an excluded namesake)
+            pass
     if not repo:
         return "use a per-row fp8 file, " + build
     return (f"the current file is {sources.filenames(repo, 'fp8')[0]} in {repo} (per-row; the loader's preset "

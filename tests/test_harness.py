@@ -15,35 +15,36 @@ import subprocess
 from conftest import ROOT
 
 SCRIPT = os.path.join(ROOT, "scripts", "test.sh")
-# what in a test file (or the helper it imports) shows that it needs an extra, and the extra's name in the script
+TEXT = open(SCRIPT, encoding="utf-8").read()
+# what in a test file shows that it needs an extra, by the extra's name in the script
 NEEDS = {
-    "browser": (r"tests/browser|BROWSER_DIR|playwright", ),
-    "strace": (r"\bstrace\b", ),
-    "torchao014": (r"torchao014|TORCHAO014", ),
-    "comfy-cli": (r"comfy-cli", ),
-    "diffusers042": (r"diffusers042|DIFFUSERS042", ),
-    "comfy-kitchen": (r"comfy_quantizer|comfy-kitchen", ),
+    "browser": r"tests/browser|BROWSER_DIR|playwright",
+    "strace": r"\bstrace\b",
+    "torchao014": r"torchao014|TORCHAO014",
+    "comfy-cli": r"comfy-cli",
+    "diffusers042": r"diffusers042|DIFFUSERS042",
+    "comfy-kitchen": r"comfy_quantizer|comfy-kitchen",
 }
 
 
 def _array(name: str) -> list[str]:
-    text = open(SCRIPT, encoding="utf-8").read()
-    m = re.search(rf"^{name}=\((.*?)\)", text, re.M | re.S)
+    m = re.search(rf"^{name}=\((.*?)\)", TEXT, re.M | re.S)
     assert m, f"{name}=(...) is gone from scripts/test.sh"
     return [w for w in m.group(1).split() if not w.startswith("--")]
 
 
-def _extras_of(path: str) -> str:
-    """The script's own answer, from its extras_of function run by bash."""
-    text = open(SCRIPT, encoding="utf-8").read()
-    fn = re.search(r"^extras_of\(\) \{.*?^\}", text, re.M | re.S).group(0)
-    return subprocess.run(["bash", "-c", f"{fn}\nextras_of {path}"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+def _extras_of(paths: list[str]) -> dict[str, str]:
+    """The script's own answers, from its extras_of function run by bash once for all ``paths``."""
+    fn = re.search(r"^extras_of\(\) \{.*?^\}", TEXT, re.M | re.S).group(0)
+    loop = 'for p in "$@"; do printf "%s\\t%s\\n" "$p" "$(extras_of "$p")"; done'
+    out = subprocess.run(["bash", "-c", f"{fn}\n{loop}", "extras", *paths], capture_output=True, text=True,
+                         check=True).stdout
+    return dict(line.split("\t", 1) for line in out.splitlines())
 
 
 def test_every_listed_file_exists_and_each_test_file_runs_in_one_leg():
     core, heavy = _array("CORE_TESTS"), _array("COMFY_HEAVY")
-    on012 = [w for w in _array("COMFY012_TESTS")]
+    on012 = _array("COMFY012_TESTS")
     for f in core + heavy + on012:
         assert os.path.isfile(os.path.join(ROOT, f)), f"scripts/test.sh lists {f}, which does not exist"
     assert len(set(core)) == len(core) and len(set(heavy)) == len(heavy)
@@ -61,15 +62,15 @@ def test_core_tier_files_do_not_start_comfyui():
 
 
 def test_a_file_run_alone_gets_the_extras_it_needs():
+    files = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py"))
+                   if not p.endswith("test_harness.py"))  # it names every marker itself
+    answers = _extras_of(files + ["tests/test_core_tier.py"])
     checked = 0
-    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
-        rel = os.path.relpath(path, ROOT)
-        if rel == "tests/test_harness.py":  # names every marker itself
-            continue
-        text = open(path, encoding="utf-8").read()
-        needed = {extra for extra, (pattern,) in NEEDS.items() if re.search(pattern, text)}
-        got = set(_extras_of(rel).split())
+    for rel in files:
+        text = open(os.path.join(ROOT, rel), encoding="utf-8").read()
+        needed = {extra for extra, pattern in NEEDS.items() if re.search(pattern, text)}
+        got = set(answers[rel].split())
         assert needed <= got, f"{rel} needs {sorted(needed - got)}: add it to extras_of in scripts/test.sh"
         checked += bool(needed)
     assert checked >= 6, "the markers above no longer find the files that need extras"
-    assert _extras_of("tests/test_core_tier.py") == "", "a core-tier file needs no Chromium, strace or npm"
+    assert answers["tests/test_core_tier.py"] == "", "a core-tier file needs no Chromium, strace or npm"

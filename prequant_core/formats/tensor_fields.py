@@ -78,13 +78,18 @@ def _mm_config(v, field):
         _bool(getattr(v, f), f"{field}.{f}")
 
 
-def _block(v, field, cols, whole=None):
-    """``[1, cols]``: one block per row; ``whole`` (the weight's shape, fp8 with one scale): also one block for the
-    whole weight, the stale per-tensor fp8 of Unsloth's older builds, which validation then names as such."""
-    two_ints = isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
-                                                                    for i in v)
-    _need(two_ints and ((v[0] == 1 and v[1] == cols) or (whole is not None and list(v) == list(whole))),
-          field, f"[1, {cols}] (one block per row)", v)
+def block_accepted(v, shape, whole_ok: bool = False) -> bool:
+    """The block shapes this pack reads, for pickled weights (here) and torchao's JSON (torchao_json): ``[1, K]``,
+    one block per row; with ``whole_ok`` (fp8 holding one scale) also the whole weight ``[N, K]``, the stale per-tensor
+    fp8 of Unsloth's older builds, decoded so that Info can describe it and validation can name it stale."""
+    if not (isinstance(v, (list, tuple)) and len(v) == 2
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in v)):
+        return False
+    return (v[0] == 1 and len(shape) > 0 and v[1] == shape[-1]) or (whole_ok and list(v) == list(shape))
+
+
+def _block(v, field, shape, whole_ok=False):
+    _need(block_accepted(v, shape, whole_ok), field, f"[1, {shape[-1] if len(shape) else -1}] (one block per row)", v)
 
 
 def _dataclass_of(v, cls, field):
@@ -143,7 +148,7 @@ def _mx_act(v, field):
 
 def _int8(t):
     d = t.__dict__
-    _block(d.get("block_size"), "block_size", t.qdata.shape[-1] if t.qdata.ndim else -1)
+    _block(d.get("block_size"), "block_size", tuple(t.qdata.shape))
     _int8_act(d.get("act_quant_kwargs"), "act_quant_kwargs")
     _bool(d.get("reduce_range", False), "reduce_range")
     for f in ("act_pre_scale", "act_quant_scale", "act_quant_zero_point"):  # static activation settings
@@ -154,8 +159,7 @@ def _fp8(t):
     from torchao.quantization.quantize_.common import KernelPreference
     d = t.__dict__
     one_scale = isinstance(d.get("scale"), torch.Tensor) and d["scale"].numel() == 1 and t.qdata.ndim == 2
-    _block(d.get("block_size"), "block_size", t.qdata.shape[-1] if t.qdata.ndim else -1,
-           whole=tuple(t.qdata.shape) if one_scale else None)
+    _block(d.get("block_size"), "block_size", tuple(t.qdata.shape), whole_ok=one_scale)
     _mm_config(d.get("mm_config"), "mm_config")
     _fp8_act(d.get("act_quant_kwargs"), "act_quant_kwargs")
     _enum(d.get("kernel_preference"), KernelPreference, "kernel_preference")

@@ -17,6 +17,8 @@ from torchao.quantization.quantize_.workflows import Float8Tensor, Int8Tensor
 from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
 from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
 
+from .tensor_fields import block_accepted
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "int8": torch.int8}
 LOGICAL = (torch.bfloat16, torch.float16, torch.float32)  # what a weight dequantizes to
@@ -125,12 +127,9 @@ def decode_act_kwargs(v):
 
 
 def _block_size(v, qdata, per_tensor_ok: bool = False):
-    """Per-row ``[1, K]``; with ``per_tensor_ok`` also the whole weight ``[N, K]`` (fp8 of Unsloth's older builds:
-    decoded so that Info can describe the file and validation can call it stale, never loaded)."""
     _need(isinstance(v, list) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
           "block_size must be two integers")
-    whole = per_tensor_ok and v == list(qdata.shape)
-    _need(whole or (v[0] == 1 and v[1] == qdata.shape[1]),
+    _need(block_accepted(v, tuple(qdata.shape), per_tensor_ok),
           f"block_size {v} is not per-row for data {tuple(qdata.shape)}")
     return v
 
