@@ -58,7 +58,8 @@ def child(case: str, dense: str, out: str, scheme: str, container: str) -> None:
     import psutil
     import torch  # noqa: F401
     import torchao  # noqa: F401
-    from prequant_core import build, quantize, schemes
+    from prequant_core import build, schemes
+    from prequant_core.schemes import quantize
 
     proc = psutil.Process()
     base = proc.memory_info().rss
@@ -77,8 +78,8 @@ def child(case: str, dense: str, out: str, scheme: str, container: str) -> None:
         quantized = res.quantized
     else:
         from safetensors.torch import load_file, save_file
-        from prequant_core.checkpoint import FORMAT_V1
-        from prequant_core.formats.safetensors_container import flatten
+        from prequant_core.formats.checkpoint import FORMAT_V1
+        from prequant_core.formats.containers.safetensors_container import flatten
         sd = load_file(dense)
         q, skipped = quantize.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
         del sd

@@ -73,7 +73,8 @@ def make_files(folder: str, layers: int, schemes: list[str]) -> dict:
     """Dense ComfyUI-layout file (what ComfyUI detects) and pre-quantized diffusers-layout files."""
     import torch
     from diffusers import ZImageTransformer2DModel
-    from prequant_core import build, families, keymap
+    from prequant_core import build, families
+    from prequant_core.families import keymap
     import comfy.utils
     with torch.device("meta"):
         skel = ZImageTransformer2DModel(dim=DIM, n_layers=layers, n_refiner_layers=2, n_heads=30, n_kv_heads=30)
@@ -104,7 +105,8 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
     nodes, pack = comfy_headless.boot(base_dir=base)
     import comfy.sample
     import folder_paths
-    from prequant_core import families, quantize, schemes
+    from prequant_core import families, schemes
+    from prequant_core.schemes import quantize
     import gc
     if method == "a":  # one-off imports (hub client, torchao safetensors helpers) are not the loader's cost
         with torch.inference_mode():
@@ -131,7 +133,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
                     q, _ = quantize.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
                     del sd
                 else:
-                    from prequant_core.dense_sources import open_dense, stream_quantized
+                    from prequant_core.load.dense_sources import open_dense, stream_quantized
                     q, _ = stream_quantized(open_dense(dense_path), scheme, min_features=512,
                                             exclude=schemes.exclude_tokens(scheme))
                 model = pack.nodes.comfy_model.build_patcher(fam, "comfyui", q, {})

@@ -51,7 +51,7 @@ def main():
         nodes, pack = comfy_headless.boot(base_dir=base)
         import comfy.sample
         import bench_load
-        from prequant_core import devices
+        from prequant_core.schemes import devices
         t = time.time()
         made = sorted({s for s, _, _ in methods if s != "dense"} | {"fp8"})
         files = bench_load.make_files(os.path.join(base, "models"), args.layers, made)

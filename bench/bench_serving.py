@@ -106,7 +106,7 @@ def make_files(base: str, layers: int) -> dict:
     files = bench_load.make_files(folder, layers, [])  # dense only; the .pt is built below from the same tensors
     from safetensors.torch import load_file
     import comfy.utils
-    from prequant_core import keymap
+    from prequant_core.families import keymap
     fam = families.get("z-image")
     comfy_sd = load_file(files["dense"])
     cfg = fam.config_from_shapes({k: tuple(v.shape) for k, v in comfy_sd.items()})

@@ -39,7 +39,9 @@ def main():
     import torchao
     from diffusers import ZImageTransformer2DModel
     from torchao.quantization import quantize_
-    from prequant_core import build, families, formats, placement, qtensor, schemes
+    from prequant_core import build, families, formats, schemes
+    from prequant_core.load import placement
+    from prequant_core.schemes import qtensor
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     heads = args.dim // 128
@@ -67,7 +69,7 @@ def main():
     lines.append(f"- model: Z-Image dim {args.dim}, {args.layers} layers + 2+2 refiners, dense {dense_gb:.2f} GiB; "
                  f"device {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}, "
                  f"torchao {torchao.__version__}")
-    from prequant_core import devices
+    from prequant_core.schemes import devices
     here = devices.describe(dev)
     lines.append(f"- matmul path the loader picks on this device: int8 -> {devices.choose('int8', True, here).text()}; "
                  f"fp8 -> {devices.choose('float8', True, here).text()}")

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from . import paths
-from .build import PrequantBuildCheckpoint
-from .info import PrequantInfo
-from .load import PrequantLoadTransformer
+from .build_node import PrequantBuildCheckpoint
+from .info_node import PrequantInfo
+from .load_node import PrequantLoadTransformer
 
 paths.register()
 

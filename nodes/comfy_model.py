@@ -10,8 +10,9 @@ import comfy.ops
 import comfy.supported_models
 import comfy.utils
 
-from prequant_core import keymap, placement
-from prequant_core.checkpoint import Checkpoint
+from prequant_core.families import keymap
+from prequant_core.load import placement
+from prequant_core.formats.checkpoint import Checkpoint
 from prequant_core.errors import ComfyVersionError
 from prequant_core.families import Family
 

@@ -3,7 +3,7 @@ formats), so a description cannot go stale when one of them grows (tests/test_no
 from __future__ import annotations
 
 from prequant_core import families, schemes
-from prequant_core.formats import comfy_formats, registry
+from prequant_core.formats import comfy_layout, containers
 
 
 def scheme_names() -> list[str]:
@@ -20,5 +20,5 @@ def family_titles() -> list[str]:
 
 
 def containers_text() -> str:
-    exts = " and ".join(sorted({c.extension for c in registry.containers()}))
-    return f"Unsloth's {exts} files and ComfyUI's own quantized files ({', '.join(comfy_formats.FORMATS)})"
+    exts = " and ".join(sorted({c.extension for c in containers.containers()}))
+    return f"Unsloth's {exts} files and ComfyUI's own quantized files ({', '.join(comfy_layout.FORMATS)})"

@@ -8,14 +8,14 @@ in place. ComfyUI's cast path (``cast_bias_weight``) would call ``weight.to(dtyp
 quantized Linear takes its own forward; dense layers keep ComfyUI's.
 
 Which matmul runs (torchao's quantized one, or weight-only: rows dequantized to the compute dtype, then a dense
-``F.linear``) is decided at load for the device the model computes on (``prequant_core.devices``,
+``F.linear``) is decided at load for the device the model computes on (``prequant_core.schemes.devices``,
 docs/FORMAT.md section 8) and stored on each Linear, so sampling never meets an unsupported kernel.
 """
 from __future__ import annotations
 
 import torch
 
-from prequant_core import devices, int8_cpu, qtensor, rotation
+from prequant_core.schemes import devices, int8_cpu, qtensor, rotation
 
 
 def fp8_table(module) -> str:

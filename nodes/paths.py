@@ -6,10 +6,10 @@ import os
 import folder_paths
 
 from prequant_core import schemes
-from prequant_core.formats import registry
+from prequant_core.formats import containers
 
 FOLDER = "prequant"
-EXTENSIONS = registry.extensions()  # every container the readers know (prequant_core.formats.registry)
+EXTENSIONS = containers.extensions()  # every container the readers know (prequant_core.formats.containers)
 DIFFUSION_PREFIX = "diffusion_models/"
 NONE_CHOICE = "(none: use path or hub_repo)"  # the loader's first entry
 INFO_NONE_CHOICE = "(none: use path)"  # Prequant Info has no hub_repo
@@ -58,7 +58,7 @@ def _looks_prequant(full: str) -> bool:
             return False
         key = (full, st.st_mtime_ns, st.st_size)
         if key not in _header_cache:
-            from prequant_core.formats.safetensors_container import is_comfy_native, read_header
+            from prequant_core.formats.containers.safetensors_container import is_comfy_native, read_header
             try:
                 index, meta, _ = read_header(full)
                 # an Unsloth container, or ComfyUI's own quantized layout (this pack reads both)
@@ -88,7 +88,7 @@ def prequant_dirs() -> list[str]:
 
 
 def _staging(f: str) -> bool:
-    from prequant_core.hub import STAGING_DIR
+    from prequant_core.load.hub import STAGING_DIR
     return f.replace("\\", "/").split("/", 1)[0] == STAGING_DIR
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from prequant_core.dense_sources import open_dense, stream_quantized
-from prequant_core.plan import LoadRoute
+from prequant_core.load.dense_sources import open_dense, stream_quantized
+from prequant_core.load.route import LoadRoute
 
 from .comfy_model import build_patcher
 

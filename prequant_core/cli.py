@@ -1,6 +1,6 @@
 """``python -m prequant_core``: inspect, verify and build pre-quantized checkpoints without ComfyUI.
 
-Each command lives beside the code it drives: ``info`` / ``verify`` in info.py, ``build`` in build.py; every
+Each command lives beside the code it drives: ``info`` / ``verify`` in report.py, ``build`` in the build package; every
 module exposes ``add_cli(subparsers)`` which registers its commands with a ``func(args) -> exit code``.
 """
 from __future__ import annotations
@@ -13,13 +13,13 @@ from .errors import PrequantError
 
 
 def parser() -> argparse.ArgumentParser:
-    from . import build, info
+    from . import build, report
     p = argparse.ArgumentParser(prog="python -m prequant_core",
                                 description="Inspect, verify and build pre-quantized (torchao int8 / fp8) diffusion "
                                             "transformer checkpoints.")
     p.add_argument("--version", action="version", version=f"prequant_core {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (info, build):
+    for module in (report, build):
         if hasattr(module, "add_cli"):
             module.add_cli(sub)
     return p

@@ -25,7 +25,9 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from . import families, metadata, pipeline, qtensor, sources
+from . import families
+from .load import metadata, pipeline, sources
+from .schemes import qtensor
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DependencyError, PrequantError,
                      UnknownFamilyError, UnsupportedFormatError)
 
@@ -206,7 +208,7 @@ def attach_layer_formats(model: torch.nn.Module, device, rotations: Mapping[str,
     """What torchao's own Linear dispatch does not do for these files: ConvRot layers (``rotations``: module name
     -> group) rotate their input (a forward pre-hook), and NVFP4 / MX weights on a device without their kernels
     dequantize at matmul time (the layer's forward). Returns notes saying what was attached."""
-    from . import devices, rotation
+    from .schemes import devices, rotation
     dev = devices.describe(device)
     rotations = dict(rotations or {})
     rotated = dequant = 0

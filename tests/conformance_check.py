@@ -21,7 +21,9 @@ for _p in (HERE, os.path.dirname(HERE)):
         sys.path.insert(0, _p)
 
 import unsloth_builder as ub  # noqa: E402
-from prequant_core import diffusers_loader, families, info, loader, metadata, qtensor, schemes  # noqa: E402
+from prequant_core import diffusers_loader, families, report, schemes
+from prequant_core.load import opening, metadata
+from prequant_core.schemes import qtensor  # noqa: E402
 from tools import tiny_families as tf  # noqa: E402
 
 KINDS = ("int8", "fp8", "nvfp4", "policy", "convrot")
@@ -115,19 +117,19 @@ def check_family(family: str, folder: str, kinds=KINDS) -> list[dict]:
     for (kind, container), path in sorted(files.items()):
         scheme = ub.KINDS[kind]
         r = {"family": family, "kind": kind, "container": container, "file": os.path.basename(path)}
-        opened = loader.open_checkpoint(path, metadata.Request(scheme=scheme, base_model_id=base_id, family=family),
+        opened = opening.open_checkpoint(path, metadata.Request(scheme=scheme, base_model_id=base_id, family=family),
                                         model_dirs=[folder], fingerprint_mode="full")
         ck = opened.checkpoint
         r["notes"] = list(opened.verdict.notes)
         r["tag"] = ck.format_tag
         r["quantized"] = sorted(ck.quantized_keys)
-        rep = info.info(path, {"scheme": scheme, "base_model_id": base_id}, verify_fingerprint=True)
+        rep = report.info(path, {"scheme": scheme, "base_model_id": base_id}, verify_fingerprint=True)
         r["info_valid"], r["fingerprint_verified"] = rep.valid, rep.fingerprint_verified
         r["fingerprint_count"] = len((ck.metadata.get("fingerprint") or {}).get("modules") or {})
         if container != "pt":
             # the same weights in the other container: read bit for bit as from the pickle (the forward after reading
             # is the same code, run once per kind on the pickle)
-            twin = loader.open_checkpoint(files[(kind, "pt")], metadata.Request(), model_dirs=[folder]).checkpoint
+            twin = opening.open_checkpoint(files[(kind, "pt")], metadata.Request(), model_dirs=[folder]).checkpoint
             r["same_as_pt"] = _same_tensors(ck.tensors, twin.tensors)
             results.append(r)
             continue

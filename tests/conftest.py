@@ -13,7 +13,7 @@ if ROOT not in sys.path:
 
 from tools import tiny_models  # noqa: E402
 
-# Remembered fingerprint passes (prequant_core.fingerprint) go to a folder of this run, never ~/.cache; servers the
+# Remembered fingerprint passes (prequant_core.formats.fingerprint) go to a folder of this run, never ~/.cache; servers the
 # tests start inherit it.
 if not os.environ.get("PREQUANT_VERIFIED_DIR"):
     import tempfile

@@ -87,7 +87,7 @@ def pt_container(tensors: dict, metadata: dict, tag: str = "unsloth_prequant_tra
 
 
 def st_container(tensors: dict, metadata: dict) -> bytes:
-    from prequant_core.formats.safetensors_container import flatten
+    from prequant_core.formats.containers.safetensors_container import flatten
     from safetensors.torch import save
     flat, header = flatten(tensors, format_tag="unsloth_prequant_transformer_state_dict_v1", metadata=metadata)
     return save(flat, metadata=header)

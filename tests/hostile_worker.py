@@ -24,8 +24,9 @@ import logging  # noqa: E402
 
 logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
-from prequant_core import cli, errors, formats, info, loader, memory  # noqa: E402
-from prequant_core.metadata import Request  # noqa: E402
+from prequant_core import cli, errors, formats, report
+from prequant_core.load import opening, memory_check  # noqa: E402
+from prequant_core.load.metadata import Request  # noqa: E402
 
 SAFETY_NET = 6 * 2**30  # address space beyond start-up: an attack that slips through fails here, not the machine
 
@@ -47,7 +48,7 @@ def _settle() -> None:
 def _call(fn, *args, **kwargs) -> str:
     try:
         out = fn(*args, **kwargs)
-        if isinstance(out, info.Report):
+        if isinstance(out, report.Report):
             json.dumps(out.to_dict(), allow_nan=False)
             out.to_text()
         return "ok"
@@ -72,10 +73,10 @@ def run_one(path: str) -> dict:
     folder = os.path.dirname(path)
     outcomes = {
         "read": _call(formats.read, path),
-        "info": _call(info.info, path, None, True),
-        "verify": _call(info.info, path, Request(base_model_id="Tongyi-MAI/Z-Image-Turbo", scheme="fp8"), False),
-        "load": _call(loader.open_checkpoint, path, Request(), model_dirs=[folder], strict=False),
-        "declared": _call(memory.declared_bytes, path),
+        "info": _call(report.info, path, None, True),
+        "verify": _call(report.info, path, Request(base_model_id="Tongyi-MAI/Z-Image-Turbo", scheme="fp8"), False),
+        "load": _call(opening.open_checkpoint, path, Request(), model_dirs=[folder], strict=False),
+        "declared": _call(memory_check.declared_bytes, path),
     }
     text_out, text_err = _cli(["info", path])
     json_out, _ = _cli(["info", "--json", path])

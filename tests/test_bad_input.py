@@ -10,8 +10,8 @@ import torch
 
 from conftest import BASE_ID
 from prequant_core import errors, formats
-from prequant_core.loader import open_checkpoint
-from prequant_core.metadata import Request
+from prequant_core.load.opening import open_checkpoint
+from prequant_core.load.metadata import Request
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_all_reasons_reported_at_once(prequant_files, allow_dir):
 
 
 def test_per_tensor_fp8_refused(prequant_files, folder):
-    from prequant_core import qtensor
+    from prequant_core.schemes import qtensor
 
     def mutate(o):
         sd = o["state_dict"]

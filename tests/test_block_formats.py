@@ -10,8 +10,12 @@ import math
 import pytest
 import torch
 
-from prequant_core import build, families, formats, layer_formats, metadata, qtensor, rotation, schemes, writers
-from prequant_core.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
+from prequant_core import build, families, formats, schemes
+from prequant_core.formats import layer_policy
+from prequant_core.load import metadata
+from prequant_core.schemes import qtensor, rotation
+from prequant_core.build import writers
+from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
 from prequant_core.errors import BuildError, CorruptCheckpointError
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -114,7 +118,7 @@ def _policy_file():
     tensors = {"a.weight": schemes.quantize_weight(w, "nvfp4"), "b.weight": schemes.quantize_weight(w, "nvfp4"),
                "c.weight": schemes.quantize_weight(w, "fp8"), "d.weight": w.clone(), "n.weight": torch.ones(64)}
     meta = {"scheme": "nvfp4", "nvfp4_policy": {
-        "kind": layer_formats.POLICY_KIND, "policy_id": "p1", "policy_version": 1,
+        "kind": layer_policy.POLICY_KIND, "policy_id": "p1", "policy_version": 1,
         "counts": {"nvfp4": 2, "fp8": 1, "bf16": 1}, "nvfp4_fqns": ["a", "b"], "activation_scales_baked": False,
         "gptq": False}}
     return tensors, meta
@@ -127,7 +131,7 @@ def test_a_well_formed_policy_file_is_valid():
 
 
 @pytest.mark.parametrize("change,words", [
-    (lambda m: m["nvfp4_policy"].update(kind="other_policy"), ["'kind'", "other_policy", layer_formats.POLICY_KIND]),
+    (lambda m: m["nvfp4_policy"].update(kind="other_policy"), ["'kind'", "other_policy", layer_policy.POLICY_KIND]),
     (lambda m: m["nvfp4_policy"].update(policy_id=""), ["'policy_id'", "non-empty"]),
     (lambda m: m["nvfp4_policy"].update(policy_version=0), ["'policy_version'", ">= 1", "0"]),
     (lambda m: m["nvfp4_policy"].update(policy_version=True), ["'policy_version'", "True"]),
@@ -193,12 +197,12 @@ def test_valid_rotation_marks_only_the_listed_weights():
     tensors, meta = _rotation_file()
     ck = _ckpt(tensors, meta, FORMAT_V2)
     assert metadata.validate(ck, metadata.Request()).ok
-    assert layer_formats.mark_rotations(ck) == 1
+    assert layer_policy.mark_rotations(ck) == 1
     assert qtensor.parts(ck.tensors["a.weight"])[1].rotation == 16
     assert qtensor.parts(ck.tensors["b.weight"])[1].rotation == 0
     # the mark survives slicing and fusing rows (the key maps' operations)
     assert qtensor.parts(qtensor.slice_rows(ck.tensors["a.weight"], 0, 8))[1].rotation == 16
-    assert "16" in layer_formats.summary(meta) and "1 layers" in layer_formats.summary(meta)
+    assert "16" in layer_policy.summary(meta) and "1 layers" in layer_policy.summary(meta)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,7 +270,7 @@ def test_block_schemes_never_land_in_a_container_that_cannot_hold_them(tmp_path)
                                          ("qwen-image", "unsloth/Qwen-Image-2512-NVFP4"),
                                          ("qwen-image-2.1", "unsloth/Qwen-Image-2.1-NVFP4")])
 def test_family_plus_nvfp4_plans_the_nvfp4_repo_and_fp8_keeps_its_own(family, repo):
-    from prequant_core import sources
+    from prequant_core.load import sources
     nv = sources.plan(family=family, scheme="nvfp4")
     assert [c.repo for c in nv.candidates] == [repo] and f"{repo.split('/')[1]}.pt" in nv.candidates[0].filenames
     fp8 = sources.plan(family=family, scheme="fp8")
@@ -277,7 +281,7 @@ def test_family_plus_nvfp4_plans_the_nvfp4_repo_and_fp8_keeps_its_own(family, re
 
 @pytest.mark.parametrize("kind", ["nvfp4", "mxfp8"])
 def test_block_kinds_run_natively_on_blackwell_only_and_dequantize_everywhere_else(kind):
-    from prequant_core import devices as d
+    from prequant_core.schemes import devices as d
     native = d.choose(kind, True, d.Device("cuda", (10, 0), name="B200"))
     assert native.path == d.QUANTIZED and f"native {kind}" in native.text()
     for dev in (d.Device("cuda", (9, 0)), d.Device("cuda", (8, 6)), d.Device("cuda", (10, 0), hip=True),

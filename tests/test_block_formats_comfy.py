@@ -11,8 +11,11 @@ import os
 import pytest
 import torch
 
-from prequant_core import build, families, formats, layer_formats, quantize, rotation, schemes, writers
-from prequant_core.checkpoint import FORMAT_V2, FORMAT_V3
+from prequant_core import build, families, formats, schemes
+from prequant_core.formats import layer_policy
+from prequant_core.schemes import quantize, rotation
+from prequant_core.build import writers
+from prequant_core.formats.checkpoint import FORMAT_V2, FORMAT_V3
 from tools import tiny_families as tf
 
 FAMILY = "flux.1"  # fused qkv in ComfyUI: NVFP4 rows with different per-tensor scales end up in one Linear
@@ -153,7 +156,7 @@ def policy_tensors():
             counts["fp8"] += 1
     meta = build.make_metadata(family=fam, scheme="nvfp4", base_model_id=tf.TINY[FAMILY].base_model_id,
                                min_features=schemes.DEFAULT_MIN_FEATURES, exclude=[], tensors=out, skipped=[])
-    meta["nvfp4_policy"] = {"kind": layer_formats.POLICY_KIND, "policy_id": "tiny_flux_attn_v1", "policy_version": 1,
+    meta["nvfp4_policy"] = {"kind": layer_policy.POLICY_KIND, "policy_id": "tiny_flux_attn_v1", "policy_version": 1,
                             "counts": counts, "nvfp4_fqns": fqns, "activation_scales_baked": False, "gptq": False}
     return out, meta
 

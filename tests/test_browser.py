@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from conftest import BASE_ID, ROOT
-from prequant_core.info import info
+from prequant_core.report import info
 from prequant_core.units import human_bytes
 from tools.comfy_server import ComfyServer
 

@@ -19,8 +19,12 @@ import pytest
 import torch
 
 from conftest import BASE_ID, ROOT, sample
-from prequant_core import (build, dense_sources, families, fingerprint, formats, keymap, loader, metadata, output_file,
-                           qtensor, quantize, schemes, writers)
+from prequant_core import build, families, formats, schemes
+from prequant_core.load import dense_sources, opening, metadata
+from prequant_core.formats import fingerprint
+from prequant_core.families import keymap
+from prequant_core.build import output_file, writers
+from prequant_core.schemes import qtensor, quantize
 from prequant_core.errors import BuildError, UnknownFamilyError
 from tools import tiny_models
 
@@ -162,7 +166,7 @@ def test_round_trip_equals_load_time_quantization(comfy, node_built, reference, 
 def test_built_file_passes_validation_and_carries_every_field(node_built, zimage_dense, scheme, container):
     path = node_built(scheme, container)
     req = metadata.Request(scheme=scheme, base_model_id=BASE_ID, min_features=512, family="z-image")
-    opened = loader.open_checkpoint(path, req, model_dirs=[os.path.dirname(path)])
+    opened = opening.open_checkpoint(path, req, model_dirs=[os.path.dirname(path)])
     assert opened.verdict.ok and opened.layout == "diffusers" and opened.family.name == "z-image"
     ck = opened.checkpoint
     m = ck.metadata
@@ -209,7 +213,7 @@ def test_streamed_safetensors_is_what_torchao_and_safetensors_read(node_built, t
     """The streaming writer's header equals the container's reference ``flatten``; safetensors and torchao read it."""
     from safetensors import safe_open
     from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
-    from prequant_core.formats.safetensors_container import flatten, read_header
+    from prequant_core.formats.containers.safetensors_container import flatten, read_header
     path = node_built("int8", "safetensors")
     ck = formats.read(path)
     tensors = {k: ck.tensors[k] for k in json.loads(read_header(path)[1]["tensor_names"])}
@@ -275,7 +279,7 @@ def test_row_chunked_quantization_is_the_same_tensor(dtype):
 def test_key_map_row_permutations_are_undone():
     """Map entries with a row transform (ComfyUI's swap_scale_shift, as a function or by name) are undone on the way
     back to diffusers names; a transform that is not its own inverse is refused."""
-    from prequant_core.keymap import ROW_PERMUTATIONS
+    from prequant_core.families.keymap import ROW_PERMUTATIONS
     comfy_sd = {"final.mod.weight": torch.arange(8.0).repeat(4, 1).T.contiguous(), "final.mod.bias": torch.arange(8.0)}
     src = dense_sources.MemorySource(comfy_sd)
     kmap = {"norm_out.linear.weight": ("final.mod.weight", None, ROW_PERMUTATIONS["swap_scale_shift"]),
@@ -480,7 +484,7 @@ def test_cli_builds_a_sharded_diffusers_folder(tmp_path, zimage_dense, reference
     path = r.stdout.strip().splitlines()[-1]
     assert path == str(out / "Z-Image-Turbo-FP8.safetensors")
     assert "[quantize 1/" in r.stderr and "[write " in r.stderr, "progress is shown"
-    ck = loader.open_checkpoint(path, metadata.Request(scheme="fp8", base_model_id=BASE_ID),
+    ck = opening.open_checkpoint(path, metadata.Request(scheme="fp8", base_model_id=BASE_ID),
                                 model_dirs=[str(out)]).checkpoint
     assert ck.metadata["transformer_class"] == "ZImageTransformer2DModel" and set(ck.tensors) == set(zimage_dense)
     assert ck.metadata["fingerprint"]["modules"] == reference("fp8")[1]["fingerprint"]["modules"], "same codes as load-time quantization"

@@ -24,7 +24,9 @@ import time
 import pytest
 
 from conftest import BASE_ID, ROOT
-from prequant_core import build, errors, families, formats, output_file, quantize, writers
+from prequant_core import build, errors, families, formats
+from prequant_core.build import output_file, writers
+from prequant_core.schemes import quantize
 
 FAM = families.get("z-image")
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -189,7 +191,8 @@ def test_immutable_destination(small_ckpt, tmp_path):
 CHILD = textwrap.dedent("""
     import json, os, resource, signal, sys
     sys.path.insert(0, {root!r})
-    from prequant_core import errors, formats, writers
+    from prequant_core import errors, formats
+    from prequant_core.build import writers
     cfg = json.loads(sys.argv[1])
     ck = formats.read(cfg["src"])
     # every lazy import of the writers happens now, before privileges or limits change

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import comfy_quantizer as cq
-from prequant_core import formats, info, metadata, qtensor
+from prequant_core import formats, report
+from prequant_core.load import metadata
+from prequant_core.schemes import qtensor
 from prequant_core.errors import CorruptCheckpointError, UnsupportedFormatError
 
 FORMATS = [("float8_e4m3fn", {}), ("float8_e5m2", {}), ("nvfp4", {}), ("mxfp8", {}), ("int8_tensorwise", {}),
@@ -80,7 +82,7 @@ def test_input_scales_and_attention_configs_are_read_and_noted(tmp_path):
 def test_info_describes_formats_per_layer_and_which_comfyui_reads_them(tmp_path):
     path = str(tmp_path / "nv.safetensors")
     cq.write(path, _dense(), {"blocks.0.mlp.0": ("nvfp4", {}), "blocks.0.mlp.2": ("float8_e4m3fn", {})})
-    r = info.info(path)
+    r = report.info(path)
     text = r.to_text()
     assert "nvfp4: 1 layer" in text and "float8_e4m3fn: 1 layer" in text, text
     assert "0.8.0" in text and "Load Diffusion Model" in text, text

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import comfy_quantizer as cq
-from prequant_core import families, qtensor
+from prequant_core import families
+from prequant_core.schemes import qtensor
 from tools import comfy_headless, tiny_families as tf
 
 FAMILY = "flux.1"

@@ -122,7 +122,7 @@ def test_free_racing_loads(server, request):  # noqa: F811
 
 
 def _rss() -> int:
-    from prequant_core import quantize
+    from prequant_core.schemes import quantize
     gc.collect()
     quantize.release_free_memory()  # freed heap pages back to the OS: RSS then tracks live memory, not malloc caching
     return psutil.Process().memory_info().rss

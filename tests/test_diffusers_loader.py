@@ -183,8 +183,8 @@ def test_excluded_base_gets_no_hosted_file(tmp_path):
 def test_comfyui_path_never_imports_diffusers_or_accelerate():
     """The nodes and the core modules they use import neither optional extra."""
     code = ("import sys; sys.path.insert(0, '.');"
-            "import prequant_core.loader, prequant_core.hub, prequant_core.sources, prequant_core.plan, "
-            "prequant_core.info, prequant_core.build, prequant_core.metadata, prequant_core.families;"
+            "import prequant_core.load.opening, prequant_core.load.hub, prequant_core.load.sources, prequant_core.load.route, "
+            "prequant_core.report, prequant_core.build, prequant_core.load.metadata, prequant_core.families;"
             "bad = [m for m in ('diffusers', 'accelerate') if m in sys.modules]; print(bad); assert not bad")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]

@@ -24,7 +24,8 @@ import pytest
 
 from conftest import ROOT
 from hub_server import HubServer, free_port
-from prequant_core import families, sources
+from prequant_core import families
+from prequant_core.load import sources
 from tools import workflow as wfmod
 
 WF_DIR = os.path.join(ROOT, "example_workflows")
@@ -138,7 +139,7 @@ def env(tmp_path_factory, comfy):
     from prequant_core import build
     from tools import tiny_families, tiny_models
     _, pack = comfy
-    loader_info = {"input": pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()}
+    loader_info = {"input": pack.nodes.load_node.PrequantLoadTransformer.INPUT_TYPES()}
     files_dir = tmp_path_factory.mktemp("hosted")
     hub = HubServer().start()
     served, by_repo = {}, {}
@@ -182,7 +183,7 @@ def server(env):
 
 def test_there_is_a_workflow_for_every_family(comfy):
     _, pack = comfy
-    loader_info = {"input": pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()}
+    loader_info = {"input": pack.nodes.load_node.PrequantLoadTransformer.INPUT_TYPES()}
     covered = {node_values(n, loader_info)["family"] for p in WORKFLOWS for n in loader_nodes(load_wf(p))}
     # Families no ComfyUI this pack can test has a model class for (unet_config None: the loader refuses them
     # naming min_comfy) get a workflow once one can be run here; every other family must have one.
@@ -346,7 +347,7 @@ def test_a_missing_file_nothing_serves_names_the_file_and_where_to_get_it(env, s
 
 def test_workflows_declare_their_models_and_say_where_they_go(comfy):
     _, pack = comfy
-    loader_info = {"input": pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()}
+    loader_info = {"input": pack.nodes.load_node.PrequantLoadTransformer.INPUT_TYPES()}
     for path in WORKFLOWS:
         wf = load_wf(path)
         where = os.path.basename(path)
@@ -385,8 +386,8 @@ def test_every_input_and_output_has_a_tooltip_and_the_nodes_can_be_found(server,
             assert word in info["description"].lower(), f"{name}: '{word}' is not in its description"
     # the aliases ComfyUI's node search reads (V1 SEARCH_ALIASES; newer ComfyUI serves them as search_aliases)
     _, pack = comfy
-    for cls in (pack.nodes.load.PrequantLoadTransformer, pack.nodes.build.PrequantBuildCheckpoint,
-                pack.nodes.info.PrequantInfo):
+    for cls in (pack.nodes.load_node.PrequantLoadTransformer, pack.nodes.build_node.PrequantBuildCheckpoint,
+                pack.nodes.info_node.PrequantInfo):
         assert {"int8", "fp8", "quantized", "unsloth"} <= set(cls.SEARCH_ALIASES), cls.__name__
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import sample
-from prequant_core import errors, plan
-from prequant_core.metadata import Request
+from prequant_core import errors
+from prequant_core.load import route
+from prequant_core.load.metadata import Request
 
 NONE = "(none: use path or hub_repo)"
 
@@ -34,7 +35,7 @@ def run_node(comfy, **kw):
 
 def test_valid_prequant_is_used(comfy, prequant_files, allow_dir, dense_file):
     allow_dir(os.path.dirname(prequant_files("int8")))
-    _, text = run_node(comfy, path=prequant_files("int8"), scheme="int8", policy=plan.PREQUANT_ELSE_DENSE,
+    _, text = run_node(comfy, path=prequant_files("int8"), scheme="int8", policy=route.PREQUANT_ELSE_DENSE,
                        dense_fallback="tiny_zimage_bf16.safetensors")
     assert "pre-quantized" in text and "quantized at load" not in text
 
@@ -44,14 +45,14 @@ def test_refused_prequant_falls_back_to_identical_output(comfy, prequant_files, 
     allow_dir(os.path.dirname(prequant_files(scheme)))
     good, _ = run_node(comfy, path=prequant_files(scheme), scheme=scheme)
     model, text = run_node(comfy, path=prequant_files(scheme), scheme=scheme, base_model_id="Qwen/Qwen-Image",
-                           policy=plan.PREQUANT_ELSE_DENSE, dense_fallback="tiny_zimage_bf16.safetensors")
+                           policy=route.PREQUANT_ELSE_DENSE, dense_fallback="tiny_zimage_bf16.safetensors")
     assert "quantized at load" in text and "requested 'Qwen/Qwen-Image'" in text, text
     assert torch.equal(sample(model), sample(good)), "both paths must give the same output from the same weights"
 
 
 def test_forced_dense(comfy, prequant_files, allow_dir, dense_file):
     allow_dir(os.path.dirname(prequant_files("int8")))
-    model, text = run_node(comfy, path=prequant_files("int8"), scheme="int8", policy=plan.DENSE_ONLY,
+    model, text = run_node(comfy, path=prequant_files("int8"), scheme="int8", policy=route.DENSE_ONLY,
                            dense_fallback="tiny_zimage_bf16.safetensors")
     assert "quantized at load" in text and "forced by policy" in text
     good, _ = run_node(comfy, path=prequant_files("int8"), scheme="int8")
@@ -75,11 +76,11 @@ def test_prequant_only_bad_file_lists_reasons_and_evicts_nothing(comfy, prequant
 def test_plan_is_decided_before_loading(comfy, prequant_files, allow_dir, dense_file, models_dir):
     allow_dir(os.path.dirname(prequant_files("int8")))
     dirs = [os.path.join(models_dir, "diffusion_models")]
-    p = plan.make_plan(prequant_files("int8"), Request(scheme="int8", base_model_id="nope/other"),
-                       policy=plan.PREQUANT_ELSE_DENSE, dense_path=dense_file, model_dirs=dirs)
+    p = route.make_plan(prequant_files("int8"), Request(scheme="int8", base_model_id="nope/other"),
+                       policy=route.PREQUANT_ELSE_DENSE, dense_path=dense_file, model_dirs=dirs)
     assert p.path == "quantized at load" and p.skipped_because and p.family.name == "z-image"
     with pytest.raises(errors.PathNotAllowedError):
-        plan.make_plan(None, Request(scheme="int8"), policy=plan.DENSE_ONLY, dense_path="/etc/hostname",
+        route.make_plan(None, Request(scheme="int8"), policy=route.DENSE_ONLY, dense_path="/etc/hostname",
                        model_dirs=dirs)
     with pytest.raises(errors.ValidationError):
-        plan.make_plan(None, Request(), policy=plan.DENSE_ONLY, dense_path=dense_file, model_dirs=dirs)
+        route.make_plan(None, Request(), policy=route.DENSE_ONLY, dense_path=dense_file, model_dirs=dirs)

@@ -12,7 +12,9 @@ import os
 import pytest
 import torch
 
-from prequant_core import build, families, keymap, qtensor, quantize, schemes
+from prequant_core import build, families, schemes
+from prequant_core.families import keymap
+from prequant_core.schemes import qtensor, quantize
 from prequant_core.errors import ComfyVersionError, CorruptCheckpointError, UnknownFamilyError
 from tools import tiny_families as tf
 
@@ -374,7 +376,7 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     import subprocess
     import sys
     from conftest import ROOT
-    from prequant_core.info import info
+    from prequant_core.report import info
     side = os.path.join(ROOT, ".cache", "diffusers042")
     if not os.path.isfile(os.path.join(side, "diffusers", "__init__.py")):
         pytest.fail("diffusers 0.42.1 is missing at .cache/diffusers042: run scripts/setup_test_extras.sh diffusers042")

@@ -12,14 +12,14 @@ Readers and what is thrown at them (hypothesis, derandomized, no example databas
   deeply nested headers, tree mutations of the header JSON (offsets out of range or overlapping, dtype / shape
   mismatch, torchao JSON entries, ``tensor_names`` pointing nowhere, ``unsloth_metadata`` of every type), damaged
   tensor bytes, truncation;
-* metadata of every wrong type through ``metadata.validate`` and ``info.info`` (and the report's text / JSON);
+* metadata of every wrong type through ``metadata.validate`` and ``report.info`` (and the report's text / JSON);
 * legacy torchao-v1 ``.pt`` files (the restricted unpickler): a real file written by torchao 0.14.1 when it is
   installed (else a synthesized one), mutated like the container above;
 * ComfyUI-native files: ``comfy_quant`` tensors, ``_quantization_metadata`` and ``scaled_fp8`` markings with random
   formats, dtypes, shapes and scales, plus header tree mutations.
 
-Every case goes through ``formats.read``, ``info.info`` (some with fingerprint verification) and
-``loader.open_checkpoint`` (memory guard included). A per-case SIGALRM guard turns a hang into a failure
+Every case goes through ``formats.read``, ``report.info`` (some with fingerprint verification) and
+``opening.open_checkpoint`` (memory guard included). A per-case SIGALRM guard turns a hang into a failure
 (``faulthandler`` backs it up for hangs inside C code); after every case the marker folder must be empty: payloads
 write there when they run. The per-reader counts are printed at the end of the module (``[fuzz] ...`` lines).
 """
@@ -48,10 +48,12 @@ from hypothesis import strategies as st
 
 from conftest import BASE_ID, ROOT
 from hostile_corpus import rezip, torch_save_bytes, zip_entries
-from prequant_core import build, errors, families, formats, info, loader, metadata, schemes, writers
-from prequant_core.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
-from prequant_core.formats import legacy_v1
-from prequant_core.metadata import Request
+from prequant_core import build, errors, families, formats, report, schemes
+from prequant_core.load import opening, metadata
+from prequant_core.build import writers
+from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
+from prequant_core.formats.containers import legacy_v1
+from prequant_core.load.metadata import Request
 
 CASE_TIMEOUT_S = 20  # one case; tiny files read in milliseconds
 MODULE = __name__  # how pickles name this module's tripwire
@@ -129,7 +131,7 @@ def attempt(reader: str, fn, *args, **kwargs) -> str:
     try:
         with time_limit(CASE_TIMEOUT_S):
             out = fn(*args, **kwargs)
-            if isinstance(out, info.Report):  # the CLI and the node render every report: that must work too
+            if isinstance(out, report.Report):  # the CLI and the node render every report: that must work too
                 json.dumps(out.to_dict())
                 out.to_text()
     except errors.PrequantError as e:
@@ -146,8 +148,8 @@ def read_all(reader: str, path: str, *, fingerprint: bool = False) -> list[str]:
     folder = os.path.dirname(path)
     CASES[reader] += 1
     out = [attempt(reader, formats.read, path),
-           attempt(reader, info.info, path, None, fingerprint),
-           attempt(reader, loader.open_checkpoint, path, Request(), model_dirs=[folder], strict=False)]
+           attempt(reader, report.info, path, None, fingerprint),
+           attempt(reader, opening.open_checkpoint, path, Request(), model_dirs=[folder], strict=False)]
     return out
 
 
@@ -214,7 +216,7 @@ def bases(work):
         for kind, ext in (("pt", "pt"), ("st", "safetensors")):
             p = work / f"check.{ext}"
             p.write_bytes(out[f"{kind}-{scheme}"])
-            assert loader.open_checkpoint(str(p), model_dirs=[str(work)]).verdict.ok
+            assert opening.open_checkpoint(str(p), model_dirs=[str(work)]).verdict.ok
     return out
 
 
@@ -776,8 +778,8 @@ def test_metadata_through_info(bases, work, kind, md, req, merge):
     p = work / "meta.safetensors"
     p.write_bytes(join_st(header, rest))
     CASES["metadata.info"] += 1
-    attempt("metadata.info", info.info, str(p), req, True)
-    attempt("metadata.info", info.info, str(p), req, False)
+    attempt("metadata.info", report.info, str(p), req, True)
+    attempt("metadata.info", report.info, str(p), req, False)
 
 
 # ---- legacy torchao-v1 .pt -----------------------------------------------------------------------------------------

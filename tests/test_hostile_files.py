@@ -26,9 +26,11 @@ import torch
 
 import hostile_corpus
 from conftest import ROOT
-from prequant_core import allowlist, build, errors, formats, loader, memory, output_file
+from prequant_core.load import allowlist, opening, memory_check
+from prequant_core import build, errors, formats
+from prequant_core.build import output_file
 from prequant_core.formats import pickle_guard
-from prequant_core.metadata import Request
+from prequant_core.load.metadata import Request
 
 CASE_LIMIT_S = 30  # one file through every entry point; a hang is reported after this
 PEAK_LIMIT_BYTES = 256 * 2**20  # resident growth for one file, whatever it declares
@@ -223,7 +225,7 @@ def test_a_fifo_is_refused_at_once(tmp_path):
     done = {}
 
     def go():
-        for fn in (formats.read, memory.declared_bytes):
+        for fn in (formats.read, memory_check.declared_bytes):
             try:
                 fn(str(fifo))
             except errors.PrequantError as e:
@@ -242,11 +244,11 @@ def test_views_sharing_one_storage_count_at_their_declared_size(tmp_path):
     sd = {f"layers.{i}.attention_norm1.weight": base[:] for i in range(64)}  # 64 views: 128 MiB declared
     path = tmp_path / "views.pt"
     torch.save({"format": "unsloth_prequant_transformer_state_dict_v1", "metadata": {}, "state_dict": sd}, path)
-    stored = memory.declared_bytes(str(path))
+    stored = memory_check.declared_bytes(str(path))
     assert stored <= 3 * 2**20
-    guard = memory.Guard(available=lambda: 64 * 2**20, headroom=0)
+    guard = memory_check.Guard(available=lambda: 64 * 2**20, headroom=0)
     with pytest.raises(errors.MemoryBudgetError) as e:
-        loader.open_checkpoint(str(path), Request(), model_dirs=[str(tmp_path)], strict=False, memory_guard=guard)
+        opening.open_checkpoint(str(path), Request(), model_dirs=[str(tmp_path)], strict=False, memory_guard=guard)
     assert "128.00 MiB" in str(e.value)
 
 

@@ -35,7 +35,7 @@ def sha256(path: str) -> str:
 # --- the pure planner ---------------------------------------------------------------------------------------------
 
 def test_filename_chain_and_model_name():
-    from prequant_core import sources
+    from prequant_core.load import sources
     assert sources.filenames(REPO, "int8") == (PRIMARY, PT, LEGACY)
     assert sources.filenames(REPO, "FP8") == ("Z-Image-Turbo-FP8.safetensors", "Z-Image-Turbo-FP8.pt",
                                               "transformer_fp8.pt")
@@ -49,7 +49,7 @@ def test_filename_chain_and_model_name():
 
 
 def test_plan_order_and_inputs():
-    from prequant_core import sources
+    from prequant_core.load import sources
     from prequant_core.errors import HubError
     p = sources.plan("/m/x.safetensors", "https://huggingface.co/" + REPO + "/", "z-image", "int8", revision=" v1 ")
     assert [(c.kind, c.origin) for c in p] == [("local", "path"), ("hub", "hub_repo")]
@@ -80,7 +80,8 @@ def test_plan_order_and_inputs():
 
 
 def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
-    from prequant_core import families, sources
+    from prequant_core import families
+    from prequant_core.load import sources
     from prequant_core.errors import HubError
     fam = dataclasses.replace(families.get("z-image"), name="multi",
                               base_repos=("org/Thing-schnell", "org/Thing-dev"),
@@ -100,7 +101,8 @@ def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
 def test_a_repos_schemes_come_from_unsloths_table_not_its_suffix():
     """unsloth/Qwen-Image-FP8 holds an int8 transformer (released Unsloth: only that); -MXFP8 / -NVFP4 repos resolve
     with scheme auto; a repo no family knows falls back to its suffix."""
-    from prequant_core import families, sources
+    from prequant_core import families
+    from prequant_core.load import sources
     assert sources.repo_schemes("unsloth/Qwen-Image-FP8") == ("int8", "fp8")
     assert sources.repo_schemes("unsloth/Z-Image-Turbo-NVFP4") == ("nvfp4",)
     assert "Qwen-Image / int8" in sources.preset_labels() and "Wan2.2-TI2V-5B / nvfp4" in sources.preset_labels()
@@ -125,7 +127,7 @@ def test_a_repos_schemes_come_from_unsloths_table_not_its_suffix():
 
 
 def test_usable_sources(tmp_path, monkeypatch):
-    from prequant_core import sources
+    from prequant_core.load import sources
     monkeypatch.delenv("PREQUANT_ALLOW_LOCAL_PATH", raising=False)
     monkeypatch.delenv("UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH", raising=False)
     inside = tmp_path / "models" / "a.safetensors"
@@ -200,10 +202,10 @@ def blobs(home) -> list[str]:
 
 
 def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_env, files):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     from prequant_core.errors import PathNotAllowedError
-    from prequant_core.loader import open_checkpoint
-    from prequant_core.metadata import Request
+    from prequant_core.load.opening import open_checkpoint
+    from prequant_core.load.metadata import Request
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"], LEGACY: files["int8.pt"]})
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert (f.filename, f.revision, f.downloaded, f.tried) == (PRIMARY, "main", True, [])
@@ -223,7 +225,7 @@ def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_en
     ({LEGACY: "int8.pt"}, [PRIMARY, PT]),
 ])
 def test_fallback_names_on_entry_not_found(hub, hf_env, files, present, expected_tried):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {name: files[key] for name, key in present.items()})
     (name,) = present
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -236,7 +238,7 @@ def test_fallback_names_on_entry_not_found(hub, hf_env, files, present, expected
 
 
 def test_no_name_present_lists_every_name(hub, hf_env, files):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {"README.md": files["int8.pt"]})
     with pytest.raises(h.HubNotFoundError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -249,7 +251,7 @@ def test_no_name_present_lists_every_name(hub, hf_env, files):
 def test_server_error_stops_without_trying_other_names(hub, hf_env, files):
     """HTTP 500 on the first name: the client retries that request with back-off (~23 s), then a clear error; the
     .pt that does exist is never asked for, and nothing lands in the cache."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
     hub.fault(REPO, PRIMARY, status=500, where="resolve")
     with pytest.raises(h.HubUnavailableError) as ei:
@@ -262,7 +264,7 @@ def test_server_error_stops_without_trying_other_names(hub, hf_env, files):
 
 
 def test_connection_refused(hf_env, monkeypatch, caplog):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     caplog.set_level(logging.WARNING, logger="prequant")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(h.HubUnavailableError) as ei:
@@ -280,7 +282,7 @@ def test_connection_refused(hf_env, monkeypatch, caplog):
 
 
 def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, files):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
     hub.fault(REPO, PRIMARY, short_by=1000, where="cdn")  # HEAD says N bytes, GET delivers N - 1000
     with pytest.raises(h.HubDownloadError) as ei:
@@ -293,7 +295,7 @@ def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, files):
 
 def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, monkeypatch, caplog):
     import logging
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     caplog.set_level(logging.DEBUG)  # the client's request logging included
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
     hub.require_token(REPO, "hf_good_token")
@@ -312,7 +314,7 @@ def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, mon
 
 
 def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, monkeypatch):
-    from prequant_core import hub as h, sources
+    from prequant_core.load import hub as h, sources
     hub.commit(REPO, {LEGACY: files["int8.pt"]})
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(h.HubOfflineError) as ei:
@@ -333,7 +335,7 @@ def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, m
 
 
 def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, files):
-    from prequant_core import hub as h, sources
+    from prequant_core.load import hub as h, sources
     repo = "unsloth/Qwen-Image-FP8"
     hub.commit(repo, {"Qwen-Image-INT8.safetensors": files["int8.safetensors"]})
     c = sources.plan(None, repo, None, None).candidates[0]
@@ -347,7 +349,7 @@ def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, files, monkeypa
     offline they are skipped like any absent name and the cached one is served, with no request."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
-    from prequant_core import hub as h, sources
+    from prequant_core.load import hub as h, sources
     hub.commit(REPO, {LEGACY: files["int8.pt"]})
     for fn in (PRIMARY, PT):
         with pytest.raises(EntryNotFoundError):
@@ -365,7 +367,7 @@ def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, files, monkeypa
 def test_operator_mirror_is_searched_before_the_hub(hub, hf_env, files, tmp_path, monkeypatch):
     """UNSLOTH_DIFFUSION_PREQUANT_MIRROR: roots (os.pathsep), <root>/<owner>/<repo>/<file>; for a .pt name its
     converted .safetensors sibling first; never a path outside the root."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     empty, root = tmp_path / "empty-mirror", tmp_path / "mirror"
     (root / "unsloth" / "Z-Image-Turbo-FP8").mkdir(parents=True)
     empty.mkdir()
@@ -385,7 +387,7 @@ def test_operator_mirror_is_searched_before_the_hub(hub, hf_env, files, tmp_path
 
 
 def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_request(hub, hf_env, files):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     commit = hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     first = h.download(REPO, (PRIMARY, PT, LEGACY))
     second = h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -397,7 +399,7 @@ def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_reques
 
 
 def test_revision_pinning(hub, hf_env, files):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     old = hub.commit(REPO, {PT: files["int8.pt"]}, ref="v1")
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     assert h.download(REPO, (PRIMARY, PT, LEGACY)).filename == PRIMARY
@@ -414,7 +416,7 @@ def test_revision_pinning(hub, hf_env, files):
 
 def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, files):
     """The server drops the connection mid-body once; the next request asks only for the missing bytes."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     size = os.path.getsize(files["int8.safetensors"])
     hub.fault(REPO, PRIMARY, drop_after=45 * MiB, times=1, method="GET", where="cdn")
@@ -432,7 +434,7 @@ def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, files):
 def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, files):
     """A process killed while downloading (ComfyUI closed) leaves the client's .incomplete file; the next run
     continues from it instead of starting over."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     size = os.path.getsize(files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
@@ -463,7 +465,7 @@ def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, files):
 
 
 def test_progress_reports_bytes(hub, hf_env, files):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     size = os.path.getsize(files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.005
@@ -476,7 +478,7 @@ def test_progress_reports_bytes(hub, hf_env, files):
 
 def test_status_says_what_is_happening(hub, hf_env, files):
     """Each stage of a wait is announced before it starts: connecting (per name tried), then downloading."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PT: files["int8.pt"]})
     said = []
     h.download(REPO, (PRIMARY, PT), status=said.append)
@@ -496,7 +498,7 @@ def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, fil
     import torch
     from conftest import sample
     from prequant_core.errors import PathNotAllowedError
-    Loader = pack.nodes.load.PrequantLoadTransformer
+    Loader = pack.nodes.load_node.PrequantLoadTransformer
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     hub.slow[(REPO, PRIMARY)] = 0.003
     seen = []

@@ -28,7 +28,7 @@ def model_files(d) -> list[str]:
 
 
 def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_env, files, tmp_path):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
@@ -50,8 +50,8 @@ def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_en
 
 def test_offline_uses_the_folder(hub, hf_env, files, tmp_path, monkeypatch):
     from huggingface_hub import constants
-    from prequant_core import hub as h
-    from prequant_core import sources
+    from prequant_core.load import hub as h
+    from prequant_core.load import sources
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
@@ -65,7 +65,7 @@ def test_offline_uses_the_folder(hub, hf_env, files, tmp_path, monkeypatch):
 
 
 def test_legacy_name_gets_the_repo_prefix(hub, hf_env, files, tmp_path):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {LEGACY: files["int8.pt"]})
@@ -75,7 +75,7 @@ def test_legacy_name_gets_the_repo_prefix(hub, hf_env, files, tmp_path):
 
 
 def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, files, tmp_path):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
@@ -92,13 +92,13 @@ def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, files, tmp_pa
 def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf_env, files, tmp_path):
     """ComfyUI closed mid-download: the bytes stay in a hidden staging folder under a name no model list offers,
     the final name never exists half-written, and the next run continues from the bytes kept."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     size = os.path.getsize(files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from prequant_core import hub; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from prequant_core.load import hub; "
             "hub.download(sys.argv[2], [sys.argv[3]], dest_dir=sys.argv[4])")
     proc = subprocess.Popen([sys.executable, "-c", code, ROOT, REPO, PRIMARY, str(dest)], env=dict(os.environ),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

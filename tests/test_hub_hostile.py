@@ -37,11 +37,11 @@ def _no_child_left():
     import psutil
     kids = psutil.Process().children(recursive=True)
     return [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE
-            and "prequant_core.hub_child" in " ".join(k.cmdline())] == []
+            and "prequant_core.load.hub_child" in " ".join(k.cmdline())] == []
 
 
 def test_a_stalled_body_ends_typed_and_the_next_run_resumes(hub, hf_env, files, tmp_path):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     dest = str(tmp_path / "prequant")
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", stall_after=25 * 2**20, times=1)  # the client writes 10 MB chunks
@@ -57,7 +57,7 @@ def test_a_stalled_body_ends_typed_and_the_next_run_resumes(hub, hf_env, files, 
 
 
 def test_a_dripping_server_is_stopped_by_the_speed_floor(hub, hf_env, files, tmp_path):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", drip=0.0001, where="cdn")  # ~5 KB/s after the Python overheads
     _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
@@ -67,7 +67,7 @@ def test_a_dripping_server_is_stopped_by_the_speed_floor(hub, hf_env, files, tmp
 
 
 def test_a_server_that_never_answers_is_given_up_on(hub, hf_env, files, tmp_path, monkeypatch):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     monkeypatch.setenv("PREQUANT_HUB_ANSWER_S", "3")  # below the client's own 10 s timeout: this bound ends it
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, hang=True, where="resolve")
@@ -77,7 +77,7 @@ def test_a_server_that_never_answers_is_given_up_on(hub, hf_env, files, tmp_path
 
 def test_cancel_stops_the_transfer_at_once_and_keeps_its_bytes(hub, hf_env, files, tmp_path):
     """ComfyUI's Cancel: its interrupt check raises on the next poll; the child is killed, nothing waits."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
 
     class Interrupted(Exception):
         pass
@@ -96,7 +96,7 @@ def test_cancel_stops_the_transfer_at_once_and_keeps_its_bytes(hub, hf_env, file
 
 
 def test_a_file_larger_than_the_free_disk_is_refused_before_a_byte_is_written(hub, hf_env, files, tmp_path):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, declare_size=40 * 2**40, where="resolve")  # announces 40 TiB
     dest = tmp_path / "d"
@@ -107,7 +107,7 @@ def test_a_file_larger_than_the_free_disk_is_refused_before_a_byte_is_written(hu
 
 
 def test_a_body_longer_than_announced_is_never_kept(hub, hf_env, files, tmp_path):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", extra=100_000, where="cdn")
     dest = tmp_path / "d"
@@ -119,7 +119,7 @@ def test_a_body_longer_than_announced_is_never_kept(hub, hf_env, files, tmp_path
 
 @pytest.mark.parametrize("revision", ["../../../../tmp/x", "/abs/path", "a//b", "main/..", "x\\y", "ref/"])
 def test_a_revision_the_hub_would_not_accept_is_refused_before_any_request(hub, hf_env, revision):
-    from prequant_core import hub as h, sources
+    from prequant_core.load import hub as h, sources
     from prequant_core.errors import HubError
     with pytest.raises(HubError, match="not a revision the Hub accepts"):
         h.download(REPO, (PRIMARY,), revision=revision)
@@ -131,7 +131,7 @@ def test_a_revision_the_hub_would_not_accept_is_refused_before_any_request(hub, 
 def test_downloads_are_kept_by_origin(hub, hf_env, files, tmp_path):
     """attacker/Z-Image-Turbo-FP8 holds a file of the official name: it is stored under its own origin, and the
     official repo's download is never served from it."""
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     dest = str(tmp_path / "prequant")
     hub.commit("attacker/Z-Image-Turbo-FP8", {PRIMARY: files["int8.pt"]})
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
@@ -147,7 +147,7 @@ def test_downloads_are_kept_by_origin(hub, hf_env, files, tmp_path):
 
 
 def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp_path, files):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
     for k, v in FAST.items():
         monkeypatch.setenv(k, v)
@@ -163,7 +163,7 @@ def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp
 
 
 def test_the_client_librarys_own_errors_are_sorted_requests_and_httpx_alike():
-    from prequant_core.hub_errors import classify
+    from prequant_core.load.hub_errors import classify
     import requests
     assert classify(requests.exceptions.ConnectionError("refused"))[0] == "network"
     assert classify(requests.exceptions.ChunkedEncodingError("short"))[0] == "network"
@@ -177,7 +177,7 @@ def test_the_client_librarys_own_errors_are_sorted_requests_and_httpx_alike():
 
 @pytest.mark.parametrize("where", ["elsewhere", "itself"])
 def test_a_redirect_to_nowhere_or_to_itself_ends_typed(hub, hf_env, files, tmp_path, where):
-    from prequant_core import hub as h
+    from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     target = f"http://127.0.0.1:{free_port()}/nothing" if where == "elsewhere" else \
         f"{hub.url}/{REPO}/resolve/main/{PRIMARY}"

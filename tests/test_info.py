@@ -21,10 +21,10 @@ import torch
 
 from conftest import BASE_ID, ROOT
 from prequant_core import cli, errors, formats, schemes
-from prequant_core.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3
-from prequant_core.formats import safetensors_container as sc
-from prequant_core.info import READ_FULL, READ_HEADER, READ_MMAP, info
-from prequant_core.metadata import Request
+from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3
+from prequant_core.formats.containers import safetensors_container as sc
+from prequant_core.report import READ_FULL, READ_HEADER, READ_MMAP, info
+from prequant_core.load.metadata import Request
 from tools import tiny_models
 
 NONE = "(none: use path or hub_repo)"
@@ -243,7 +243,7 @@ def test_refused_format_tags_are_an_invalid_verdict(prequant_files, tmp_path, ta
     if container == "safetensors":
         rewrite_header(src, dst, lambda h: h["__metadata__"].update(unsloth_format=tag))
     else:
-        from prequant_core.formats.pt import load_weights_only
+        from prequant_core.formats.containers.pt import load_weights_only
         obj = load_weights_only(src, mmap=True)
         obj["format"] = tag
         torch.save(obj, dst)

@@ -1,10 +1,11 @@
-"""The CPU int8 linear (prequant_core.int8_cpu) is torchao's dynamic int8 linear, bit for bit, without torch._int_mm."""
+"""The CPU int8 linear (prequant_core.schemes.int8_cpu) is torchao's dynamic int8 linear, bit for bit, without torch._int_mm."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from prequant_core import int8_cpu, qtensor, schemes
+from prequant_core.schemes import int8_cpu, qtensor
+from prequant_core import schemes
 
 
 def _layer(rows, cols, seed):

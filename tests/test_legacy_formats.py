@@ -21,9 +21,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import BASE_ID, ROOT, sample
-from prequant_core import build, errors, families, formats, loader, metadata, qtensor, quantize, schemes, writers
-from prequant_core.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3
-from prequant_core.formats import legacy_v1
+from prequant_core import build, errors, families, formats, schemes
+from prequant_core.load import opening, metadata
+from prequant_core.schemes import qtensor, quantize
+from prequant_core.build import writers
+from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3
+from prequant_core.formats.containers import legacy_v1
 from tools import tiny_models
 
 NONE = "(none: use path or hub_repo)"
@@ -123,7 +126,7 @@ def test_legacy_reads_bit_exact(legacy, zimage_dense):
     # the copying read (no mmap) decodes to the same tensors
     ck2 = legacy_v1.read_legacy_v1(legacy.path, mmap=False)
     assert all(torch.equal(ck2.tensors[k].qdata, ck.tensors[k].qdata) for k in legacy.keys)
-    opened = loader.open_checkpoint(legacy.path, metadata.Request(scheme="int8", base_model_id=BASE_ID),
+    opened = opening.open_checkpoint(legacy.path, metadata.Request(scheme="int8", base_model_id=BASE_ID),
                                     model_dirs=[os.path.dirname(legacy.path)])
     assert opened.verdict.ok and opened.family.name == "z-image" and opened.layout == "diffusers"
 
@@ -298,7 +301,7 @@ def test_malformed_legacy_pickles_are_corrupt(folder, case):
 @pytest.mark.parametrize("container", ["pt", "safetensors"])
 def test_v2_v3_tags_without_their_fields_are_refused_naming_them(comfy, prequant_files, folder, allow_dir, tag, feature,
                                                      container):
-    from prequant_core.formats.safetensors_container import flatten
+    from prequant_core.formats.containers.safetensors_container import flatten
     ck = formats.read(prequant_files("int8"))  # any v1 file; re-tagged below
     path = folder / f"Z-Image-Turbo-INT8-{tag[-2:]}.{container}"
     if container == "pt":
@@ -308,7 +311,7 @@ def test_v2_v3_tags_without_their_fields_are_refused_naming_them(comfy, prequant
         save_file(flat, str(path), metadata=header)
     assert formats.read(str(path)).format_tag == tag
     with pytest.raises(errors.ValidationError) as e:
-        loader.open_checkpoint(str(path), metadata.Request(scheme="int8"), model_dirs=[str(folder)])
+        opening.open_checkpoint(str(path), metadata.Request(scheme="int8"), model_dirs=[str(folder)])
     # v2 / v3 files load (tests/test_block_formats*.py); a tag whose fields are absent is refused, saying which
     assert f"format tag is '{tag}'" in str(e.value) and f"'{feature}'" in str(e.value)
     allow_dir(folder)
@@ -422,7 +425,7 @@ def test_comfy_twin_matches_runtime_quantization(comfy, comfy_dense, comfy_layer
     plain, parts = _twin_parts(comfy_dense, layers, quant)
     path = write_twin(folder / f"Z-Image-Turbo-{scheme.upper()}-ComfyUI.safetensors", plain,
                       {k: (q, s, fmt) for k, (q, s) in parts.items()})
-    opened = loader.open_checkpoint(path, metadata.Request(scheme=scheme), model_dirs=[str(folder)])
+    opened = opening.open_checkpoint(path, metadata.Request(scheme=scheme), model_dirs=[str(folder)])
     assert opened.verdict.ok, opened.verdict.reasons
     assert opened.layout == "comfyui" and opened.checkpoint.metadata["scheme"] == scheme
     for layer, (q, s) in parts.items():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import BASE_ID, sample
-from prequant_core import families, quantize, schemes
+from prequant_core import families, schemes
+from prequant_core.schemes import quantize
 
 NONE = "(none: use path or hub_repo)"
 

@@ -1,6 +1,6 @@
 """Every device gets a working matmul, chosen at load and stated on the node (issue 14, item 5).
 
-The decision (``prequant_core.devices.choose``) is a pure function of the weight's kind and the device, tested here
+The decision (``prequant_core.schemes.devices.choose``) is a pure function of the weight's kind and the device, tested here
 for each device class; the weight-only path is compared with its reference (rows dequantized, ``F.linear``), the
 quantized path with torchao's own ``quantize_``; the loader node's text and its Linears carry the same choice.
 """
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import BASE_ID, sample
-from prequant_core import devices, qtensor, schemes
+from prequant_core.schemes import devices, qtensor
+from prequant_core import schemes
 from prequant_core.errors import ValidationError
 
 NONE = "(none: use path or hub_repo)"

@@ -1,6 +1,6 @@
-"""The memory guard (prequant_core/memory.py): refuse before reading when the declared size cannot fit.
+"""The memory guard (prequant_core/memory_check.py): refuse before reading when the declared size cannot fit.
 
-No memory pressure is faked by mocking: budgets are injected through ``memory.Guard(available=..., device_free=...)``
+No memory pressure is faked by mocking: budgets are injected through ``memory_check.Guard(available=..., device_free=...)``
 (the module's documented test seam), and the end-to-end cases use tiny files whose indexes *declare* more bytes than
 this machine has (RAM + swap, read from psutil), so the real default budget refuses them.
 """
@@ -16,8 +16,9 @@ import psutil
 import pytest
 import torch
 
-from prequant_core import errors, formats, memory
-from prequant_core.loader import open_checkpoint
+from prequant_core import errors, formats
+from prequant_core.load import memory_check
+from prequant_core.load.opening import open_checkpoint
 from prequant_core.units import human_bytes
 
 FAKE_RECORD = 0xFFFFFFF0  # what each patched storage record claims (just under 4 GiB, no zip64 needed)
@@ -50,7 +51,7 @@ def machine_budget() -> int:
 
 def many_storages_pt(n: int) -> bytes:
     from prequant_core import schemes
-    from prequant_core.checkpoint import FORMAT_V1
+    from prequant_core.formats.checkpoint import FORMAT_V1
     sd = {"layers.0.attention.to_q.weight": schemes.quantize_weight(torch.randn(32, 32).bfloat16(), "int8")}
     sd.update({f"layers.{i}.attention_norm1.weight": torch.ones(4) for i in range(n)})
     buf = io.BytesIO()
@@ -66,7 +67,7 @@ def folder(tmp_path):
 def test_declared_bytes_match_the_index(prequant_files):
     for container in ("safetensors", "pt"):
         path = prequant_files("int8", container)
-        declared = memory.declared_bytes(path)
+        declared = memory_check.declared_bytes(path)
         ck = formats.read(path)
         # codes + scales + plain tensors (+ int8's zero points): at least what the model holds, at most the file
         assert ck.nbytes() <= declared <= os.path.getsize(path), (container, declared, ck.nbytes())
@@ -74,24 +75,24 @@ def test_declared_bytes_match_the_index(prequant_files):
     st = prequant_files("int8", "safetensors")
     with open(st, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
-    assert memory.declared_bytes(st) == os.path.getsize(st) - 8 - header_len  # our writer leaves no gaps
+    assert memory_check.declared_bytes(st) == os.path.getsize(st) - 8 - header_len  # our writer leaves no gaps
 
 
 def test_host_budget_boundary(prequant_files):
     path = prequant_files("int8", "safetensors")
-    declared = memory.declared_bytes(path)
-    needed = declared + memory.HOST_HEADROOM
+    declared = memory_check.declared_bytes(path)
+    needed = declared + memory_check.HOST_HEADROOM
     ok = open_checkpoint(path, model_dirs=[os.path.dirname(path)],
-                         memory_guard=memory.Guard(available=lambda: needed))
+                         memory_guard=memory_check.Guard(available=lambda: needed))
     assert ok.family.name == "z-image"
     with pytest.raises(errors.MemoryBudgetError) as e:
         open_checkpoint(path, model_dirs=[os.path.dirname(path)],
-                        memory_guard=memory.Guard(available=lambda: needed - 1))
+                        memory_guard=memory_check.Guard(available=lambda: needed - 1))
     err = e.value
     assert err.where == "host" and err.needed == needed and err.available == needed - 1
     text = str(err)
     assert os.path.basename(path) in text and human_bytes(needed) in text and human_bytes(needed - 1) in text
-    assert "Free memory" in err.fix and "smaller" in err.fix and memory.ENV_VAR in err.fix
+    assert "Free memory" in err.fix and "smaller" in err.fix and memory_check.ENV_VAR in err.fix
 
 
 def test_refused_before_any_tensor_is_read(prequant_files, folder):
@@ -101,49 +102,49 @@ def test_refused_before_any_tensor_is_read(prequant_files, folder):
     bad = folder / "garbage-data.safetensors"
     bad.write_bytes(src[: 8 + n] + b"\xff" * (len(src) - 8 - n))
     with pytest.raises(errors.MemoryBudgetError):
-        open_checkpoint(str(bad), model_dirs=[str(folder)], memory_guard=memory.Guard(available=lambda: 1))
+        open_checkpoint(str(bad), model_dirs=[str(folder)], memory_guard=memory_check.Guard(available=lambda: 1))
 
 
 def test_opt_out(prequant_files, monkeypatch):
     path = prequant_files("int8", "pt")
-    tiny = memory.Guard(available=lambda: 1)
+    tiny = memory_check.Guard(available=lambda: 1)
     with pytest.raises(errors.MemoryBudgetError):
         open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory_guard=tiny)
     assert open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory_guard=False).verdict.ok
-    monkeypatch.setenv(memory.ENV_VAR, "0")
+    monkeypatch.setenv(memory_check.ENV_VAR, "0")
     assert open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory_guard=tiny).verdict.ok
-    assert memory.check_file(path, tiny) is None
+    assert memory_check.check_file(path, tiny) is None
 
 
 def test_device_rule(prequant_files):
     path = prequant_files("fp8", "safetensors")
-    declared = memory.declared_bytes(path)
+    declared = memory_check.declared_bytes(path)
     plenty = lambda: 2**50  # noqa: E731
 
     def never(_device):
         raise AssertionError("the device budget was consulted for a CPU load")
-    assert memory.check(path, declared, memory.Guard(device="cpu", available=plenty, device_free=never)).device is None
-    assert memory.check(path, declared, memory.Guard(device=None, available=plenty, device_free=never))
+    assert memory_check.check(path, declared, memory_check.Guard(device="cpu", available=plenty, device_free=never)).device is None
+    assert memory_check.check(path, declared, memory_check.Guard(device=None, available=plenty, device_free=never))
 
-    short = memory.Guard(device="cuda:0", available=plenty, device_free=lambda d: declared - 1)
+    short = memory_check.Guard(device="cuda:0", available=plenty, device_free=lambda d: declared - 1)
     with pytest.raises(errors.MemoryBudgetError) as e:
-        memory.check(path, declared, short)
+        memory_check.check(path, declared, short)
     assert e.value.where == "device" and "cuda:0" in str(e.value) and "low-VRAM" in e.value.fix
     # streamed weights (ComfyUI's low-VRAM / normal modes): only the host must hold the model
-    assert memory.check(path, declared, memory.Guard(device="cuda:0", lowvram=True, available=plenty,
+    assert memory_check.check(path, declared, memory_check.Guard(device="cuda:0", lowvram=True, available=plenty,
                                                      device_free=lambda d: 0)).device is None
     # memory the caller frees first (other models it unloads) counts
-    b = memory.check(path, declared, memory.Guard(device=torch.device("cuda", 0), available=plenty,
+    b = memory_check.check(path, declared, memory_check.Guard(device=torch.device("cuda", 0), available=plenty,
                                                   device_free=lambda d: declared - 10, device_reclaimable=10))
     assert b.device_needed == declared and b.device_available == declared
     # the host rule still applies to GPU loads (the offload copy lives in host memory)
     with pytest.raises(errors.MemoryBudgetError) as e:
-        memory.check(path, declared, memory.Guard(device="cuda:0", available=lambda: 0, device_free=lambda d: 2**50))
+        memory_check.check(path, declared, memory_check.Guard(device="cuda:0", available=lambda: 0, device_free=lambda d: 2**50))
     assert e.value.where == "host"
 
 
 def test_default_budget_is_the_real_machine(prequant_files):
-    b = memory.check_file(prequant_files("int8", "safetensors"))
+    b = memory_check.check_file(prequant_files("int8", "safetensors"))
     assert b is not None and b.host_available > b.host_needed
     now = machine_budget()  # same source a moment later (other processes on the machine move it a little)
     assert abs(b.host_available - now) < max(2**31, now // 4)

@@ -31,14 +31,14 @@ def test_every_node_has_a_help_page_naming_every_input_and_output(comfy):
 
 def test_descriptions_name_what_the_registries_hold(comfy):
     from prequant_core import families
-    from prequant_core.formats import comfy_formats
+    from prequant_core.formats import comfy_layout
     nodes = _pack_nodes(comfy)
     loader = nodes["PrequantLoadTransformer"].DESCRIPTION
     for s in ("int8", "fp8", "nvfp4", "mxfp8"):
         assert s in loader and s in nodes["PrequantBuildCheckpoint"].DESCRIPTION and s in nodes["PrequantInfo"].DESCRIPTION
     for fam in families.FAMILIES.values():
         assert fam.title in loader, fam.title
-    for fmt in comfy_formats.FORMATS:
+    for fmt in comfy_layout.FORMATS:
         assert fmt in loader
     assert "comfyui-native" in nodes["PrequantBuildCheckpoint"].DESCRIPTION
 

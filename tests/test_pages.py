@@ -1,10 +1,11 @@
-"""prequant_core.pages: the fused q/k/v parts' pages of a memory-mapped file are given back after fusing, without
+"""prequant_core.families.pages: the fused q/k/v parts' pages of a memory-mapped file are given back after fusing, without
 changing any value; memory that is not a file mapping is never advised."""
 from __future__ import annotations
 
 import torch
 
-from prequant_core import keymap, pages, quantize
+from prequant_core.families import keymap, pages
+from prequant_core.schemes import quantize
 
 
 def test_release_gives_back_file_pages_and_keeps_values(tmp_path):
@@ -29,7 +30,7 @@ def test_fusing_rows_from_a_mapped_file_is_exact(tmp_path):
     g = torch.Generator().manual_seed(0)
     parts = {f"to_{n}.weight": quantize.quantize_rows(torch.randn(64, 1024, generator=g).to(torch.bfloat16), "int8")
              for n in "qkv"}
-    from prequant_core import qtensor
+    from prequant_core.schemes import qtensor
     want = qtensor.cat_rows(list(parts.values()))
     path = tmp_path / "qkv.pt"
     torch.save(parts, path)

@@ -1,6 +1,6 @@
 """Path safety: only what the model folders and the allowlist permit is read; odd names are just names.
 
-Policy tested here (see also prequant_core/allowlist.py):
+Policy tested here (see also prequant_core/load/allowlist.py):
 
 * A file is readable when its name lies in one of ComfyUI's model folders for this pack (``models/prequant``,
   ``models/diffusion_models``, their extra_model_paths entries), links followed as ComfyUI's own loaders follow them,
@@ -28,8 +28,10 @@ import signal
 import pytest
 import torch
 
-from prequant_core import allowlist, errors, formats, writers
-from prequant_core.loader import open_checkpoint
+from prequant_core.load import allowlist
+from prequant_core import errors, formats
+from prequant_core.build import writers
+from prequant_core.load.opening import open_checkpoint
 
 NONE = "(none: use path or hub_repo)"
 SECRET = b"TOP-SECRET-CONTENT do not leak\n"
@@ -302,7 +304,7 @@ def test_builder_filename_input(layout, comfy, no_allowlist, zimage_dense, tmp_p
     import folder_paths
     from tools import tiny_models
     nodes, pack = comfy
-    check = pack.nodes.build.check_filename
+    check = pack.nodes.build_node.check_filename
     refused = ["../escape.safetensors", "sub/dir.safetensors", "..", "a..b.safetensors", "/abs.safetensors",
                "C:evil.safetensors", ".hidden.safetensors", "back\\slash.safetensors", "nul\x00.safetensors",
                "new\nline.safetensors", "tab\t.safetensors", "esc\x1b[31m.safetensors",

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".cache", "comfy-cli", "bin")
 COMFY = os.path.join(VENV, "comfy")
 DEV_ONLY = ("tests/", "bench/", "tools/", "scripts/", ".ci/", "pytest.ini", "requirements-dev.txt")
-SHIPS = ("__init__.py", "nodes/ops.py", "nodes/load.py", "prequant_core/devices.py", "prequant_core/__main__.py",
+SHIPS = ("__init__.py", "nodes/ops.py", "nodes/load_node.py", "prequant_core/schemes/devices.py", "prequant_core/__main__.py",
          "web/prequant.js", "example_workflows/z_image_turbo_prequant.json", "requirements.txt", "pyproject.toml",
          "LICENSE", "README.md", "docs/FORMAT.md")
 

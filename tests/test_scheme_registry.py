@@ -9,9 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from prequant_core import build, devices, families, formats, info, metadata, qtensor, schemes, sources
+from prequant_core import build, families, formats, report, schemes
+from prequant_core.schemes import devices, qtensor
+from prequant_core.load import metadata, sources
 from prequant_core.errors import ValidationError
-from prequant_core.formats import registry as containers
+from prequant_core.formats import containers
 from prequant_core.schemes import registry
 from toy import toy_scheme
 
@@ -85,7 +87,7 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
     assert not v.ok and any("require_divisible is 16, expected 32" in r and "q8toy 32" in r for r in v.reasons)
 
     # described by Info: the recorded scheme, and what its weights are
-    r = info.info(path)
+    r = report.info(path)
     assert r.valid and r.scheme == "q8toy" and dict(r.rows())["Scheme"] == "q8toy (weights: int8)"
 
     # its weights' matmul path: int8's, on every device the int8 record's kernels allow

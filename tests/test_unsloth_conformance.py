@@ -22,7 +22,9 @@ import torch
 import conformance_check as cc
 import unsloth_builder as ub
 from conftest import ROOT
-from prequant_core import families, fingerprint, formats, loader, metadata
+from prequant_core import families, formats
+from prequant_core.formats import fingerprint
+from prequant_core.load import opening, metadata
 from prequant_core.errors import ValidationError
 from tools import tiny_families as tf
 
@@ -88,11 +90,11 @@ def flux_files(tmp_path_factory):
 
 
 def _open(path, folder, **req):
-    return loader.open_checkpoint(path, metadata.Request(**req), model_dirs=[folder], fingerprint_mode="full")
+    return opening.open_checkpoint(path, metadata.Request(**req), model_dirs=[folder], fingerprint_mode="full")
 
 
 def _rewrite(src: str, dst: str, edit) -> str:
-    from prequant_core.formats.pt import load_weights_only
+    from prequant_core.formats.containers.pt import load_weights_only
     obj = load_weights_only(src, mmap=False)
     edit(obj)
     torch.save(obj, dst)
@@ -183,24 +185,24 @@ def test_a_changed_weight_is_refused_in_full_and_sample_mode_and_remembered_pass
         _open(dst, folder)
     assert "fingerprint" in str(e.value) and "differ" in str(e.value) and "PREQUANT_FINGERPRINT=off" in str(e.value)
     monkeypatch.setenv("PREQUANT_FINGERPRINT", "off")
-    assert loader.open_checkpoint(dst, metadata.Request(), model_dirs=[folder]).verdict.ok
+    assert opening.open_checkpoint(dst, metadata.Request(), model_dirs=[folder]).verdict.ok
     monkeypatch.setenv("PREQUANT_FINGERPRINT", "sample")
     if key in sampled:
         with pytest.raises(ValidationError):
-            loader.open_checkpoint(dst, metadata.Request(), model_dirs=[folder])
+            opening.open_checkpoint(dst, metadata.Request(), model_dirs=[folder])
     else:  # sample mode checks only keys whose md5 starts with a multiple of 8, as Unsloth's does
-        assert loader.open_checkpoint(dst, metadata.Request(), model_dirs=[folder]).verdict.ok
+        assert opening.open_checkpoint(dst, metadata.Request(), model_dirs=[folder]).verdict.ok
     # a full pass is remembered by path + size + mtime: the next load does not hash again
     monkeypatch.setenv("PREQUANT_FINGERPRINT", "full")
     monkeypatch.setenv("PREQUANT_VERIFIED_DIR", str(tmp_path / "verified"))
     calls = []
     real_verify = fingerprint.verify
     monkeypatch.setattr(fingerprint, "verify", lambda *a, **k: calls.append(1) or real_verify(*a, **k))
-    loader.open_checkpoint(src, metadata.Request(), model_dirs=[folder])
-    loader.open_checkpoint(src, metadata.Request(), model_dirs=[folder])
+    opening.open_checkpoint(src, metadata.Request(), model_dirs=[folder])
+    opening.open_checkpoint(src, metadata.Request(), model_dirs=[folder])
     assert len(calls) == 1 and len(os.listdir(tmp_path / "verified")) == 1
     os.utime(src, ns=(1, 1))  # touched: hashed again
-    loader.open_checkpoint(src, metadata.Request(), model_dirs=[folder])
+    opening.open_checkpoint(src, metadata.Request(), model_dirs=[folder])
     assert len(calls) == 2
 
 
@@ -209,7 +211,7 @@ def test_a_changed_weight_is_refused_in_full_and_sample_mode_and_remembered_pass
 def _policy_ckpt(policy_id, counts, family="z-image", base="Tongyi-MAI/Z-Image-Turbo", version=1):
     """A Checkpoint holding exactly ``counts`` layers of each format (tiny 16x32 weights), with the policy block."""
     from prequant_core import schemes
-    from prequant_core.checkpoint import Checkpoint
+    from prequant_core.formats.checkpoint import Checkpoint
     w = torch.randn(16, 32).to(torch.bfloat16)
     nv = schemes.quantize_weight(w, "nvfp4")
     f8 = schemes.quantize_weight(w, "fp8")
@@ -273,7 +275,7 @@ def test_a_stale_per_tensor_fp8_build_is_described_and_refused_as_stale_not_corr
     verdict that says it is stale and names the current per-row file; the loader refuses it with that reason as a
     ValidationError. Guards the tensor-field boundary calling it corrupt ("a field this pack does not accept:
     'block_size'") before validation could say what it is."""
-    from prequant_core.info import info
+    from prequant_core.report import info
     path = str(tmp_path / f"Z-Image-Turbo-FP8.{container}")
     meta = ub.build_file("z-image", "fp8", path, fp8_granularity="per_tensor")
     assert meta["fp8_granularity"] == "per_tensor"
@@ -284,7 +286,7 @@ def test_a_stale_per_tensor_fp8_build_is_described_and_refused_as_stale_not_corr
     assert stale and current in stale[0], r.reasons
     assert "stale" in r.to_text() and "INVALID" in r.to_text()
     with pytest.raises(ValidationError) as e:
-        loader.open_checkpoint(path, metadata.Request(base_model_id=ub.FAMILIES["z-image"][1], scheme="fp8"),
+        opening.open_checkpoint(path, metadata.Request(base_model_id=ub.FAMILIES["z-image"][1], scheme="fp8"),
                                model_dirs=[str(tmp_path)])
     assert "stale per-tensor fp8 build" in str(e.value) and current in str(e.value)
     if container == "pt":  # the command line answers the same, exit 0 (the file could be read)

@@ -13,7 +13,8 @@ import torch
 
 import conformance_check as cc
 import unsloth_builder as ub
-from prequant_core import families, qtensor, quantize, schemes
+from prequant_core import families, schemes
+from prequant_core.schemes import qtensor, quantize
 from tools import tiny_families as tf
 
 FAMILIES = ["z-image", *tf.TINY]

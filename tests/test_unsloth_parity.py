@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from conftest import BASE_ID
-from prequant_core import build, families, formats, loader, metadata, schemes, sources
-from prequant_core.checkpoint import FORMAT_V1
+from prequant_core import build, families, formats, schemes
+from prequant_core.load import opening, metadata, sources
+from prequant_core.formats.checkpoint import FORMAT_V1
 from prequant_core.errors import HubError, ValidationError
-from prequant_core.formats.pt import load_weights_only
+from prequant_core.formats.containers.pt import load_weights_only
 from tools import tiny_families as tf
 
 # Unsloth's order, written out (docs/FORMAT.md section 4), not derived from our code
@@ -108,7 +109,7 @@ def _pt_with(src: str, dst, edit) -> str:
 
 
 def _verdict(path, **req) -> metadata.Verdict:
-    o = loader.open_checkpoint(path, metadata.Request(**req), model_dirs=[str(path.rsplit("/", 1)[0])], strict=False)
+    o = opening.open_checkpoint(path, metadata.Request(**req), model_dirs=[str(path.rsplit("/", 1)[0])], strict=False)
     return o.verdict
 
 
@@ -135,7 +136,7 @@ def test_untagged_containers_are_refused(pt_int8, prequant_files, tmp_path):
     v = _verdict(p)
     assert not v.ok and any("no format tag ('format' entry" in r for r in v.reasons)
     with pytest.raises(ValidationError):
-        loader.open_checkpoint(p, metadata.Request(), model_dirs=[str(tmp_path)])
+        opening.open_checkpoint(p, metadata.Request(), model_dirs=[str(tmp_path)])
     src = prequant_files("int8", "safetensors")
     with open(src, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -230,7 +231,7 @@ def test_fp8_kernels_pinned_to_torch_and_activation_floor_supplied(pt_fp8, tmp_p
     fp8 = [t for t in raw.tensors.values() if isinstance(t, Float8Tensor)]
     assert fp8 and all(t.kernel_preference == KernelPreference.AUTO and t.act_quant_kwargs.hp_value_lb is None
                        for t in fp8)
-    o = loader.open_checkpoint(auto, metadata.Request(scheme="fp8"), model_dirs=[str(tmp_path)])
+    o = opening.open_checkpoint(auto, metadata.Request(scheme="fp8"), model_dirs=[str(tmp_path)])
     loaded = [t for t in o.checkpoint.tensors.values() if isinstance(t, Float8Tensor)]
     assert len(loaded) == len(fp8)
     assert all(t.kernel_preference == KernelPreference.TORCH for t in loaded)

@@ -13,7 +13,9 @@ import statistics
 import pytest
 import torch
 
-from prequant_core import build, families, quantize, schemes, sources
+from prequant_core import build, families, schemes
+from prequant_core.schemes import quantize
+from prequant_core.load import sources
 from prequant_core.errors import BuildError, PrequantError
 from tools import tiny_families as tf
 
@@ -114,24 +116,25 @@ def test_info_accepts_an_expert_as_what_it_records(comfy, experts):
     """Prequant Info judges base and scheme: the second expert's file is valid, with a note saying which component
     the loader must ask for; a wrong scheme is still refused."""
     import folder_paths
-    from prequant_core import info, metadata
+    from prequant_core import report
+    from prequant_core.load import metadata
     path = folder_paths.get_full_path_or_raise("prequant", experts["transformer_2"])
     for req in (None, metadata.Request(scheme="int8", base_model_id="Wan2.2-T2V-A14B-Diffusers")):
-        r = info.info(path, req)
+        r = report.info(path, req)
         assert r.valid, r.reasons
         assert r.component == "transformer_2"
         assert any("component set to transformer_2" in n for n in r.notes), r.notes
-    assert not info.info(path, metadata.Request(scheme="fp8")).valid
+    assert not report.info(path, metadata.Request(scheme="fp8")).valid
 
 
 def test_loader_component_input_is_last_with_a_tooltip(comfy):
     _, pack = comfy
-    spec = pack.nodes.load.PrequantLoadTransformer.INPUT_TYPES()["optional"]
+    spec = pack.nodes.load_node.PrequantLoadTransformer.INPUT_TYPES()["optional"]
     assert list(spec)[-1] == "component"
     choices, opts = spec["component"]
     assert choices[0] == opts["default"] == "transformer" and "transformer_2" in choices
     assert "high noise" in opts["tooltip"] and "low noise" in opts["tooltip"]
-    build_spec = pack.nodes.build.PrequantBuildCheckpoint.INPUT_TYPES()["optional"]
+    build_spec = pack.nodes.build_node.PrequantBuildCheckpoint.INPUT_TYPES()["optional"]
     assert list(build_spec)[-1] == "component" and build_spec["component"][1]["default"] == "transformer"
 
 
@@ -262,7 +265,8 @@ def test_long_video_latent_on_the_low_vram_path_does_not_grow(comfy, prequant_di
 
 @pytest.mark.parametrize("family", [A14B, TI2V, "hunyuanvideo-1.5"])
 def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy, prequant_dir, family):
-    from prequant_core import formats, qtensor
+    from prequant_core import formats
+    from prequant_core.schemes import qtensor
     nodes, pack = comfy
     fam = families.get(family)
     d = dense(family, 0)
@@ -271,7 +275,7 @@ def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy,
     name = f"from-comfy-{family}-INT8.safetensors"
     with torch.inference_mode():
         res = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]().build(
-            pack.nodes.build.NO_FILE, "int8", 512, "", "auto", name, "safetensors", True, model=model)
+            pack.nodes.build_node.NO_FILE, "int8", 512, "", "auto", name, "safetensors", True, model=model)
     ck = formats.read(res["result"][0])
     assert ck.metadata["family"] == family and ck.metadata["base_model_id"] == fam.base_repos[0]
     want, _ = quantize.quantize_tensors(d, "int8", exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra))

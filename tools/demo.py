@@ -34,7 +34,8 @@ def measure(method: str, comfy_base: str, ckpt_name: str, dense_path: str, schem
     nodes, pack = comfy_headless.boot(base_dir=comfy_base)
     import comfy.sample
     import comfy.utils
-    from prequant_core import families, quantize, schemes
+    from prequant_core import families, schemes
+    from prequant_core.schemes import quantize
     gc.collect()
     meter = RssPeak()
     with torch.inference_mode(False), torch.no_grad():

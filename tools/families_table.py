@@ -18,12 +18,13 @@ STATUS = {"krea-2": "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1);
 
 
 def _names(repo: str, scheme: str, component: str) -> str:
-    from prequant_core import sources
+    from prequant_core.load import sources
     return " → ".join(f"`{n}`" for n in sources.filenames(repo, scheme, component))
 
 
 def rows() -> list[str]:
-    from prequant_core import families, sources
+    from prequant_core import families
+    from prequant_core.load import sources
     out = ["| Family | Hosted repo | Schemes it holds (in the order auto tries them) | File names tried, in order | "
            "ComfyUI class | Tested here |", "|---|---|---|---|---|---|"]
     for fam in families.FAMILIES.values():

@@ -31,7 +31,7 @@ if ROOT not in sys.path:
 # torch + stdlib only (no torchao import): the same layer filter and tags the current builder uses
 from prequant_core import schemes  # noqa: E402
 
-FORMAT_V1 = "unsloth_prequant_transformer_state_dict_v1"  # prequant_core.checkpoint imports current-torchao types
+FORMAT_V1 = "unsloth_prequant_transformer_state_dict_v1"  # prequant_core.formats.checkpoint imports current-torchao types
 
 
 def main(argv=None) -> int:

@@ -44,7 +44,8 @@ def save_dense_safetensors(sd: dict, path: str) -> str:
 def zimage_comfy_layout(dense_diffusers: dict) -> dict:
     """The same weights in ComfyUI's key layout (fused qkv), converted with ComfyUI's own key map."""
     import comfy.utils
-    from prequant_core import families, keymap
+    from prequant_core import families
+    from prequant_core.families import keymap
     fam = families.get("z-image")
     shapes = {k: tuple(v.shape) for k, v in dense_diffusers.items()}
     cfg = fam.config_from_shapes(shapes)

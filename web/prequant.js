@@ -1,6 +1,6 @@
 // ComfyUI-Prequant front-end extension (plain JavaScript, served from WEB_DIRECTORY = "./web").
 //
-// - Prequant Info: renders the report the node sends back (ui.prequant_info[0], see prequant_core/info.py
+// - Prequant Info: renders the report the node sends back (ui.prequant_info[0], see prequant_core/report.py
 //   Report.to_dict) as a table on the node, the verdict on top in green (valid) or red (invalid, with every reason).
 // - Load Prequant Transformer: after a run, shows the scheme and size of the loaded checkpoint and where the file is
 //   (ui.prequant[0]); maps widget values of workflows saved with an older input order by name (legacyLayout).

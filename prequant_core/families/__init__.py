@@ -14,8 +14,8 @@ import importlib
 from typing import Mapping
 
 from ..errors import UnknownFamilyError
-from ._base import (Family, Shapes, base_tail, blocks, count_blocks, first, has_any,  # noqa: F401 (public names)
-                    normalize_base, schemes_from_suffix)
+from ._base import (Family, Shapes, base_tail, blocks, count_blocks, first, has_any, normalize_base,
+                    schemes_from_suffix)  # noqa: F401 (public names)
 
 # Registration order is detection order (``detect`` takes the first family whose markers match):
 # HunyuanVideo 1.5 before HunyuanImage 2.1, as a ComfyUI-layout HunyuanVideo 1.5 file also has HunyuanImage's

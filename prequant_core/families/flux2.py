@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..keymap import mlp_embedder, moves, qkv_rows
+from .keymap import mlp_embedder, moves, qkv_rows
 from ._base import Family, Shapes, blocks, first, has_any
 
 
@@ -28,7 +28,7 @@ def config(shapes: Shapes) -> dict:
     }
 
 
-# Key map (prequant_core.keymap describes the form). Linears carry no bias.
+# Key map (prequant_core.families.keymap describes the form). Linears carry no bias.
 
 
 def flux2_to_diffusers(cfg: Mapping) -> dict:

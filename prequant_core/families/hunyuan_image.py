@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..keymap import mlp_embedder, moves, qkv_rows
+from .keymap import mlp_embedder, moves, qkv_rows
 from ._base import Family, Shapes, blocks, first, has_any
 
 
@@ -35,7 +35,7 @@ def config(shapes: Shapes) -> dict:
     }
 
 
-# Key map (prequant_core.keymap describes the form). The double and single blocks follow FLUX.1's layout (ComfyUI's
+# Key map (prequant_core.families.keymap describes the form). The double and single blocks follow FLUX.1's layout (ComfyUI's
 # flux_to_diffusers); the text token refiner, the ByT5 mapper and the time embedders have their own names.
 
 

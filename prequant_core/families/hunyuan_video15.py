@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..keymap import mlp_embedder, moves
+from .keymap import mlp_embedder, moves
 from . import hunyuan_image
 from ._base import Family, Shapes, first, has_any
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..keymap import moves, qkv_rows
+from .keymap import moves, qkv_rows
 from ._base import Family, Shapes, count_blocks, first
 
 
@@ -27,7 +27,7 @@ def config(shapes: Shapes) -> dict:
     }
 
 
-# Key map (prequant_core.keymap describes the form). Grouped-query attention: k/v rows are n_kv_heads * head_dim each.
+# Key map (prequant_core.families.keymap describes the form). Grouped-query attention: k/v rows are n_kv_heads * head_dim each.
 
 
 def lumina2_to_diffusers(cfg: Mapping) -> dict:

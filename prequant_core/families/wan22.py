@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..keymap import moves
+from .keymap import moves
 from ._base import Family, Shapes, count_blocks, first
 
 
@@ -32,7 +32,7 @@ def config(shapes: Shapes) -> dict:
     }
 
 
-# Key map (prequant_core.keymap describes the form): plain renames, no fused weights (the inverse of diffusers' own
+# Key map (prequant_core.families.keymap describes the form): plain renames, no fused weights (the inverse of diffusers' own
 # convert_wan_transformer_to_diffusers; ComfyUI's norm3 is the cross-attention norm, diffusers' norm2).
 
 

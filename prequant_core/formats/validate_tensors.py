@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import qtensor
+from ..schemes import qtensor
 from ..errors import CorruptCheckpointError
 from .tensor_fields import check_fields
 

@@ -129,7 +129,7 @@ def spec(scheme: str, dtype: torch.dtype = torch.bfloat16):
     ``dtype``: taken from the scheme's own config, for readers that rebuild weights from bare codes and scales."""
     key = (normalize(scheme), dtype)
     if key not in _SPECS:
-        from .. import qtensor
+        from . import qtensor
         _SPECS[key] = qtensor.parts(quantize_weight(torch.ones(16, 32, dtype=dtype), key[0]))[1]
     return _SPECS[key]
 

@@ -14,7 +14,7 @@ def config(weight_only: bool = False):
 def quantize(weight, cfg):
     """torchao's MX module handler: the weight as an ``MXTensor`` with the config's activation settings."""
     from torchao.prototype.mx_formats.mx_tensor import MXTensor, QuantizeTensorToMXKwargs
-    from ..qtensor import require_block_torchao
+    from .qtensor import require_block_torchao
     require_block_torchao()
     act = QuantizeTensorToMXKwargs(elem_dtype=cfg.activation_dtype, block_size=cfg.block_size,
                                    kernel_preference=cfg.kernel_preference, is_swizzled_scales=True,

@@ -16,7 +16,7 @@ def quantize(weight, cfg):
     import torch
     from torchao.prototype.mx_formats.nvfp4_tensor import (NVFP4Tensor, QuantizeTensorToNVFP4Kwargs,
                                                            per_tensor_amax_to_scale)
-    from ..qtensor import require_block_torchao
+    from .qtensor import require_block_torchao
     require_block_torchao()
     pts = per_tensor_amax_to_scale(torch.max(torch.abs(weight))) if cfg.use_dynamic_per_tensor_scale else None
     act = QuantizeTensorToNVFP4Kwargs(use_dynamic_per_tensor_scale=cfg.use_dynamic_per_tensor_scale,

@@ -27,7 +27,7 @@ class Scheme:
     suffix_holds: tuple[str, ...] = ()  # what a repo with this suffix holds, in the order tried (default: the scheme)
     legacy_pt: bool = False  # old Unsloth releases published it as transformer_<name>.pt
     containers: tuple[str, ...] | None = None  # the containers the builder writes it to (None: every one)
-    comfy_format: str | None = None  # the ComfyUI-native format name holding it (formats/comfy_formats.py)
+    comfy_format: str | None = None  # the ComfyUI-native format name holding it (formats/comfy_layout.py)
     min_capability: tuple[int, int] | None = None  # CUDA compute capability of its quantized-matmul kernels
 
     def names(self) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
 """A read-only container that exists only to prove the registry's claim: adding one is this module plus one line in
-``prequant_core.formats.registry._MODULES``. Layout: ``TOYCKPT1``, an 8-byte little-endian JSON length, the JSON
+``prequant_core.formats.containers._MODULES``. Layout: ``TOYCKPT1``, an 8-byte little-endian JSON length, the JSON
 ({"format", "metadata", "tensors": {key: {"kind": "int8" | "bf16", "shape", "offset"}}}), then the raw bytes
 (int8 codes followed by float32 per-row scales; bf16 tensors as they are)."""
 from __future__ import annotations
@@ -8,9 +8,10 @@ import json
 
 import torch
 
-from prequant_core import qtensor, schemes
-from prequant_core.checkpoint import Checkpoint
-from prequant_core.formats.registry import Container
+from prequant_core.schemes import qtensor
+from prequant_core import schemes
+from prequant_core.formats.checkpoint import Checkpoint
+from prequant_core.formats.containers import Container
 
 MAGIC = b"TOYCKPT1"
 

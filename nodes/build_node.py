@@ -1,0 +1,270 @@
+"""Build Prequant Checkpoint: a dense MODEL (from any stock loader) or a dense file -> a pre-quantized file in
+models/prequant, written with the same code as ``python -m prequant_core build``."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+import comfy.model_management as mm
+import comfy.utils
+import folder_paths
+
+from prequant_core import build as core
+from prequant_core.load import dense_sources
+from prequant_core.build import output_file
+from prequant_core import families, schemes
+from prequant_core.errors import BuildError, UnknownFamilyError
+from prequant_core.families import Family
+
+from . import describe, paths
+from .comfy_model import key_map_for
+from .ops import is_prequant_linear
+
+log = logging.getLogger("prequant")
+AUTO = "auto"
+NO_FILE = "(none: use the model input)"
+DENSE_EXTENSIONS = (".safetensors",)
+
+
+def dense_file_choices() -> list[str]:
+    try:
+        names = folder_paths.get_filename_list("diffusion_models")
+    except KeyError:
+        names = []
+    out = []
+    for n in names:
+        if not n.lower().endswith(DENSE_EXTENSIONS):
+            continue
+        full = folder_paths.get_full_path("diffusion_models", n)
+        if full and paths._looks_prequant(full):  # pre-quantized files are the loader's, not dense inputs
+            continue
+        out.append(n)
+    return [NO_FILE] + sorted(out)
+
+
+def check_filename(filename: str, container: str, base_model_id: str, scheme: str,
+                   component: str = "transformer") -> str:
+    """A bare file name for models/prequant: no folders, no '..', extension matching the container."""
+    name = (filename or "").strip()
+    if not name:
+        return core.default_filename(base_model_id, scheme, container, component)  # derived names pass the same check
+    output_file.check_output_name(name)
+    ext = os.path.splitext(name)[1].lower()
+    if container == core.NATIVE:
+        if ext in core.EXTENSIONS.values() and ext != ".safetensors":
+            raise BuildError("A ComfyUI-native file is a .safetensors file.", found=name, expected=".safetensors",
+                             fix="Name it *.safetensors.")
+        return name if ext == ".safetensors" else name + ".safetensors"
+    if ext in core.EXTENSIONS.values():
+        if ext != core.EXTENSIONS[container]:
+            raise BuildError("The filename's extension does not match the container.", found=name,
+                             expected=core.EXTENSIONS[container],
+                             fix=f"Name it *{core.EXTENSIONS[container]} or switch the container.")
+        return name
+    return name + core.EXTENSIONS[container]
+
+
+def native_folder() -> str:
+    folder = folder_paths.get_folder_paths("diffusion_models")[0]
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def build_native(model, dense_file, dest, scheme, family, base, min_features, overwrite, progress):
+    """A ComfyUI-native file from a MODEL (its state dict is ComfyUI's layout already) or a dense file (mapped to
+    ComfyUI's names where it is in diffusers' layout)."""
+    from safetensors.torch import load_file
+
+    from .comfy_model import to_comfy_layout
+    if model is not None:
+        fam = model_family(model, family)
+        return core.build_comfy_native(model_state_dict(model), dest, scheme=scheme, family=fam, base_model_id=base,
+                                       min_features=min_features, overwrite=overwrite, progress=progress)
+    src = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
+    tensors = load_file(src)
+    fam, layout = families.detect(list(tensors), None, src) if family == AUTO else \
+        (families.get(family), families.get(family).layout_of(tensors))
+    if layout != "comfyui":
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+        tensors = to_comfy_layout(fam, "diffusers", tensors, fam.config_from_shapes(shapes, src), src)
+    return core.build_comfy_native(tensors, dest, scheme=scheme, family=fam, base_model_id=base,
+                                   min_features=min_features, overwrite=overwrite, progress=progress,
+                                   input_layout=layout or "diffusers")
+
+
+def output_folder() -> str:
+    folder = folder_paths.get_folder_paths(paths.FOLDER)[0]
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def model_family(patcher, family: str) -> Family:
+    """The family of a ComfyUI MODEL: named, else from ComfyUI's model config class, else from its tensor names."""
+    if family and family != AUTO:
+        return families.get(family)
+    cfg_name = type(getattr(patcher.model, "model_config", None)).__name__
+    candidates = [f for f in families.FAMILIES.values() if cfg_name in f.comfy_models]
+    if len(candidates) == 1:
+        return candidates[0]
+    sd = patcher.model.diffusion_model.state_dict()
+    try:
+        fam = families.detect(list(sd), shapes={k: tuple(v.shape) for k, v in sd.items()})[0]
+        return fam if not candidates or fam in candidates else candidates[0]
+    except UnknownFamilyError as e:
+        if candidates:
+            return candidates[0]
+        raise UnknownFamilyError("Could not tell which model family this MODEL is.",
+                                 expected=e.expected, found=f"ComfyUI model config '{cfg_name}'",
+                                 fix="Pick the family on the node.") from None
+
+
+def model_state_dict(patcher) -> dict:
+    """The MODEL's dense diffusion-model weights in ComfyUI layout, refusing what would build the wrong thing."""
+    model = patcher.model
+    dm = getattr(model, "diffusion_model", None)
+    if dm is None:
+        raise BuildError("This MODEL has no diffusion model to build from.", found=type(model).__name__)
+    if any(is_prequant_linear(m) for m in dm.modules()):
+        raise BuildError("This MODEL is already pre-quantized (it came from Load Prequant Transformer); building "
+                         "from it would quantize quantized weights.", expected="a dense MODEL, e.g. from Load "
+                         "Diffusion Model", found="quantized Linear layers",
+                         fix="Connect the dense model, or use the checkpoint you loaded it from.")
+    if getattr(patcher, "patches", None):
+        raise BuildError(f"This MODEL carries {len(patcher.patches)} weight patches (e.g. a LoRA); the build reads "
+                         "the base weights and would silently drop them.",
+                         fix="Connect the MODEL straight from its loader (before LoRA nodes).")
+    applied = getattr(model, "current_weight_patches_uuid", None)
+    if applied is not None and applied != getattr(patcher, "patches_uuid", None):
+        # Another clone of this model (e.g. with a LoRA) is loaded with its patches applied in place: unloading
+        # restores the pristine weights before they are read.
+        mm.unload_all_models()
+    return dm.state_dict()
+
+
+class PrequantBuildCheckpoint:
+    CATEGORY = "loaders/prequant"
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("path",)
+    OUTPUT_TOOLTIPS = ("The full path of the written pre-quantized file (feed it to Prequant Info's path, or pick "
+                       "the file in Load Prequant Transformer's list).",)
+    FUNCTION = "build"
+    OUTPUT_NODE = True
+    SEARCH_ALIASES = [*describe.scheme_names(), "quantized", "quantize", "pre-quantized", "prequant", "unsloth",
+                      "torchao",
+                      "save quantized model"]
+    DESCRIPTION = (f"Quantizes a dense diffusion transformer ({describe.schemes_text()}) and writes a pre-quantized "
+                   "checkpoint into models/prequant, in the same format as Unsloth's quantized files ("
+                   + " / ".join(core.CONTAINERS) + "), or in ComfyUI's own quantized layout (comfyui-native, into "
+                   "models/diffusion_models: the stock Load Diffusion Model loads it). Connect a MODEL from any stock "
+                   "loader, or pick a dense file from diffusion_models. Returns the written path (feed it to Prequant "
+                   "Info).")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "dense_file": (dense_file_choices(), {"tooltip": "A dense .safetensors in models/diffusion_models "
+                               "(diffusers or ComfyUI keys; a shard of a diffusers folder builds the whole folder). "
+                               "Leave on '(none)' to build from the model input."}),
+                "scheme": (list(schemes.SCHEMES), {"default": "int8", "tooltip": "int8 / fp8 quantize weights and "
+                           "activations; the weight-only variants keep activations in bf16. nvfp4 (4-bit) / mxfp8: "
+                           "per-block formats, written as .pt (set container to pt); they run natively on Blackwell "
+                           "GPUs and dequantize at matmul time elsewhere."}),
+                "base_model_id": ("STRING", {"default": "", "tooltip": "Recorded in the file so loaders can check it "
+                                  "(e.g. Tongyi-MAI/Z-Image-Turbo). Empty: the family's base model."}),
+                "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO, "tooltip": "The model family "
+                           "(auto: detected from the weights' keys and shapes)."}),
+                "filename": ("STRING", {"default": "", "tooltip": "File name inside models/prequant. Empty: "
+                             "<Model>-<SCHEME>.<ext> from base_model_id."}),
+                # Expert inputs last (web/prequant.js maps workflows saved with the earlier order by name).
+                "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 1, "max": 65536,
+                                         "tooltip": "Only Linear layers with in and out features >= this are "
+                                                    "quantized."}),
+                "container": (list(core.OUTPUTS), {"default": "safetensors", "tooltip": "safetensors: no pickle, "
+                              "safe to share. pt: torch.save container. comfyui-native: ComfyUI's own quantized "
+                              "layout, written to models/diffusion_models: the stock Load Diffusion Model loads it "
+                              "(fp8 from ComfyUI 0.3.68, nvfp4 from 0.8.0, mxfp8 from 0.18.0, int8 from 0.27.0), no "
+                              "custom node needed."}),
+                "overwrite": ("BOOLEAN", {"default": False, "tooltip": "Replace a file of the same name in "
+                              "models/prequant (off: an existing file is kept and the build stops)."}),
+            },
+            "optional": {
+                "model": ("MODEL", {"tooltip": "A dense MODEL from any loader (not one loaded pre-quantized)."}),
+                "component": ("STRING", {"default": "transformer", "tooltip": "Which transformer of the model this "
+                              "is, recorded in the file and checked by the loader: transformer, or transformer_2 for "
+                              "the low-noise expert of Wan 2.2 A14B (the default file name then gets -transformer_2)."}),
+            },
+        }
+
+    @classmethod
+    def IS_CHANGED(cls, dense_file=NO_FILE, **kw):
+        if dense_file and dense_file != NO_FILE:
+            full = folder_paths.get_full_path("diffusion_models", dense_file)
+            try:
+                st = os.stat(full)
+                return f"{full}:{st.st_mtime_ns}:{st.st_size}"
+            except (OSError, TypeError):
+                return str(full)
+        return ""
+
+    def build(self, dense_file, scheme, min_features, base_model_id, family, filename, container, overwrite,
+              model=None, component="transformer"):
+        use_file = bool(dense_file) and dense_file != NO_FILE
+        if use_file and model is not None:
+            raise BuildError("Both a model input and a dense_file are set; the node builds from one.",
+                             fix="Disconnect the model, or set dense_file to '(none)'.")
+        if not use_file and model is None:
+            raise BuildError("Nothing to build from.", fix="Connect a MODEL, or pick a dense_file.")
+        fam_arg = None if family == AUTO else family
+        base = base_model_id.strip()
+        if not base:
+            fam_for_name = families.get(fam_arg) if fam_arg else None
+            if fam_for_name is None and model is not None:
+                fam_for_name = model_family(model, family)
+            if fam_for_name is None:
+                fam_for_name = dense_sources.open_input(
+                    folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
+                    key_map=file_key_map).family
+            base = fam_for_name.base_repos[0]
+        component = core.check_component(component, fam_arg)
+        name = check_filename(filename, container, base, scheme, component)
+        native = container == core.NATIVE
+        # a ComfyUI-native file is for ComfyUI's own Load Diffusion Model, which lists models/diffusion_models
+        dest = os.path.join(native_folder() if native else output_folder(), name)
+
+        pbar = comfy.utils.ProgressBar(1000)
+
+        def progress(stage, done, total, key):
+            frac = done / max(total, 1)
+            pbar.update_absolute(int(1000 * (frac * 0.9 if stage == "quantize" else 0.9 + 0.1 * frac)), 1000)
+
+        with torch.no_grad():
+            if native:
+                res = build_native(model, dense_file if use_file else None, dest, scheme, family, base, min_features,
+                                   overwrite, progress)
+            elif use_file:
+                src_path = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
+                res = core.build(src_path, dest, scheme=scheme, family=fam_arg, base_model_id=base,
+                                 min_features=min_features, container=container, overwrite=overwrite,
+                                 key_map=file_key_map, progress=progress, component=component)
+            else:
+                fam = model_family(model, family)
+                sd = model_state_dict(model)
+                # ComfyUI's own map for the config ComfyUI built this model from; None: the names are diffusers'
+                key_map = key_map_for(fam, dict(model.model.model_config.unet_config))
+                res = core.build(sd, dest, scheme=scheme, family=fam, base_model_id=base, min_features=min_features,
+                                 container=container, overwrite=overwrite, key_map=key_map,
+                                 layout="comfyui" if key_map is not None else "diffusers", progress=progress,
+                                 component=component)
+        log.info("[prequant] %s", res.summary())
+        info = {"file": os.path.basename(res.path), "path": res.path, "family": res.family, "scheme": res.scheme,
+                "container": res.container, "quantized_layers": res.quantized, "size_bytes": res.file_bytes,
+                "dense_bytes": res.dense_bytes, "input_layout": res.input_layout}
+        return {"ui": {"text": [res.summary()], "prequant_build": [info]}, "result": (res.path,)}
+
+
+def file_key_map(fam: Family, shapes: dict):
+    """ComfyUI's own diffusers -> ComfyUI key map for a ComfyUI-layout file (config derived from its shapes)."""
+    return key_map_for(fam, fam.config_from_shapes(shapes))

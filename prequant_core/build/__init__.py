@@ -1,0 +1,426 @@
+"""Building pre-quantized checkpoints from dense weights.
+
+Inputs: a dense state dict (e.g. the weights of a ComfyUI MODEL), a single dense ``.safetensors`` file in ComfyUI or
+diffusers key layout, or a diffusers folder (``transformer/config.json`` + ``*.safetensors``, possibly sharded with
+an index json). Output keys are always diffusers names. ComfyUI-layout input is converted with ComfyUI's own key map,
+which the caller passes in (this package never imports ComfyUI: the node passes ``comfy.utils.<map>``, the command
+line imports it from ``--comfyui DIR``); families whose map is our own (in its module under ``prequant_core.families``) need no ComfyUI.
+
+Streaming: dense tensors are read one at a time with plain ``readinto`` (not ``safe_open``: its memory map keeps
+every page it touched resident, so reading a whole file through it costs the dense size in RSS), cast and quantized
+in row blocks (``quantize_rows``: bit for bit ``schemes.quantize_weight`` behind ``schemes.LayerFilter``, the one
+implementation load-time quantization uses too) and dropped; freed heap pages are handed back to the OS as it goes.
+Only the quantized result (about half the dense size) is held; the ``.safetensors`` writer streams it to disk tensor
+by tensor without a second copy. Peak memory: quantized size + about one layer's codes + a few MB.
+
+Writes are atomic: a temp file ``.prequant-<host>-<pid>-<random>.partial`` beside the destination, fsync, then a
+no-clobber link (or rename when overwriting). A build killed outright (SIGKILL, power loss) can leave its temp file;
+the next build in that folder removes temps whose process is gone (``clean_stale_temps``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import time
+from typing import Callable, Mapping
+
+import torch
+
+from .. import families, schemes
+from ..formats import fingerprint
+from ..schemes import qtensor
+from ..formats import containers
+from ..errors import BuildError
+from ..load.metadata import WRITE_ORDER
+from ..families import Family
+
+# the writable containers of the registry (docs/FORMAT.md sections 1 and 2), in the order the node offers them
+CONTAINERS = tuple(c.name for c in sorted(containers.writable(), key=lambda c: c.name != "safetensors"))
+EXTENSIONS = {c.name: c.extension for c in containers.writable()}
+
+# The pieces live in their own modules (dense_sources, quantize, output_file, writers); callers import them from there.
+from ..load.dense_sources import KeyMapArg, open_input  # noqa: E402
+from .output_file import (FreeSpaceFn, _refuse_existing, atomic_output, check_free_space, check_output_name,
+                          estimate_output_bytes, human_bytes)  # noqa: E402
+from ..schemes.quantize import ProgressFn, quantize_items, quantize_tensors  # noqa: E402
+from .writers import BuildProgress, write_checkpoint  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metadata
+# ----------------------------------------------------------------------------------------------------------------
+
+def _dist_version(name: str) -> str | None:
+    # importlib.metadata, not ``import diffusers``: the builder never needs diffusers itself, and importing it costs s.
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        return str(version(name))
+    except PackageNotFoundError:
+        return None
+
+
+def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_features: int, exclude: list[str],
+                  tensors: Mapping, skipped: list[str], component: str = "transformer") -> dict:
+    """Every docs/FORMAT.md metadata field, in the order Unsloth's current builder writes them (``fp8_granularity``
+    only for fp8, last). Version fields are plain ``str`` (``torch.__version__`` would pickle as ``TorchVersion``,
+    which strict ``weights_only`` readers may refuse)."""
+    import torchao
+    rule = schemes.rules(scheme)
+    values = {
+        "base_model_id": str(base_model_id), "family": family.name, "scheme": rule.name, "component": str(component),
+        "min_features": int(min_features), "exclude_name_tokens": list(exclude),
+        "require_bf16": rule.require_bf16, "require_divisible": rule.require_divisible,
+        "fingerprint": fingerprint.compute(tensors), "fast_accum": rule.fast_accum,
+        "torch_dtype": "bfloat16", "quant_backend": "torchao", "transformer_class": family.diffusers_class,
+        "torch_version": str(torch.__version__), "torchao_version": str(torchao.__version__),
+        "diffusers_version": _dist_version("diffusers"),
+    }
+    if rule.fp8_granularity:
+        values["fp8_granularity"] = rule.fp8_granularity
+    return {k: values[k] for k in WRITE_ORDER if k in values}
+
+
+def check_component(component, family=None) -> str:
+    """The component name to record: a plain identifier (``transformer``, ``transformer_2``); with a family given
+    by name or object, one of its components."""
+    c = str(component if component is not None else "transformer").strip() or "transformer"
+    if not c.replace("_", "").isalnum() or not c.isascii() or len(c) > 64:
+        raise BuildError("component must be a plain name such as transformer or transformer_2.", found=repr(c)[:80])
+    fam = families.get(family) if isinstance(family, str) and family != "auto" else family
+    if isinstance(fam, Family) and c not in fam.components:
+        raise BuildError(f"{fam.title} has no component '{c}'.", expected=" or ".join(fam.components), found=c,
+                         fix="Pick one of the family's components.")
+    return c
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The build
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class BuildResult:
+    path: str
+    container: str
+    family: str
+    scheme: str
+    base_model_id: str
+    input_layout: str
+    tensors: int
+    quantized: int
+    skipped: list[str]
+    file_bytes: int
+    dense_bytes: int
+    estimated_bytes: int
+    fingerprint: dict
+    metadata: dict
+    seconds: float
+
+    def summary(self) -> str:
+        return (f"Wrote {self.path}: {self.family} {self.scheme} ({self.container}), {self.quantized} quantized layers, "
+                f"{len(self.skipped)} Linear layers kept dense, {human_bytes(self.file_bytes)} "
+                f"(dense {human_bytes(self.dense_bytes)}), {self.seconds:.1f} s")
+
+
+NATIVE = "comfyui-native"  # ComfyUI's own quantized layout: stock Load Diffusion Model loads it (no custom node)
+OUTPUTS = CONTAINERS + (NATIVE,)  # what the Build node and the command line offer
+
+
+def container_for(dest: str, container: str | None, scheme: str | None = None) -> str:
+    ext = os.path.splitext(dest)[1].lower()
+    if container == NATIVE:
+        if ext and ext != ".safetensors":
+            raise BuildError("A ComfyUI-native file is a .safetensors file.", path=dest, expected=".safetensors",
+                             found=ext, fix="Name the file *.safetensors.")
+        return NATIVE
+    by_ext = {v: k for k, v in EXTENSIONS.items()}.get(ext)
+    holds = [c for c in CONTAINERS if scheme is None or scheme in containers.writes_schemes(containers.by_name(c))]
+    if container is None or container == "auto":
+        container = by_ext or ("safetensors" if "safetensors" in holds else holds[0])
+    if container in CONTAINERS and container not in holds:
+        raise BuildError(f"{scheme} checkpoints are written as {' / '.join(EXTENSIONS[c] for c in holds)} only (the "
+                         f"container Unsloth's {scheme} files use; this pack's {container} layout holds "
+                         f"{' / '.join(containers.writes_schemes(containers.by_name(container)))} weights).", path=dest,
+                         expected=f"the '{holds[0]}' container, a *{EXTENSIONS[holds[0]]} file name", found=container,
+                         fix=f"Pick the '{holds[0]}' container and name the file *{EXTENSIONS[holds[0]]}.")
+    if container not in CONTAINERS:
+        raise BuildError(f"Unknown output container '{container}'.", expected=" or ".join(CONTAINERS), found=container)
+    if by_ext and by_ext != container:
+        raise BuildError("The output file name's extension does not match the container.", path=dest,
+                         expected=EXTENSIONS[container], found=ext,
+                         fix=f"Name the file *{EXTENSIONS[container]}, or pick the '{by_ext}' container.")
+    return container
+
+
+def default_filename(base_model_id: str, scheme: str, container: str, component: str = "transformer") -> str:
+    """``<Model>-<SCHEME>.<ext>`` (docs/FORMAT.md section 5), Model = last part of the base model id; another
+    component than ``transformer`` gets ``<Model>-<component>-<SCHEME>.<ext>`` (Unsloth's expert files)."""
+    model = str(base_model_id).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or "model"
+    if component and component != "transformer":
+        model = f"{model}-{component}"
+    if container == NATIVE:  # Unsloth's name for the ComfyUI-native twin
+        return check_output_name(f"{model}-{schemes.normalize(scheme).upper()}-ComfyUI.safetensors",
+                                 origin=f"base_model_id '{str(base_model_id)[:80]}'")
+    return check_output_name(f"{model}-{schemes.normalize(scheme).upper()}{EXTENSIONS[container]}",
+                             origin=f"base_model_id '{str(base_model_id)[:80]}'")
+
+
+def build(input, dest: str, *, scheme: str, family: str | Family | None = None, base_model_id: str | None = None,
+          min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str | None = None, overwrite: bool = False,
+          key_map: KeyMapArg = None, layout: str | None = None, progress: BuildProgress | None = None,
+          free_space: FreeSpaceFn | None = None, component: str = "transformer") -> BuildResult:
+    """Dense model -> pre-quantized checkpoint at ``dest`` (diffusers key names, every docs/FORMAT.md metadata field).
+
+    ``input``: a state dict, a ``Source``, a dense ``.safetensors`` path or a diffusers folder.
+    ``key_map``: ComfyUI's diffusers -> ComfyUI map (or ``fn(family, shapes) -> map``), needed for ComfyUI-layout
+    input only. ``free_space(folder) -> bytes`` defaults to ``shutil.disk_usage``. ``component``: which transformer
+    of the model this is (``transformer``; ``transformer_2`` for the second expert of Wan 2.2 A14B), recorded in the
+    metadata and checked by loaders.
+    Refuses (``BuildError``) before reading any weight: existing output, unknown family, too little disk space.
+    """
+    t0 = time.time()
+    scheme = schemes.normalize(scheme)
+    component = check_component(component, family)
+    dest = os.path.abspath(os.fspath(dest))
+    container = container_for(dest, container, scheme)
+    try:
+        min_features = int(min_features)
+    except (TypeError, ValueError):
+        raise BuildError("min_features must be an integer.", found=repr(min_features)) from None
+    if min_features < 1:
+        raise BuildError("min_features must be at least 1.", found=str(min_features))
+    _refuse_existing(dest, overwrite)
+    folder = os.path.dirname(dest)
+    if not os.path.isdir(folder):
+        raise BuildError("The output folder does not exist.", path=folder, fix="Create it or pick another folder.")
+
+    prep = open_input(input, family=family, key_map=key_map, layout=layout)
+    fam, src = prep.family, prep.source
+    component = check_component(component, fam)
+    base_model_id = (base_model_id or "").strip() or fam.base_repos[0]
+    exclude = schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
+    flt = schemes.LayerFilter(scheme, min_features, tuple(exclude))
+    infos = src.infos()
+    estimate, n_q = estimate_output_bytes(infos, flt)
+    if n_q == 0:
+        raise BuildError("No Linear layer passes the filter, so nothing would be quantized.", path=src.path,
+                         expected=f"Linear layers with in and out features >= min_features ({min_features})",
+                         fix="Lower min_features.")
+    check_free_space(folder, estimate, free_space)
+
+    total = len(infos)
+    qprog = (lambda done, tot: progress("quantize", done, tot, "")) if progress else None
+    q, skipped = quantize_items(src.items(), flt, total=total, progress=qprog)
+    meta = make_metadata(family=fam, scheme=scheme, base_model_id=base_model_id, min_features=min_features,
+                         exclude=exclude, tensors=q, skipped=skipped, component=component)
+    path = write_checkpoint(dest, q, meta, container=container, overwrite=overwrite, progress=progress)
+    return BuildResult(path=path, container=container, family=fam.name, scheme=scheme, base_model_id=base_model_id,
+                       input_layout=prep.input_layout, tensors=len(q),
+                       quantized=sum(1 for v in q.values() if qtensor.is_quantized(v)), skipped=sorted(skipped),
+                       file_bytes=os.path.getsize(path), dense_bytes=sum(i.nbytes for i in infos.values()),
+                       estimated_bytes=estimate, fingerprint=meta["fingerprint"], metadata=meta,
+                       seconds=time.time() - t0)
+
+
+def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Family, base_model_id: str | None = None,
+                       min_features: int = schemes.DEFAULT_MIN_FEATURES, overwrite: bool = False,
+                       progress: BuildProgress | None = None, input_layout: str = "comfyui") -> BuildResult:
+    """ComfyUI-layout tensors (dense, or already quantized: an Unsloth file's weights mapped to ComfyUI names) ->
+    a ComfyUI-native file (docs/FORMAT.md section 6) that ComfyUI's own Load Diffusion Model reads where that ComfyUI
+    knows the format (float8_e4m3fn: 0.3.68+, nvfp4: 0.8.0+, mxfp8: 0.18.0+, int8_tensorwise: 0.27.0+). Written
+    atomically. Holds the input in memory (the ComfyUI layout fuses q / k / v)."""
+    from ..formats.containers import comfy_native
+    t0 = time.time()
+    scheme = schemes.normalize(scheme)
+    dest = os.path.abspath(os.fspath(dest))
+    container_for(dest, NATIVE, scheme)
+    _refuse_existing(dest, overwrite)
+    base_model_id = (base_model_id or "").strip() or family.base_repos[0]
+    out, layers, skipped = comfy_native.native_tensors(tensors, scheme, min_features=min_features, progress=progress)
+    if not layers:
+        raise BuildError("No Linear layer of the transformer's blocks passes the filter, so nothing would be "
+                         "quantized.", path=dest, fix="Lower min_features.")
+    meta = {"base_model_id": base_model_id, "family": family.name, "scheme": scheme}
+    nbytes = sum(t.numel() * t.element_size() for t in out.values())
+    check_free_space(os.path.dirname(dest), nbytes, None)
+    with atomic_output(dest, overwrite=overwrite) as tmp:
+        comfy_native.write_native(tmp, out, layers, meta)
+    if progress:
+        progress("write", 1, 1, "")
+    dense_bytes = sum(qtensor.dense_nbytes(v) if qtensor.is_quantized(v) else v.numel() * v.element_size()
+                      for v in tensors.values())
+    return BuildResult(path=dest, container=NATIVE, family=family.name, scheme=scheme, base_model_id=base_model_id,
+                       input_layout=input_layout, tensors=len(out), quantized=len(layers), skipped=sorted(skipped),
+                       file_bytes=os.path.getsize(dest), dense_bytes=dense_bytes, estimated_bytes=nbytes,
+                       fingerprint={}, metadata={**meta, "comfy_quant_formats": {comfy_native.native_format(scheme):
+                                                                                   len(layers)}},
+                       seconds=time.time() - t0)
+
+
+def build_from_tensors(dest: str, dense: Mapping, *, family: Family, scheme: str, base_model_id: str,
+                       min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str | None = None,
+                       overwrite: bool = False, progress: ProgressFn | None = None,
+                       component: str = "transformer") -> str:
+    """Dense state dict -> checkpoint file with the keys exactly as given (either layout; tests build ComfyUI-layout
+    files this way). ``build`` is the user-facing entry that always writes diffusers names. ``container`` None:
+    from the file name (``container_for``), refused where the scheme does not fit the container."""
+    scheme = schemes.normalize(scheme)
+    container = container_for(os.path.abspath(os.fspath(dest)), container, scheme)
+    exclude = schemes.exclude_tokens(scheme, family.int8_exclude_extra)
+    q, skipped = quantize_tensors(dense, scheme, min_features=min_features, exclude=exclude, progress=progress)
+    meta = make_metadata(family=family, scheme=scheme, base_model_id=base_model_id, min_features=min_features,
+                         exclude=exclude, tensors=q, skipped=skipped, component=component)
+    return write_checkpoint(dest, q, meta, container=container, overwrite=overwrite)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line: python -m prequant_core build
+# ----------------------------------------------------------------------------------------------------------------
+
+def comfy_key_map_from(comfy_dir: str) -> Callable[[Family, dict], Mapping]:
+    """Key-map provider backed by a ComfyUI checkout's ``comfy.utils`` (imported from ``comfy_dir``)."""
+    comfy_dir = os.path.abspath(comfy_dir)
+    if not os.path.isfile(os.path.join(comfy_dir, "comfy", "utils.py")):
+        raise BuildError("This is not a ComfyUI folder.", path=comfy_dir, expected="a folder containing comfy/utils.py",
+                         fix="Point --comfyui at your ComfyUI installation.")
+
+    def provider(fam: Family, shapes: dict) -> Mapping:
+        if comfy_dir not in sys.path:
+            sys.path.insert(0, comfy_dir)
+        if fam.comfy_key_map is None or callable(fam.comfy_key_map):
+            return None if fam.comfy_key_map is None else fam.comfy_key_map(fam.config_from_shapes(shapes))
+        import comfy.utils
+        fn = getattr(comfy.utils, fam.comfy_key_map, None)
+        if fn is None:
+            raise BuildError(f"This ComfyUI has no key map for {fam.title} (comfy.utils.{fam.comfy_key_map}).",
+                             path=comfy_dir, fix="Update ComfyUI.")
+        return fn(fam.config_from_shapes(shapes))
+    return provider
+
+
+class TerminalProgress:
+    """One line per step when piped; a single updating line on a terminal."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def __call__(self, stage: str, done: int, total: int, key: str) -> None:
+        line = f"[{stage} {done}/{total}] {key}".rstrip()
+        if self.tty:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            self.stream.write("\r" + line[:width].ljust(width))
+            if done == total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _cli_native(args, family: str | None) -> int:
+    """``build --container comfyui-native``: from a dense .safetensors or from a pre-quantized file this pack reads
+    (an Unsloth file turned into one stock ComfyUI loads); diffusers names are mapped to ComfyUI's with the family's
+    own map, or ComfyUI's (``--comfyui DIR``)."""
+    from .. import formats
+    from ..families import keymap
+    from ..errors import PrequantError
+    try:
+        ck = formats.read(args.input)
+        tensors, md, scheme_default = ck.tensors, ck.metadata, ck.metadata.get("scheme")
+    except PrequantError:
+        from safetensors.torch import load_file
+        tensors, md, scheme_default = load_file(args.input), {}, None
+    fam, layout = (families.get(family), None) if family else families.detect(list(tensors), md, args.input)
+    layout = layout or fam.layout_of(tensors) or "diffusers"
+    scheme = args.scheme or scheme_default or "int8"
+    if layout == "diffusers" and fam.comfy_key_map is not None:
+        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+        if callable(fam.comfy_key_map):
+            km = fam.comfy_key_map(fam.config_from_shapes(shapes, args.input))
+        elif args.comfyui:
+            km = comfy_key_map_from(args.comfyui)(fam, shapes)
+        else:
+            raise BuildError(f"{fam.title} files in diffusers' layout need ComfyUI's key map for ComfyUI-native "
+                             "output.", path=args.input, fix="Add --comfyui DIR (your ComfyUI folder).")
+        tensors = keymap.to_comfy_layout(tensors, km, path=args.input)
+    output = args.output
+    if output is None or os.path.isdir(output):
+        output = os.path.join(output or os.getcwd(), default_filename(
+            args.base_model_id or md.get("base_model_id") or fam.base_repos[0], scheme, NATIVE, args.component))
+    res = build_comfy_native(tensors, output, scheme=scheme, family=fam,
+                             base_model_id=args.base_model_id or md.get("base_model_id"), min_features=args.min_features,
+                             overwrite=args.overwrite, progress=None if args.quiet else TerminalProgress(),
+                             input_layout=layout)
+    print(res.summary())
+    print(res.path)
+    return 0
+
+
+def _cli_build(args) -> int:
+    family = None if args.family == "auto" else args.family
+    if args.container == NATIVE:
+        return _cli_native(args, family)
+    if args.scheme is None:
+        args.scheme = "int8"
+    output = args.output
+    container = args.container
+    if output is None or os.path.isdir(output):
+        folder = output or os.getcwd()
+        if family:
+            fam = families.get(family)
+        else:
+            fam = open_input(args.input, key_map=None if not args.comfyui else comfy_key_map_from(args.comfyui)).family
+        c = container_for(os.path.join(folder, "x"), container, schemes.normalize(args.scheme))
+        output = os.path.join(folder, default_filename(args.base_model_id or fam.base_repos[0], args.scheme, c,
+                                                       args.component))
+    res = build(args.input, output, scheme=args.scheme, family=family, base_model_id=args.base_model_id,
+                min_features=args.min_features, container=None if container == "auto" else container,
+                overwrite=args.overwrite, key_map=comfy_key_map_from(args.comfyui) if args.comfyui else None,
+                progress=None if args.quiet else TerminalProgress(), component=args.component)
+    print(res.summary())
+    print(res.path)
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "build", help="make a pre-quantized checkpoint from a dense model",
+        description="Quantize a dense diffusion transformer (torchao int8 / fp8, per-row) and write a pre-quantized "
+                    "checkpoint with diffusers key names and full metadata. Reads one tensor at a time (peak memory "
+                    "about the quantized size plus one layer) and writes atomically. Exit status: 0 written, 2 refused "
+                    "(nothing written).")
+    p.add_argument("--input", "-i", required=True, metavar="PATH",
+                   help="dense weights: a .safetensors file (diffusers or ComfyUI key layout) or a diffusers folder "
+                        "(model root with transformer/config.json, or the transformer folder; sharded weights with "
+                        "an index json are fine)")
+    p.add_argument("--output", "-o", metavar="PATH", default=None,
+                   help="output file, or an existing folder to write <Model>-<SCHEME>.<ext> into "
+                        "(default: that name in the current folder)")
+    p.add_argument("--scheme", choices=schemes.SCHEMES, default=None,
+                   help="quantization scheme (default: int8; for comfyui-native output from a pre-quantized input, "
+                        "the input's scheme)")
+    p.add_argument("--min-features", type=int, default=schemes.DEFAULT_MIN_FEATURES, metavar="N",
+                   help="quantize only Linear layers whose in and out features are both >= N (default: %(default)s)")
+    p.add_argument("--base-model-id", default=None, metavar="REPO",
+                   help="base model recorded in the metadata (default: the family's base repo, e.g. "
+                        "Tongyi-MAI/Z-Image-Turbo)")
+    p.add_argument("--family", choices=["auto"] + sorted(families.FAMILIES), default="auto",
+                   help="model family (default: %(default)s, from config.json or the tensor names)")
+    p.add_argument("--container", choices=["auto"] + list(OUTPUTS), default="auto",
+                   help="file format: safetensors (safe, no pickle) or pt (torch.save); comfyui-native: ComfyUI's own "
+                        "quantized layout, which ComfyUI's stock Load Diffusion Model reads (fp8 from ComfyUI 0.3.68, "
+                        "nvfp4 0.8.0, mxfp8 0.18.0, int8 0.27.0), made from a dense file or from a pre-quantized one "
+                        "(e.g. an Unsloth file); default auto: from the output extension, else safetensors")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--component", default="transformer", metavar="NAME",
+                   help="which transformer of the model the input is, recorded in the metadata (default: "
+                        "%(default)s; transformer_2 for the low-noise expert of Wan 2.2 A14B)"),
+    p.add_argument("--comfyui", metavar="DIR", default=None,
+                   help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names (only "
+                        "needed for ComfyUI-layout files), or diffusers names to ComfyUI's for comfyui-native output")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    p.set_defaults(func=_cli_build)
+

@@ -1,0 +1,36 @@
+"""The in-memory form every reader produces: tensors plus the metadata record, nothing format-specific."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..schemes import qtensor
+
+COMFY_PREFIX = "model.diffusion_model."  # a full ComfyUI checkpoint's diffusion model keys
+FORMAT_V1 = "unsloth_prequant_transformer_state_dict_v1"
+FORMAT_V2 = "unsloth_prequant_transformer_state_dict_v2"
+FORMAT_V3 = "unsloth_prequant_transformer_state_dict_v3"
+KNOWN_FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT_V3)  # v2: ConvRot rotation, v3: NVFP4 layer policy (layer_policy)
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    path: str
+    container: str  # "pt" | "safetensors" | "legacy-pt" | "comfyui-native"
+    format_tag: str | None
+    metadata: dict[str, Any]
+    tensors: dict[str, Any]  # plain tensors and torchao quantized tensors, keyed as stored
+
+    @property
+    def quantized_keys(self) -> list[str]:
+        return [k for k, v in self.tensors.items() if qtensor.is_quantized(v)]
+
+    def schemes_found(self) -> set[str]:
+        return {qtensor.scheme_of(v) for v in self.tensors.values() if qtensor.is_quantized(v)}
+
+    def nbytes(self) -> int:
+        return sum(qtensor.nbytes(v) for v in self.tensors.values())
+
+    def dense_nbytes(self) -> int:
+        return sum(qtensor.dense_nbytes(v) if qtensor.is_quantized(v) else qtensor.nbytes(v)
+                   for v in self.tensors.values())

@@ -1,0 +1,1 @@
+"""Loading a checkpoint, one step a module."""

@@ -1,0 +1,215 @@
+"""Download pre-quantized checkpoints from the Hugging Face Hub with the real ``huggingface_hub`` client.
+
+This module decides (``locate``, ``download``); the pieces it uses live beside it: ``hub_cache`` (cache, offline
+mode, endpoint), ``hub_local`` (origin folders, the operator mirror), ``hub_transfer`` (the watched child process),
+``hub_errors`` (typed errors and their messages), ``hub_child`` (the child itself).
+
+Where files land: with ``dest_dir`` (what the loader node passes by default: the first folder ComfyUI lists for
+``prequant``) the file is stored in its origin folder there, ``<dest>/<owner>/<repo>/`` (``<repo>@<revision>`` for a
+pinned revision: ``origin_dir``), through the client's local-folder mode and a hidden staging folder, so it is
+resumable and never half-written there; later loads find it there without any request, and a file of the same name
+from another repo never stands in for it. Without ``dest_dir``, in the standard Hugging Face cache (``HF_HUB_CACHE``,
+default ``~/.cache/huggingface/hub``) exactly as ``hf_hub_download`` puts them there, shared with other tools.
+
+Rules (see ``sources`` for where the names come from):
+
+- An operator mirror (``UNSLOTH_DIFFUSION_PREQUANT_MIRROR``) is searched before any request.
+- Names are tried in order; the next name is tried ONLY when the Hub says this file is not in the repo
+  (``EntryNotFoundError``: HTTP 404 with ``X-Error-Code: EntryNotFound``). Any other answer (5xx, connection refused,
+  401/403, unknown revision or repo) stops at once with a typed ``HubError`` naming the repo, the revision, every name
+  tried and the fix. The client itself retries 5xx and connection errors with back-off before that.
+- Every wait is bounded and can be cancelled: the client runs in a child process (``hub_child``) that this process
+  watches (``Limits``: an answer within ``answer_s``, no stall longer than ``stall_s``, no transfer slower than
+  ``min_bps``); ``check()`` (ComfyUI's interrupt) is called every poll. A stopped child is killed at once, its partial
+  file kept, and the next run resumes from it with an HTTP Range request.
+- A file announced larger than the free space of its disk is refused before a byte is written; a body longer than
+  announced is discarded; a body of the wrong size is never renamed into place (the client checks the size).
+- Token: the ``token`` argument, else the client's default (``HF_TOKEN``, then the stored ``hf auth login``). A token
+  is never logged, put into a message or on a command line (it reaches the child through its stdin).
+- ``revision`` pins a branch, tag or commit (``sources.normalize_revision``: what the Hub accepts, no path tricks);
+  a commit hash already in the cache is served without any request.
+- Offline (``HF_HUB_OFFLINE=1``): served from the cache only (names the cache records as absent are skipped); if none
+  of the names is cached, ``HubOfflineError`` lists them all.
+- Status and progress: ``status(text)`` gets a short line at each stage, ``progress(done_bytes, total_bytes)`` is
+  called every poll from the size of the client's partial file.
+- Resume: when the transfer breaks mid-body the client is started again (up to ``resume_attempts`` times, as long as
+  bytes keep arriving), which resumes; a run killed or cancelled mid-download resumes the same way next time.
+- No partial file is left on refusals (wrong size, oversized); the bytes of a transfer that broke, stalled or was
+  cancelled are kept for the resume (the message says so).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Callable, Iterable, Mapping
+
+from . import sources
+from ..errors import CheckpointNotFoundError, HubError  # noqa: F401
+from .hub_cache import (cache_dir, cached_file, client_constants, endpoint, is_cached, is_offline,  # noqa: F401
+                        pinned_commit_hit, storage_folder)
+from .hub_errors import (HubAuthError, HubDownloadError, HubNotFoundError, HubOfflineError,  # noqa: F401
+                         HubUnavailableError, raise_for, reasons_of, where)
+from .hub_local import MIRROR_ENV, local_file, mirror_file, origin_dir  # noqa: F401
+from .hub_transfer import STAGING_DIR, Fetched, Limits, discard_partial, fetch_in_child, file_size  # noqa: F401
+
+log = logging.getLogger("prequant")
+
+ProgressFn = Callable[[int, int], None]
+StatusFn = Callable[[str], None]  # a short line for the user while they wait (connecting, downloading, ...)
+
+
+@dataclasses.dataclass
+class Located:
+    path: str
+    candidate: sources.Candidate
+    model_dirs: list[str]  # folders open_checkpoint may read for this path
+    fetched: Fetched | None = None
+
+
+def download(repo: str, filenames: Iterable[str], *, revision: str | None = None, token: str | None = None,
+             progress: ProgressFn | None = None, resume_attempts: int = 3, dest_dir: str | None = None,
+             search_dirs: Iterable[str] = (), status: StatusFn | None = None,
+             check: Callable[[], None] | None = None) -> Fetched:
+    """Fetch the first of ``filenames`` that exists in ``repo``; return where it is.
+
+    ``dest_dir`` None: into the HF cache. A folder (ComfyUI's models/prequant): the file is stored in its origin
+    folder there (``origin_dir``: ``<dest>/<owner>/<repo>[@<revision>]/``); a file already in the origin folder of
+    ``dest_dir`` or ``search_dirs`` is used as it is, without any request. ``check()`` is called every poll while
+    waiting and may raise to cancel (ComfyUI's interrupt); the transfer then stops at once and its bytes are kept."""
+    constants = client_constants()
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    repo = sources.normalize_repo(repo)
+    filenames = list(filenames)
+    rev = sources.normalize_revision(revision) or constants.DEFAULT_REVISION
+    token = (token or "").strip() or None  # None: the client's default (HF_TOKEN, then the stored login)
+    cache, ep = cache_dir(), endpoint()
+    folder = storage_folder(repo, cache)
+    tried: list[tuple[str, str]] = []
+
+    if dest_dir:
+        hit = local_file(repo, filenames, [dest_dir, *search_dirs], rev)
+        if hit:
+            fn, p = hit
+            log.info("[prequant] using %s (%s/%s, already downloaded)", p, repo, fn)
+            if progress:
+                progress(file_size(p) or 0, file_size(p) or 0)
+            return Fetched(p, repo, rev, fn, None, file_size(p) or 0, False, os.path.dirname(p), tried)
+
+    hit = mirror_file(repo, filenames)
+    if hit:
+        fn, p, root = hit
+        log.info("[prequant] using %s (%s/%s from the operator mirror %s)", p, repo, fn, root)
+        if progress:
+            progress(file_size(p) or 0, file_size(p) or 0)
+        return Fetched(p, repo, rev, fn, None, file_size(p) or 0, False, os.path.dirname(p), tried)
+
+    if is_offline():
+        for fn in filenames:
+            try:
+                p = hf_hub_download(repo, fn, revision=rev, cache_dir=cache, local_files_only=True)
+            except LocalEntryNotFoundError:
+                tried.append((fn, "not in the local cache"))
+                continue
+            log.info("[prequant] offline: using cached %s/%s (%s)", repo, fn, rev)
+            if progress:
+                progress(file_size(p) or 0, file_size(p) or 0)
+            return Fetched(p, repo, rev, fn, None, file_size(p) or 0, False, folder, tried)
+        raise HubOfflineError(f"Offline mode (HF_HUB_OFFLINE) is on and {repo} (revision {rev}) has none of these "
+                              f"files in the local Hugging Face cache ({cache}).", reasons=reasons_of(tried),
+                              fix="Run once with network access (unset HF_HUB_OFFLINE) so the file is downloaded, "
+                                  "or put the file into ComfyUI/models/prequant/.")
+
+    hit = None if dest_dir else pinned_commit_hit(repo, filenames, rev, cache)
+    if hit:
+        fn, p, skipped = hit
+        log.info("[prequant] using cached %s/%s at pinned commit %s", repo, fn, rev)
+        if progress:
+            progress(file_size(p) or 0, file_size(p) or 0)
+        return Fetched(p, repo, rev, fn, rev, file_size(p) or 0, False, folder, skipped)
+
+    say = status or (lambda text: None)
+    limits = Limits.from_env()
+    names = list(filenames)
+    attempt = 0
+    while names:
+        out = fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried)
+        if out.kind == "done":
+            return out.fetched
+        if out.kind == "exhausted":
+            break
+        if out.kind == "entry-late":
+            names = names[names.index(out.name) + 1:]
+            continue
+        fn = out.name
+        if out.kind in ("network", "http", "metadata", "offline") and not out.started:
+            # The client's own rule: when the Hub cannot answer, a copy of this very file already in the cache for
+            # this revision is served. Never another name.
+            hit = cached_file(repo, [fn], rev, cache)
+            if hit:
+                log.warning("[prequant] %s unreachable (%s); using the cached %s", ep, out.detail, fn)
+                if progress:
+                    progress(file_size(hit[1]) or 0, file_size(hit[1]) or 0)
+                return Fetched(hit[1], repo, rev, fn, None, file_size(hit[1]) or 0, False, folder, tried)
+        if out.kind == "network" and out.gained > 0 and attempt < resume_attempts:
+            attempt += 1
+            log.warning("[prequant] download of %s interrupted at %d bytes (%s); resuming (%d/%d)", fn, out.have,
+                        out.detail, attempt, resume_attempts)
+            names = names[names.index(fn):]
+            continue
+        if out.kind == "network" and out.have > 0:
+            raise HubDownloadError(
+                f"Downloading {fn} from {where(repo, rev)} was interrupted ({out.detail}).",
+                reasons=reasons_of(tried + [(fn, f"interrupted at {out.have} of {out.total} bytes")]),
+                fix=f"Queue the prompt again: the {out.have} bytes received are kept and the download resumes from "
+                    "there.")
+        discard_partial(out.partial)
+        raise_for(out.kind, out.detail, None, repo=repo, revision=rev, fn=fn, tried=tried)
+
+    raise HubNotFoundError(f"None of the expected file names is in {where(repo, rev)}.", reasons=reasons_of(tried),
+                           fix=f"Check which files the repo holds ({endpoint()}/{repo}/tree/{rev}); pick the other "
+                               "scheme, give the right repo or revision, or download the file by hand into "
+                               "ComfyUI/models/prequant/.")
+
+
+def locate(plan: sources.Candidates | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
+           token: str | None = None, progress: ProgressFn | None = None,
+           env: Mapping[str, str] | None = None, dest_dir: str | None = None,
+           search_dirs: Iterable[str] = (), status: StatusFn | None = None,
+           check: Callable[[], None] | None = None) -> Located:
+    """The file to open for a plan.
+
+    A local candidate (typed path or listed file) comes first in a plan and is always used as given: a refused or
+    missing file is reported by ``open_checkpoint``, never replaced by a silent download. Among Hub candidates the
+    first usable one is taken (``sources.usable``: cached, or we are online), else the first, so that its own error
+    explains what is wrong. Only a Hub file gets its repo's cache folder as an extra allowed folder.
+    ``dest_dir``: download into this folder instead of the HF cache (see ``download``); a file stored there or in
+    ``search_dirs`` before counts as available offline.
+    """
+    cands = list(plan)
+    model_dirs = list(model_dirs)
+    if not cands:
+        notes = list(getattr(plan, "notes", ()))
+        raise CheckpointNotFoundError("No checkpoint chosen.", reasons=notes,
+                                      fix="Pick a file in 'checkpoint', fill 'path', type a 'hub_repo' (e.g. "
+                                          "unsloth/Z-Image-Turbo-FP8) with a scheme, or pick a preset.")
+    if cands[0].kind == "local":
+        return Located(cands[0].path, cands[0], model_dirs)
+    hub_cands = [c for c in cands if c.kind == "hub"]
+    search_dirs = list(search_dirs)
+
+    def available(c):
+        return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs],
+                                                            c.revision)) \
+            or mirror_file(c.repo, c.filenames) is not None
+
+    u = sources.usable(hub_cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=available, env=env)
+    chosen = u.usable[0] if u.usable else hub_cands[0]
+    for c, why in u.rejected:
+        if hub_cands.index(c) < hub_cands.index(chosen):
+            log.warning("[prequant] skipping %s: %s; using %s", c.describe(), why, chosen.describe())
+    f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress, check=check,
+                 dest_dir=dest_dir, search_dirs=search_dirs, status=status)
+    return Located(f.path, chosen, model_dirs + [f.storage_folder], f)

@@ -1,0 +1,347 @@
+"""One transfer: the real ``huggingface_hub`` client in a child process (``hub_child``), watched from here: every
+wait bounded (``Limits``), cancellable, resumable from its partial file, never half-written into place."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from typing import Mapping
+
+from . import sources
+from .hub_cache import storage_folder
+from .hub_errors import HubDownloadError, HubUnavailableError, reasons_of, where
+from .hub_local import origin_dir
+
+log = logging.getLogger("prequant")
+
+POLL_S = 0.2
+
+
+@dataclasses.dataclass
+class Fetched:
+    path: str  # the cache's snapshot path (a symlink to the blob on most systems)
+    repo: str
+    revision: str  # as asked ("main" when none was given)
+    filename: str
+    commit: str | None
+    size: int
+    downloaded: bool  # False when it came from the cache without transferring bytes
+    storage_folder: str  # <cache>/models--owner--name: the folder the file's real path lies in
+    tried: list[tuple[str, str]]  # (name, outcome) for the names before it
+
+
+def file_size(p) -> int | None:
+    if callable(p):  # a download into a model folder: the client's partial file is found when asked
+        p = p()
+    if not p:
+        return None
+    try:
+        return os.path.getsize(p)
+    except OSError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """How long each Hub wait may last (environment: ``PREQUANT_HUB_ANSWER_S``, ``PREQUANT_HUB_STALL_S``,
+    ``PREQUANT_HUB_MIN_BPS``). ``answer_s``: for the Hub to say whether a file exists (the client's own retries of a
+    refused connection or a 5xx take about 20 s); ``stall_s``: no byte for this long ends the transfer; ``min_bps``:
+    a transfer averaging less than this over the last ``stall_s`` seconds (a server dripping bytes) ends too."""
+    answer_s: float = 90.0
+    stall_s: float = 60.0
+    min_bps: float = 8192.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Limits":
+        env = os.environ if env is None else env
+        out = {}
+        for field, var in (("answer_s", "PREQUANT_HUB_ANSWER_S"), ("stall_s", "PREQUANT_HUB_STALL_S"),
+                           ("min_bps", "PREQUANT_HUB_MIN_BPS")):
+            try:
+                v = float(env.get(var, ""))
+                if v > 0:
+                    out[field] = v
+            except ValueError:
+                pass
+        return cls(**out)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    kind: str  # done | exhausted | an error kind of hub_errors.classify
+    name: str | None = None
+    detail: str = ""
+    fetched: Fetched | None = None
+    started: bool = False  # the body transfer had begun
+    have: int = 0  # bytes of the partial file at the end
+    gained: int = 0  # bytes received by this attempt
+    total: int = 0
+    partial: object = None  # the partial file (path or finder), for clean-up
+
+
+def _child_cmd() -> list[str]:
+    return [sys.executable, "-m", "prequant_core.load.hub_child"]
+
+
+def _child_env() -> dict:
+    import prequant_core  # the folder holding the package goes on the child's path, wherever this module sits in it
+    root = os.path.dirname(os.path.dirname(os.path.abspath(prequant_core.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+class _Child:
+    """The child process and its line protocol, every read bounded (a reader thread and a queue: ``select`` does not
+    take pipes on Windows)."""
+
+    def __init__(self, request: dict):
+        import queue
+        import subprocess
+        import threading
+        self.p = subprocess.Popen(_child_cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, env=_child_env(), text=True, bufsize=1)
+        self.p.stdin.write(json.dumps(request) + "\n")
+        self.p.stdin.flush()
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, name="prequant-hub-child", daemon=True).start()
+
+    def _read(self) -> None:
+        for text in self.p.stdout:
+            try:
+                self.q.put(json.loads(text))
+            except ValueError:
+                self.q.put({"event": "error", "kind": "other", "detail": text.strip()[:200]})
+        self.q.put({"event": "gone", "code": self.p.wait()})
+
+    def line(self, timeout: float) -> dict | None:
+        """The next message, or None after ``timeout`` s."""
+        import queue
+        try:
+            return self.q.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    def send(self, text: str) -> None:
+        try:
+            self.p.stdin.write(text + "\n")
+            self.p.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait()
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
+
+
+def _free_bytes(folder: str) -> int | None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried) -> _Outcome:
+    """Ask the child for the first of ``names`` that exists and download it, watching every wait."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+    staging = os.path.join(dest_dir, STAGING_DIR, repo_folder_name(repo_id=repo, repo_type="model")) if dest_dir \
+        else None
+    req = {"repo": repo, "names": list(names), "revision": rev, "cache_dir": cache, "endpoint": ep,
+           "local_dir": staging, "etag_timeout": float(constants.HF_HUB_ETAG_TIMEOUT), "token": token}
+    child = _Child(req)
+    try:
+        ready = _wait_line(child, CHILD_START_S, check, progress)
+        if not ready or ready.get("event") != "ready":
+            raise HubDownloadError("The download helper process did not start.", found=str(ready)[:200],
+                                   fix="Check that ComfyUI's Python environment has huggingface_hub installed.")
+        pending = list(names)
+        say(f"connecting to {ep} for {repo}/{pending[0]}")
+        while True:
+            msg = _wait_line(child, limits.answer_s, check, progress)
+            if msg is None:
+                raise HubUnavailableError(
+                    f"{where(repo, rev)} gave no answer about {pending[0]} within {limits.answer_s:.0f} s.",
+                    reasons=reasons_of(tried), fix="Check the network and HF_ENDPOINT, or try later "
+                    "(PREQUANT_HUB_ANSWER_S sets this limit). To use files already downloaded, set HF_HUB_OFFLINE=1.")
+            ev = msg.get("event")
+            if ev == "entry":
+                tried.append((msg["name"], msg.get("detail") or "not in the repo (404 EntryNotFound)"))
+                pending = pending[pending.index(msg["name"]) + 1:] if msg["name"] in pending else pending[1:]
+                if pending:
+                    say(f"connecting to {ep} for {repo}/{pending[0]}")
+                continue
+            if ev == "exhausted":
+                return _Outcome("exhausted")
+            if ev in ("error", "gone"):
+                return _Outcome(msg.get("kind", "other"), msg.get("name") or pending[0],
+                                msg.get("detail") or f"the download process ended ({msg.get('code')})")
+            if ev == "meta":
+                return _transfer(child, msg, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried)
+    finally:
+        child.kill()
+
+
+def _wait_line(child, timeout, check, progress, keep=None):
+    """A message within ``timeout`` s; Cancel (``check``) is honoured every poll."""
+    end = time.monotonic() + timeout
+    while True:
+        if check:
+            check()
+        msg = child.line(min(POLL_S, max(end - time.monotonic(), 0)))
+        if msg is not None or time.monotonic() >= end:
+            return msg
+
+
+def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried) -> _Outcome:
+    fn, total, etag = meta["name"], int(meta.get("size") or 0), (meta.get("etag") or "")
+    if staging:
+        partial = _partial_in(staging)
+        final_dir = origin_dir(dest_dir, repo, rev)
+        blob = os.path.join(staging, *fn.split("/"))
+    else:
+        folder = storage_folder(repo, cache)
+        blob = os.path.join(folder, "blobs", etag)
+        partial = blob + ".incomplete"
+        final_dir = folder
+    have0 = file_size(partial) or 0
+    cached_before = os.path.exists(blob)
+    free = _free_bytes(staging or final_dir)
+    if not cached_before and free is not None and total - have0 > free - DISK_MARGIN:
+        child.send("stop")
+        raise HubDownloadError(
+            f"{fn} from {repo} is {human_size(total)} and the disk holding {staging or final_dir} has {human_size(free)} "
+            "free: nothing was written.", path=os.path.join(final_dir, sources.local_name(repo, fn)),
+            expected=f"{human_size(total - have0 + DISK_MARGIN)} free", found=f"{human_size(free)} free",
+            fix="Free disk space, or set the node's download_to / extra_model_paths.yaml to a larger disk.")
+    child.send("go")
+    say(f"downloading {fn} from {repo}")
+    if not cached_before:
+        log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s", repo, fn, rev, total / 2**20,
+                 f", resuming at {have0} bytes" if have0 else "")
+    # The child's client writes every 256 KiB it receives (hub_child.CHUNK): the partial file's size is the liveness
+    # signal for the stall / speed watch.
+    history = [(time.monotonic(), have0)]  # (time, bytes) samples
+    last_growth = time.monotonic()
+    done = have0
+    while True:
+        msg = _wait_line(child, POLL_S, check, None)
+        on_disk = file_size(partial)
+        done = on_disk if on_disk is not None else (total if os.path.exists(blob) else done)
+        now = time.monotonic()
+        got = done
+        if got > history[-1][1]:
+            last_growth = now
+        history.append((now, got))
+        while len(history) > 2 and now - history[1][0] > limits.stall_s:
+            history.pop(0)
+        if progress:
+            progress(min(done, total), total)  # every poll: ComfyUI's hook raises here when Cancel was pressed
+        if msg is not None:
+            ev = msg.get("event")
+            if ev == "done":
+                if progress:
+                    progress(total, total)
+                path = msg["path"]
+                if staging:
+                    path = _move_into(path, fn, repo, rev, final_dir, staging)
+                downloaded = not cached_before
+                if downloaded:
+                    log.info("[prequant] downloaded %s/%s (%d bytes%s)", repo, fn, total,
+                             f", resumed from {have0}" if have0 else "")
+                return _Outcome("done", fn, fetched=Fetched(path, repo, rev, fn, meta.get("commit"), total, downloaded,
+                                                            final_dir, list(tried)))
+            if ev == "entry":  # removed between the two requests: the same rule as a 404 on the first
+                tried.append((fn, "not in the repo (404 EntryNotFound)"))
+                return _Outcome("entry-late", fn, started=True)
+            have = file_size(partial) or 0
+            return _Outcome(msg.get("kind", "other"), fn, msg.get("detail") or "the download process ended",
+                            started=True, have=have, gained=have - have0, total=total, partial=partial)
+        if total and done > total:
+            child.kill()
+            discard_partial(partial)
+            return _Outcome("corrupt", fn, f"the server sent more than the {total} bytes it announced", started=True,
+                            total=total)
+        stalled = now - last_growth
+        span = now - history[0][0]
+        rate = (got - history[0][1]) / span if span > 0 else 0.0
+        if stalled >= limits.stall_s or (span >= limits.stall_s and rate < limits.min_bps and done < total):
+            child.kill()
+            why = (f"no byte for {stalled:.0f} s" if stalled >= limits.stall_s else
+                   f"{rate:.0f} bytes/s over the last {span:.0f} s, below the {limits.min_bps:.0f} bytes/s floor")
+            raise HubDownloadError(
+                f"The download of {fn} from {where(repo, rev)} stopped at byte {done} of {total}: {why}.",
+                reasons=reasons_of(tried + [(fn, f"stopped at byte {done} of {total}")]),
+                fix=f"Queue the prompt again to resume from byte {done} (the bytes received are kept), or try later. "
+                    "PREQUANT_HUB_STALL_S / PREQUANT_HUB_MIN_BPS set these limits.")
+
+
+DISK_MARGIN = 64 * 2**20
+
+
+CHILD_START_S = 120.0  # importing the client in a fresh process (a slow disk, a busy machine)
+
+
+def human_size(n: int) -> str:
+    from ..units import human_bytes
+    return human_bytes(max(int(n), 0))
+
+
+STAGING_DIR = ".prequant-download"  # hidden folder inside the destination: partial downloads, resumed from there
+
+
+def _partial_in(staging: str):
+    """The client's partial file for a download into ``staging`` (it names it after the etag), found when asked."""
+    def find():
+        best = None
+        for root, _, names in os.walk(staging):
+            for n in names:
+                if n.endswith(".incomplete"):
+                    p = os.path.join(root, n)
+                    if best is None or (file_size(p) or 0) > (file_size(best) or 0):
+                        best = p
+        return best
+    return find
+
+
+def _move_into(staged: str, fn: str, repo: str, rev: str, final_dir: str, staging: str) -> str:
+    """The client's completed, size-checked file -> ``<origin dir>/<local name>`` (same disk: an atomic rename; the
+    list never shows a half-written file)."""
+    final = os.path.join(final_dir, sources.local_name(repo, fn))
+    try:
+        os.makedirs(final_dir, exist_ok=True)
+        os.replace(staged, final)
+    except OSError as e:
+        raise HubDownloadError(f"Could not move the downloaded {fn} to {final} ({type(e).__name__}: {e}).",
+                               path=final, fix="Check permissions and free space in the folder.") from e
+    shutil.rmtree(staging, ignore_errors=True)  # the client's metadata for the file just moved out
+    try:
+        os.rmdir(os.path.dirname(staging))  # and the staging folder itself once no other download is in it
+    except OSError:
+        pass
+    log.info("[prequant] stored %s/%s as %s", repo, fn, final)
+    return final
+
+
+def discard_partial(path) -> None:
+    if callable(path):
+        path = path()
+    if not path:
+        return
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # pragma: no cover
+        log.warning("[prequant] could not remove the partial download %s: %s", path, e)

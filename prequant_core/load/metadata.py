@@ -1,0 +1,284 @@
+"""The metadata record and its validation against what the caller asked for.
+
+Rules (FORMAT.md, and Unsloth Studio's loader as of late 2026; docs/FORMAT.md "Validation rules"): a missing field
+is accepted (older files), a present one must match; every mismatch is collected, so the user sees all reasons at once
+rather than one per attempt. Where Unsloth is stricter, so are we: a requested base needs a recorded base, and a
+``.pt`` or ``.safetensors`` container needs its format tag.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..formats import layer_policy
+from ..schemes import qtensor
+from .. import schemes
+from ..families import base_tail, normalize_base
+from ..formats.checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
+from ..safe_text import escape
+
+# The order Unsloth's current builder writes them in (docs/FORMAT.md section 3); fp8_granularity only for fp8
+WRITE_ORDER = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
+               "require_divisible", "fingerprint", "fast_accum", "torch_dtype", "quant_backend", "transformer_class",
+               "torch_version", "torchao_version", "diffusers_version", "fp8_granularity")
+FIELDS = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
+          "require_divisible", "fast_accum", "fp8_granularity", "fingerprint", "torch_dtype", "quant_backend",
+          "transformer_class", "torch_version", "torchao_version", "diffusers_version")
+
+
+@dataclasses.dataclass
+class Request:
+    scheme: str | None = None
+    base_model_id: str | None = None
+    min_features: int | None = None
+    exclude_tokens: list[str] | None = None  # None: the scheme's defaults for the file's family
+    family: str | None = None
+    component: str = "transformer"
+    # None: not checked (Unsloth checks the recorded fast_accum only when the caller forces a value)
+    fast_accum: bool | None = None
+
+
+@dataclasses.dataclass
+class Verdict:
+    ok: bool
+    reasons: list[str]
+    notes: list[str] = dataclasses.field(default_factory=list)  # accepted, but worth showing (Prequant Info)
+
+
+def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
+    """What a ComfyUI-native file is (formats per layer, which ComfyUI reads it natively), and what is read but not
+    used: per-tensor scales are a coarser rounding than a per-row file; ``input_scale`` and attention configs."""
+    from ..formats.containers.comfy_native import native_since
+    m = ckpt.metadata
+    counts = m.get("comfy_quant_formats") if isinstance(m.get("comfy_quant_formats"), dict) else {}
+    notes = []
+    if counts:
+        per = ", ".join(f"{f}: {n} layer{'s' if n != 1 else ''}" for f, n in sorted(counts.items()))
+        since = native_since(counts)
+        notes.append(f"ComfyUI-native file ({per}"
+                     + (f"; ConvRot on {m['comfy_convrot_layers']} of them" if m.get("comfy_convrot_layers") else "")
+                     + f"): ComfyUI {since} and newer load it with their own Load Diffusion Model; this pack loads "
+                       "it on older ComfyUI too, on every device (dequantized at matmul where there is no kernel)")
+    coarse = [s.name for s in schemes.registry.all_schemes()
+              if s.granularity_field and m.get(s.granularity_field) in ("per_tensor", "mixed")]
+    if coarse:
+        notes.append(f"its {' and '.join(coarse)} weights use one scale per tensor, a coarser rounding than a per-row "
+                     "file of the same model (expect small output differences from it)")
+    if m.get("comfy_input_scales"):
+        notes.append(f"{m['comfy_input_scales']} input_scale entries (static activation scales for ComfyUI's fp8 GPU "
+                     "matmul) are read and not used: this pack quantizes activations dynamically")
+    if m.get("comfy_attention_configs"):
+        notes.append(f"{m['comfy_attention_configs']} comfy_attention.config entries (a newer ComfyUI's attention "
+                     "kernel preference) are ignored: ComfyUI's default attention runs")
+    return notes
+
+
+def base_matches(found: str, wanted: str) -> bool:
+    """Exact match, or the same last path part (case-insensitive, either slash)."""
+    if found == wanted or normalize_base(found) == normalize_base(wanted):
+        return True
+    return base_tail(found) == base_tail(wanted)
+
+
+def as_int(v) -> int | None:
+    """``int(v)`` for an int or a string of one (Unsloth compares ``int()`` values), else None. Never a bool."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
+# The fp8 activation floor torchao's config records (schemes.torchao_config: activation_value_lb=1e-12).
+FP8_ACTIVATION_LB = 1e-12
+
+
+def _fp8_weights(ckpt: Checkpoint):
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+    return [(k, v) for k, v in ckpt.tensors.items() if isinstance(v, Float8Tensor)]
+
+
+def _fp8_activation_reasons(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
+    """(reasons, notes) for the fp8 activation floor: a recorded floor must be 1e-12; a missing one is supplied."""
+    reasons, missing = [], 0
+    for k, t in _fp8_weights(ckpt):
+        act = t.act_quant_kwargs
+        if act is None:
+            continue
+        lb = getattr(act, "hp_value_lb", None)
+        if lb is None:
+            missing += 1
+        elif float(lb) != FP8_ACTIVATION_LB:
+            reasons.append(f"fp8 weight '{k}' records activation_value_lb {lb}, expected {FP8_ACTIVATION_LB} "
+                           "(a different activation floor would not match load-time quantization)")
+            break
+    notes = [f"{missing} fp8 weights record no activation floor; {FP8_ACTIVATION_LB} is supplied at load"] \
+        if missing else []
+    return reasons, notes
+
+
+def pin_fp8_kernels(tensors: dict) -> int:
+    """Every fp8 weight gets torchao's TORCH kernels (and the 1e-12 activation floor where none is recorded), as
+    Unsloth pins them at load: published fp8 files record AUTO, which picks other kernels on some GPUs and breaks
+    identity with load-time quantization. Replaces the entries in ``tensors``; returns how many changed."""
+    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+    changed = 0
+    for k, t in list(tensors.items()):
+        if not isinstance(t, Float8Tensor):
+            continue
+        act = t.act_quant_kwargs
+        if act is not None and (act.kernel_preference != KernelPreference.TORCH or act.hp_value_lb is None):
+            act = dataclasses.replace(act, kernel_preference=KernelPreference.TORCH,
+                                      hp_value_lb=FP8_ACTIVATION_LB if act.hp_value_lb is None else act.hp_value_lb)
+        elif t.kernel_preference == KernelPreference.TORCH:
+            continue
+        tensors[k] = Float8Tensor(t.qdata, t.scale, t.block_size, mm_config=t.mm_config, act_quant_kwargs=act,
+                                  kernel_preference=KernelPreference.TORCH, dtype=t.dtype)
+        changed += 1
+    return changed
+
+
+def _per_row_replacement(family, m: dict) -> str:
+    """Where the current per-row fp8 file of the same model is (its hosted repo and first file name), else how to make
+    one. Only a refusal's text needs the Hub names, hence the import here."""
+    from . import sources
+    from ..errors import PrequantError
+    build = "or build a per-row file from the dense model with Build Prequant Checkpoint"
+    repo = None
+    if family is not None:
+        base = m.get("base_model_id") if isinstance(m.get("base_model_id"), str) else None
+        try:
+            repo = sources.hosted_repo(family.name, base_model_id=base, scheme="fp8")
+        except PrequantError:  # a base the family never hosts (an excluded namesake)
+            pass
+    if not repo:
+        return "use a per-row fp8 file, " + build
+    return (f"the current file is {sources.filenames(repo, 'fp8')[0]} in {repo} (per-row; the loader's preset "
+            f"downloads it), {build}")
+
+
+def _type_reason(field, value, types, what):
+    if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+        return f"metadata '{field}' is {type(value).__name__} {str(value)[:60]!r}, expected {what}"
+    return None
+
+
+def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
+    """``family`` (a ``families.Family``, or None when the file's family is unknown): supplies its int8 exclude
+    tokens and its excluded bases."""
+    family_exclude_extra = family.int8_exclude_extra if family is not None else ()
+    m = ckpt.metadata
+    reasons: list[str] = []
+    notes: list[str] = []
+    tag = ckpt.format_tag
+    if tag is None and ckpt.container in ("pt", "safetensors"):
+        where = "'format' entry" if ckpt.container == "pt" else "'unsloth_format' header entry"
+        reasons.append(f"the .{ckpt.container} container has no format tag ({where}, expected '{FORMAT_V1}'): an "
+                       "untagged or foreign artifact is not trusted")
+    if tag is not None and tag not in KNOWN_FORMATS and ckpt.container in ("pt", "safetensors"):
+        reasons.append(f"unknown format tag '{str(tag)[:80]}' (expected '{FORMAT_V1}', or its v2 / v3)")
+
+    for field, types, what in (("scheme", (str,), "a string"), ("base_model_id", (str,), "a string"),
+                               ("family", (str,), "a string"), ("component", (str,), "a string"),
+                               ("min_features", (int, str), "an integer"), ("require_bf16", (bool,), "true/false"),
+                               ("require_divisible", (int,), "an integer"), ("fast_accum", (bool,), "true/false/null"),
+                               ("fp8_granularity", (str,), "a string"), ("exclude_name_tokens", (list, tuple), "a list"),
+                               ("fingerprint", (dict,), "an object"), ("quant_backend", (str,), "a string"),
+                               ("torch_dtype", (str,), "a string")):
+        r = _type_reason(field, m.get(field), types, what)
+        if r is None and field == "min_features" and m.get(field) is not None and as_int(m[field]) is None:
+            r = f"metadata 'min_features' is {str(m[field])[:60]!r}, expected an integer"
+        if r:
+            reasons.append(r)
+    if reasons and any("metadata '" in r for r in reasons):
+        return Verdict(False, reasons)
+    reasons += layer_policy.tag_reasons(ckpt)
+
+    file_scheme = m.get("scheme")
+    found_schemes = ckpt.schemes_found()
+    scheme = None
+    if file_scheme is not None:
+        try:
+            scheme = schemes.normalize(file_scheme)
+        except Exception as e:  # noqa: BLE001
+            reasons.append(f"scheme '{file_scheme}' is not loadable: {getattr(e, 'message', e)}")
+    if req.scheme:
+        wanted = schemes.normalize(req.scheme)
+        if scheme is not None and scheme != wanted and not (schemes.same_kind(scheme, wanted)
+                                                            and scheme in found_schemes and wanted in found_schemes):
+            reasons.append(f"scheme is '{file_scheme}', requested '{req.scheme}'")
+        scheme = scheme or wanted
+    if scheme is None and len(found_schemes) == 1:
+        scheme = next(iter(found_schemes))
+    if scheme and found_schemes and not any(schemes.same_kind(f, scheme) for f in found_schemes):
+        reasons.append(f"metadata says scheme '{scheme}' but the weights are {sorted(found_schemes)}")
+    if not found_schemes:
+        reasons.append("the file holds no quantized weights (a dense checkpoint?)")
+    reasons += layer_policy.policy_reasons(ckpt, scheme)
+    notes += layer_policy.policy_notes(ckpt)
+    reasons += layer_policy.rotation_reasons(ckpt)
+    per_tensor = [k for k, v in ckpt.tensors.items() if qtensor.is_quantized(v) and v.scale.numel() == 1
+                  and v.shape[0] > 1 and qtensor.scheme_of(v).startswith("fp8")]
+    native = ckpt.container == "comfyui-native"
+    if per_tensor and not native:
+        reasons.append(f"{len(per_tensor)} fp8 weights use one scale per tensor (e.g. '{per_tensor[0]}'): "
+                       "a stale per-tensor fp8 build (Unsloth's older builder); " + _per_row_replacement(family, m))
+
+    # A family's excluded base (Tongyi-MAI/Z-Image for Z-Image-Turbo files) is another model: only a file recorded as
+    # built from it may serve it, never the hosted file of its namesake.
+    excluded = family.excluded_base(req.base_model_id) if family is not None else None
+    if req.base_model_id and m.get("base_model_id") is None:
+        if native:
+            notes.append("ComfyUI-native file: it records no base model, so the requested base is not checked")
+        else:
+            reasons.append(f"the file records no base_model_id, requested '{req.base_model_id}' (a file without "
+                           "its base cannot be trusted for a named base)")
+    elif req.base_model_id and not base_matches(m["base_model_id"], req.base_model_id):
+        reasons.append(f"built from base '{m['base_model_id']}', requested '{req.base_model_id}'" + (
+            f" ('{excluded}' is listed as excluded for {family.title}: a different model, never served its "
+            "namesake's hosted file)" if excluded else ""))
+    if req.family and m.get("family") is not None and m["family"].lower() != req.family.lower():
+        reasons.append(f"family is '{m['family']}', requested '{req.family}'")
+    if m.get("component") is not None and m["component"] != req.component:
+        reasons.append(f"component is '{escape(m['component'][:60])}', expected '{req.component}' (Unsloth's "
+                       "rule: an expert's file serves only that expert)")
+    if req.min_features is not None and m.get("min_features") is not None and \
+            as_int(m["min_features"]) != as_int(req.min_features):
+        reasons.append(f"min_features is {m['min_features']}, requested {req.min_features}")
+    if m.get("quant_backend") is not None and m["quant_backend"] != "torchao":
+        reasons.append(f"quant_backend is '{m['quant_backend']}', expected 'torchao'")
+
+    if scheme:
+        rule = schemes.rules(scheme)
+        if m.get("require_bf16") is not None and m["require_bf16"] != rule.require_bf16:
+            reasons.append(f"require_bf16 is {m['require_bf16']}, expected {rule.require_bf16} for scheme {scheme} "
+                           f"(Unsloth's rule: {schemes.bf16_rule_text()}, whose torchao paths take bf16 weights)")
+        if m.get("require_divisible") is not None and m["require_divisible"] != rule.require_divisible:
+            reasons.append(f"require_divisible is {m['require_divisible']}, expected {rule.require_divisible} for "
+                           f"scheme {scheme} (Unsloth's rule: {schemes.rules_text()})")
+        if req.fast_accum is not None and m.get("fast_accum") is not None and m["fast_accum"] != req.fast_accum:
+            reasons.append(f"fast_accum is {m['fast_accum']}, requested {req.fast_accum}")
+        gran = m.get(rule.granularity_field) if rule.fp8_granularity else None
+        if gran is not None and gran != rule.fp8_granularity and not native:
+            reasons.append(f"{rule.granularity_field} is '{escape(str(gran)[:40])}', expected "
+                           f"'{rule.fp8_granularity}' (Unsloth's rule: per-tensor {scheme} files are stale; rebuild "
+                           f"{rule.fp8_granularity})")
+        expected_ex = req.exclude_tokens if req.exclude_tokens is not None else \
+            schemes.exclude_tokens(scheme, family_exclude_extra)
+        found_ex = m.get("exclude_name_tokens")
+        # Unsloth's newer loaders accept a recorded list that is a superset of today's (more layers kept dense);
+        # the order does not matter here (older Unsloth loaders compare ordered tuples: the builder writes their order)
+        if found_ex is not None and not set(map(str, found_ex)) >= set(expected_ex):
+            missing = [t for t in expected_ex if t not in set(map(str, found_ex))]
+            reasons.append(f"exclude_name_tokens {escape(str(list(map(str, found_ex)))[:300])} lack {missing} "
+                           f"(expected at least {list(expected_ex)}: Unsloth's rule, the recorded list may only "
+                           "keep more layers dense than its loader's list)")
+    fp8_reasons, fp8_notes = _fp8_activation_reasons(ckpt)
+    reasons += fp8_reasons
+    notes += fp8_notes
+    return Verdict(not reasons, reasons, notes + (_comfy_native_notes(ckpt) if native else []))

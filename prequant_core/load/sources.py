@@ -1,0 +1,409 @@
+"""Where a checkpoint comes from: a pure planner (no I/O) plus a "usable source" filter.
+
+``plan(...)`` turns the loader's inputs into an ordered list of candidates:
+
+1. an explicit local path (typed by the user, or picked from the model folder list);
+2. a named Hub repo (``hub_repo``, or the repo of a chosen preset);
+3. the family's hosted repo for the scheme (``families.FAMILIES[...].hosted_repos``; where a family hosts several
+   repos, e.g. FLUX.1 schnell / dev / Krea-dev, the one whose model name matches ``variant`` or the tail of
+   ``base_model_id``);
+4. nothing (an empty plan).
+
+Each Hub candidate carries the filename chain of docs/FORMAT.md section 5, tried in order:
+``<Model>-<SCHEME>.safetensors``, ``<Model>-<SCHEME>.pt``, legacy ``transformer_<scheme>.pt``, where ``<Model>`` is
+the repo name minus a ``-FP8`` / ``-INT8`` / ``-NVFP4`` / ``-MXFP8`` / ``-quantized`` suffix and SCHEME is upper case.
+
+Weight-only schemes (``int8-weight-only``, ``fp8-weight-only``): Unsloth hosts int8 and fp8 files only and no legacy
+name predates them, so (a) a family's hosted repo is never planned for them, and (b) a repo named explicitly is
+searched for ``<Model>-INT8-WEIGHT-ONLY.safetensors`` then ``.pt`` (the normalized scheme name upper-cased, no
+legacy name). Self-hosted weight-only files therefore follow the same pattern as everything else.
+
+``usable(...)`` keeps the candidates that can be used right now: a local path only if the allowlist admits it and the
+file exists; a Hub candidate if one of its names is in the local Hugging Face cache, or if we are not offline. The
+cache check is passed in (``hub.is_cached``) so this module never imports the Hub client.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Callable, Iterable, Mapping
+
+from . import allowlist
+from .. import families, schemes
+from ..errors import HubError
+
+OTHER_SUFFIXES = ("-quantized",)  # a repo-name suffix that names no scheme
+
+
+def model_suffixes() -> tuple[str, ...]:
+    """The repo-name suffixes ``<Model>`` is found by: every scheme's (longest first: ``-MXFP8`` is not ``-FP8``)."""
+    return (*sorted((s.suffix for s in schemes.registry.all_schemes()), key=len, reverse=True), *OTHER_SUFFIXES)
+
+
+def repo_schemes(repo: str) -> tuple[str, ...]:
+    """The schemes a hosted repo holds, in the order tried (the family table: a repo's suffix does not say)."""
+    return families.hosted_schemes(repo)
+
+
+def family_schemes(fam) -> tuple[str, ...]:
+    """Every scheme some hosted repo of ``fam`` holds, in a stable order."""
+    return tuple(dict.fromkeys(s for sch in fam.hosted.values() for s in sch))
+
+
+PRESET_NONE = "none"
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf://", "hf.co/",
+                 "https://hf.co/")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    kind: str  # "local" | "hub"
+    origin: str  # "path" | "hub_repo" | "preset" | "family"
+    scheme: str | None = None
+    path: str | None = None  # local
+    repo: str | None = None  # hub
+    filenames: tuple[str, ...] = ()  # hub, in the order they are tried
+    revision: str | None = None  # hub; None means the default branch
+
+    def describe(self) -> str:
+        if self.kind == "local":
+            return f"local file {self.path}"
+        rev = f"@{self.revision}" if self.revision else ""
+        return f"Hub repo {self.repo}{rev} ({', '.join(self.filenames)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """Where a checkpoint may come from, in the order tried (``plan``): no I/O was done to make it."""
+    candidates: tuple[Candidate, ...]
+    notes: tuple[str, ...] = ()  # steps that were skipped and why
+    family: str | None = None  # the family asked for (input or preset), for validation
+    scheme: str | None = None  # the scheme asked for (input or preset); None: not chosen
+
+    def __bool__(self) -> bool:
+        return bool(self.candidates)
+
+    def __iter__(self):
+        return iter(self.candidates)
+
+    def __len__(self):
+        return len(self.candidates)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    label: str
+    repo: str
+    scheme: str
+    family: str
+
+
+def normalize_repo(repo: str) -> str:
+    """``owner/name`` from what a user may paste (also a huggingface.co URL); raises ``HubError`` if not a repo id."""
+    r = str(repo).strip()
+    for p in _URL_PREFIXES:
+        if r.lower().startswith(p):
+            r = r[len(p):]
+            break
+    r = r.strip("/")
+    if not _REPO_RE.match(r) or ".." in r:
+        raise HubError(f"'{repo}' is not a Hugging Face repo id.", expected="owner/name, e.g. unsloth/Z-Image-Turbo-FP8",
+                       found=str(repo), fix="Type the repo id as shown on its Hugging Face page.")
+    return r
+
+
+_REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}$")
+
+
+def normalize_revision(revision: str | None) -> str | None:
+    """A branch, tag or 40-hex commit as the Hub accepts it (``refs/pr/N`` included), else ``HubError``; None or empty
+    means the default branch. No ``..``, no empty path part, no absolute path, no backslash: the client joins the
+    revision into cache paths, so anything else could write outside its cache."""
+    r = str(revision or "").strip()
+    if not r:
+        return None
+    parts = r.split("/")
+    if not _REV_RE.match(r) or ".." in r or any(p in ("", ".") for p in parts) or r.endswith((".lock", ".")) \
+            or "@{" in r:
+        raise HubError(f"'{r[:80]}' is not a revision the Hub accepts.",
+                       expected="a branch or tag name (letters, digits, . _ - /, no '..'), or a 40-hex commit hash",
+                       found=repr(r[:80]), fix="Leave revision empty for the default branch, or copy the branch, tag "
+                                                "or commit from the repo's page.")
+    return r
+
+
+def model_name(repo: str) -> str:
+    """``<Model>``: the repo name minus one quantization suffix (``unsloth/Z-Image-Turbo-FP8`` -> ``Z-Image-Turbo``)."""
+    name = repo.rstrip("/").rsplit("/", 1)[-1]
+    low = name.lower()
+    for suf in model_suffixes():
+        if low.endswith(suf.lower()) and len(name) > len(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def filenames(repo: str, scheme: str, component: str = "transformer", base_model_id: str | None = None) -> tuple[str, ...]:
+    """The names to try in ``repo`` for ``scheme``, in Unsloth's current order (docs/FORMAT.md section 5): for int8
+    the ConvRot build where the repo hosts one (``<Model>-INT8-ConvRot.safetensors``; Unsloth's resolver puts it
+    ahead of everything), the names the hosting family declares (per base where it hosts one file per base), then ``<Model>-<SCHEME>.safetensors`` (the converted,
+    pickle-free container first), ``.pt``, legacy ``transformer_<scheme>.pt``. Another component than
+    ``transformer`` (an expert of a two-expert model) has its own names: ``<Model>-<component>-<SCHEME>``
+    ``.safetensors`` / ``.pt``, then the early-release name ``<component>_<scheme>.pt``."""
+    s = schemes.normalize(scheme)
+    model = model_name(repo)
+    declared = families.declared_filenames(repo, s, component, base_model_id)
+    if component != "transformer":
+        return tuple(dict.fromkeys([*declared, f"{model}-{component}-{s.upper()}.safetensors",
+                                    f"{model}-{component}-{s.upper()}.pt", f"{component}_{s}.pt"]))
+    convrot = [f"{model}-INT8-ConvRot.safetensors"] if s == "int8" and families.convrot_hosted(repo) else []
+    names = [*convrot, *declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
+    rec, weight_only = schemes.get(s)
+    if rec.legacy_pt and not weight_only:  # old releases: transformer_<scheme>.pt
+        names.append(f"transformer_{s}.pt")
+    return tuple(dict.fromkeys(names))
+
+
+def schemes_for_repo(repo: str) -> tuple[str, ...]:
+    """What scheme ``auto`` tries in a repo, in order: the scheme its name's suffix says first where the repo holds
+    it, then the rest of what the family table says it holds (e.g. unsloth/Qwen-Image-FP8: fp8, then int8)."""
+    held = repo_schemes(repo)
+    named = families.schemes_from_suffix(repo)[:1]
+    return tuple(dict.fromkeys([*[s for s in named if s in held], *held]))
+
+
+def _tail(s: str) -> str:
+    return families.base_tail(s)  # backslashes count as slashes (a Windows folder as base_model_id)
+
+
+def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str | None = None,
+                scheme: str | None = None) -> str | None:
+    """The family's hosted repo (among those holding ``scheme``, when given). With several: the one whose
+    ``<Model>`` equals ``variant`` (or ends with ``-<variant>``), else equals the tail of ``base_model_id``, else the
+    one matching the family's first base repo, else the first listed. None if the family hosts nothing."""
+    fam = families.get(family)
+    repos = [r for r, sch in fam.hosted.items() if scheme is None or scheme in sch]
+    if not repos:
+        return None
+    by_model: dict = {}
+    for r in repos:  # the first listed wins (an -FP8 repo before its -NVFP4 twin when no scheme is given)
+        by_model.setdefault(model_name(r).lower(), r)
+    excluded = fam.excluded_base(base_model_id)
+    if excluded and not variant and _tail(base_model_id) not in by_model:
+        # a base listed as excluded (Tongyi-MAI/Z-Image vs Z-Image-Turbo) never gets its namesake's file; a variant
+        # repo built from that very base (Qwen-Image-2.1-Turbo) is picked below
+        raise HubError(f"Family '{fam.name}' hosts no file for base '{base_model_id}'.",
+                       expected=f"a base the hosted repos were built from: {', '.join(fam.base_repos)}",
+                       found=f"'{base_model_id}', listed as excluded ('{excluded}'): a different model",
+                       fix="Build a pre-quantized file from that base with Build Prequant Checkpoint, or use the "
+                           "dense fallback.")
+    if len(repos) == 1 and not variant:
+        return repos[0]
+    if variant and variant.strip():
+        v = _tail(variant)
+        if v in by_model:
+            return by_model[v]
+        hits = [r for m, r in by_model.items() if m.endswith("-" + v)]
+        if len(hits) == 1:
+            return hits[0]
+        raise HubError(f"Family '{fam.name}' has no hosted repo for variant '{variant}'.",
+                       expected=", ".join(repos), found=str(variant),
+                       fix="Pick one of the listed repos in hub_repo, or leave the variant empty.")
+    if base_model_id and base_model_id.strip() and _tail(base_model_id) in by_model:
+        return by_model[_tail(base_model_id)]
+    for base in fam.base_repos:
+        if _tail(base) in by_model:
+            return by_model[_tail(base)]
+    return repos[0]
+
+
+def presets() -> list[Preset]:
+    """One preset per hosted repo and hosted scheme, e.g. ``Z-Image-Turbo / fp8``."""
+    out = []
+    for fam in families.FAMILIES.values():
+        for repo, sch in fam.hosted.items():
+            for s in sch:
+                out.append(Preset(f"{model_name(repo)} / {s}", repo, s, fam.name))
+    return out
+
+
+def preset_labels() -> list[str]:
+    return [PRESET_NONE] + [p.label for p in presets()]
+
+
+def get_preset(label: str | None) -> Preset | None:
+    if not label or label.strip().lower() == PRESET_NONE:
+        return None
+    for p in presets():
+        if p.label == label:
+            return p
+    raise HubError(f"Unknown preset '{label}'.", expected=", ".join(preset_labels()), found=str(label),
+                   fix="Pick a preset from the list (the list follows the families this pack supports).")
+
+
+def _clean(s: str | None) -> str | None:
+    s = (s or "").strip()
+    return s or None
+
+
+def plan(path: str | None = None, hub_repo: str | None = None, family: str | None = None, scheme: str | None = None,
+         *, variant: str | None = None, base_model_id: str | None = None, revision: str | None = None,
+         preset: str | None = None, component: str = "transformer") -> Candidates:
+    """Ordered candidates for the loader's inputs. Pure: reads no file and no network.
+
+    ``scheme`` None (or "auto") means "not chosen": a named repo then takes the scheme its suffix names
+    (``-FP8`` / ``-INT8``); the family step is skipped. ``preset`` supplies repo, scheme and family where those are
+    not given, and only when neither a local file nor a hub_repo is given; a scheme that contradicts the preset is an error rather
+    than a silent choice. ``component`` (``transformer``, or an expert such as ``transformer_2``) picks that
+    component's file names in Hub repos.
+    """
+    component = _clean(component) or "transformer"
+    path, hub_repo, revision = _clean(path), _clean(hub_repo), normalize_revision(revision)
+    family = None if _clean(family) in (None, "auto") else family.strip().lower()
+    scheme = None if _clean(scheme) in (None, "auto") else schemes.normalize(scheme)
+    notes: list[str] = []
+    out: list[Candidate] = []
+    chosen = get_preset(preset)
+    origin = "hub_repo"
+    if chosen and (path or hub_repo):
+        # What the user named explicitly wins; the preset (a default source) must not re-interpret it.
+        notes.append(f"preset '{chosen.label}' not used: a {'local file' if path else 'hub_repo'} is given")
+        chosen = None
+    if chosen:
+        if scheme and scheme != chosen.scheme:
+            raise HubError(f"The preset '{chosen.label}' is a {chosen.scheme} checkpoint but scheme is '{scheme}'.",
+                           expected=chosen.scheme, found=scheme,
+                           fix="Set scheme to auto (or to the preset's scheme), or pick the other preset.")
+        if hub_repo is None:
+            hub_repo, origin = chosen.repo, "preset"
+        scheme = scheme or chosen.scheme
+        family = family or chosen.family
+
+    if path:
+        out.append(Candidate("local", "path", scheme=scheme, path=path))
+
+    if hub_repo:
+        repo = normalize_repo(hub_repo)
+        tried = (scheme,) if scheme else schemes_for_repo(repo)
+        if not tried:
+            ends = ", ".join(s.suffix for s in schemes.registry.all_schemes())
+            raise HubError(f"Which scheme should be downloaded from {repo}?", expected=" / ".join(schemes.SCHEMES),
+                           found="auto", fix="Set the node's scheme input (the repo is not one this pack knows and "
+                                             f"its name does not end in {ends}).")
+        # auto on a repo holding several schemes: every scheme's names, the file's own metadata says which it was
+        names = tuple(dict.fromkeys(n for s in tried for n in filenames(repo, s, component, base_model_id)))
+        out.append(Candidate("hub", origin, scheme=tried[0] if len(tried) == 1 else None, repo=repo,
+                             revision=revision, filenames=names))
+
+    if family:
+        fam = families.get(family)
+        if not scheme:
+            notes.append(f"family '{fam.name}': no scheme chosen, so its hosted repo is not planned")
+        elif scheme not in family_schemes(fam):
+            notes.append(f"family '{fam.name}': hosted repos carry {' and '.join(family_schemes(fam))} only, "
+                         f"not {scheme}")
+        elif fam.excluded_base(base_model_id) and not variant and \
+                _tail(base_model_id) not in {model_name(r).lower() for r in fam.hosted}:
+            notes.append(f"family '{fam.name}': base '{base_model_id}' is listed as excluded "
+                         f"('{fam.excluded_base(base_model_id)}', a different model), so no hosted repo is planned")
+        else:
+            repo = hosted_repo(fam.name, variant=variant, base_model_id=base_model_id, scheme=scheme)
+            if repo is None:
+                notes.append(f"family '{fam.name}' has no hosted repo")
+            elif not any(c.kind == "hub" and c.repo == repo and c.scheme == scheme for c in out):
+                out.append(Candidate("hub", "family", scheme=scheme, repo=repo, revision=revision,
+                                     filenames=filenames(repo, scheme, component, base_model_id)))
+    return Candidates(tuple(out), tuple(notes), family, scheme)
+
+
+@dataclasses.dataclass(frozen=True)
+class Usable:
+    usable: tuple[Candidate, ...]
+    rejected: tuple[tuple[Candidate, str], ...]  # (candidate, why it cannot be used now)
+
+
+def usable(candidates: Iterable[Candidate], *, model_dirs: Iterable[str] = (), offline: bool = False,
+           is_cached: Callable[[Candidate], bool] | None = None, exists: Callable[[str], bool] = os.path.isfile,
+           env: Mapping[str, str] | None = None) -> Usable:
+    """Split candidates into usable now / rejected (with the reason), keeping the plan's order."""
+    model_dirs = list(model_dirs)
+    ok, bad = [], []
+    for c in candidates:
+        if c.kind == "local":
+            if not allowlist.is_allowed(c.path, model_dirs, env):
+                bad.append((c, "outside the model folders and the allowlist"))
+            elif not exists(os.path.realpath(os.path.expanduser(c.path))):
+                bad.append((c, "no such file"))
+            else:
+                ok.append(c)
+        else:
+            cached = bool(is_cached and is_cached(c))
+            if cached or not offline:
+                ok.append(c)
+            else:
+                bad.append((c, "offline (HF_HUB_OFFLINE) and none of its files is in the local cache"))
+    return Usable(tuple(ok), tuple(bad))
+
+
+# --- downloads into a model folder, and workflows that name a file the user does not have yet ------------------------
+
+def local_name(repo: str, filename: str) -> str:
+    """The name a Hub file gets in a model folder: its own name, except the legacy ``transformer_<scheme>.pt`` that
+    every repo shares, which gets the repo's ``<Model>-`` prefix so two repos' files never collide."""
+    filename = filename.rsplit("/", 1)[-1]
+    if filename.startswith("transformer_"):
+        return f"{model_name(repo)}-{filename}"
+    return filename
+
+
+def local_names(candidate: Candidate) -> tuple[str, ...]:
+    return tuple(local_name(candidate.repo, fn) for fn in candidate.filenames) if candidate.kind == "hub" else ()
+
+
+def provider(p: Candidates, name: str) -> Candidate | None:
+    """The Hub candidate of ``p`` whose download would be the file ``name`` (a workflow's checkpoint the user does not
+    have yet), else None. Only an exact file name counts: another file is never fetched in place of the one named."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    for c in p:
+        if c.kind == "hub" and base in local_names(c):
+            return c
+    return None
+
+
+def hosted_source(name: str) -> Preset | None:
+    """The preset whose hosted repo serves a file of this name (for telling a user where to get it)."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    for pr in presets():
+        for comp in families.get(pr.family).components:
+            c = Candidate("hub", "preset", scheme=pr.scheme, repo=pr.repo,
+                          filenames=filenames(pr.repo, pr.scheme, comp))
+            if base in local_names(c):
+                return pr
+    return None
+
+
+def for_missing_file(name: str, p: Candidates, folders: Iterable[str], *,
+                     hub_url: str = "https://huggingface.co") -> Candidates:
+    """A plan for a listed checkpoint ``name`` that is in none of ``folders``: the one Hub candidate that provides
+    exactly that file. Raises ``CheckpointNotFoundError`` naming the file, the folders searched and where to get it."""
+    from ..errors import CheckpointNotFoundError
+    c = provider(p, name)
+    if c is not None:
+        return Candidates((c,), p.notes + (f"'{name}' is not in {', '.join(folders) or 'the model folders'}: "
+                                           f"downloading it from {c.repo}",), p.family, p.scheme)
+    folders = list(folders)
+    first = folders[0] if folders else "ComfyUI/models/prequant"
+    hosted = hosted_source(name)
+    if hosted:
+        where = (f"It is hosted at {hub_url}/{hosted.repo}: pick the preset '{hosted.label}' (or type {hosted.repo} "
+                 f"in hub_repo) and it is downloaded into {first}, or download it by hand into {first}.")
+    else:
+        where = (f"Put the file into {first}, or choose a preset / hub_repo / family + scheme whose hosted file has "
+                 "this name, or pick another file in the list.")
+    offered = [f"{c.repo} ({', '.join(local_names(c))})" for c in p if c.kind == "hub"]
+    raise CheckpointNotFoundError(
+        f"The workflow names the checkpoint '{name}', which is not in {', '.join(folders) or 'the model folders'}.",
+        expected=f"{name} in one of those folders", found="no such file" + (
+            f"; the Hub sources this node names provide other files: {'; '.join(offered)}" if offered else ""),
+        fix=where)
