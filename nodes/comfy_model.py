@@ -137,8 +137,11 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     model_config.custom_operations = make_ops(base_ops)
     # Only the diffusion model's layers take device=meta; model_sampling and buffers stay real.
     model = model_config.get_model({}, "", device=torch.device("meta"))
-    placement.assign(model.diffusion_model, tensors, path=path, fill_missing=family.fill_missing,
-                     set_quantized=set_quantized, cast_plain=dtype)
+    held = placement.assign(model.diffusion_model, tensors, path=path, fill_missing=family.fill_missing,
+                            hold_quantized=True, cast_plain=dtype)
+    for sub, attr, t in held:
+        set_quantized(sub, attr, t)
+    placement.check_complete(model.diffusion_model, path)
     # The matmul each quantized Linear runs is fixed now, for the device it will compute on (never mid-sampling).
     matmul = choose_matmul(model.diffusion_model, load_device)
     model.diffusion_model.to(offload_device)

@@ -4,10 +4,8 @@ from __future__ import annotations
 import logging
 import os
 
-from prequant_core.load import allowlist
 from prequant_core import schemes
 from prequant_core.errors import PrequantError
-from prequant_core.formats import open_file
 from prequant_core.report import info
 from prequant_core.load.metadata import Request
 
@@ -76,16 +74,14 @@ class PrequantInfo:
         target = (path or "").strip() or paths.resolve(checkpoint)
         if not target:
             raise PrequantError("No checkpoint chosen.", fix="Pick a file in 'checkpoint', or fill 'path'.")
-        real = allowlist.check(target, paths.model_dirs())
         req = Request(scheme=None if scheme in (ANY, "", None) else scheme,
                       base_model_id=(base_model_id or "").strip() or None)
         NodeStatus(unique_id).say(
-            f"verifying the fingerprint of {os.path.basename(real)} (reads every quantized weight)"
-            if verify_fingerprint else f"reading the header of {os.path.basename(real)}")
-        with open_file(target) as f:  # the allowlist judges the file that is then read, not a name
-            allowlist.check_opened(f, paths.model_dirs())
-            report = info(f, None if req.scheme is None and req.base_model_id is None else req,
-                          verify_fingerprint=bool(verify_fingerprint))
+            f"verifying the fingerprint of {os.path.basename(target)} (reads every quantized weight)"
+            if verify_fingerprint else f"reading the header of {os.path.basename(target)}")
+        # the loader's own open and judge steps: allowlist, one handle, the memory guard, the same verdict
+        report = info(target, None if req.scheme is None and req.base_model_id is None else req,
+                      verify_fingerprint=bool(verify_fingerprint), model_dirs=paths.model_dirs())
         text = report.to_text()
         log.info("[prequant] %s", text)
         return {"ui": {"prequant_info": [report.to_dict()], "text": [text]}, "result": (text,)}

@@ -7,7 +7,7 @@ import os
 import torch
 
 from prequant_core import families, schemes
-from prequant_core.load import pipeline, route as planning, sources
+from prequant_core.load import pipeline, route, sources
 from prequant_core.errors import PrequantError, reading
 from prequant_core.load.metadata import Request
 from prequant_core.safe_text import escape
@@ -32,7 +32,7 @@ def _summary(opened, model_bytes: int) -> dict:
             "location": ck.path}
 
 
-def _dense_summary(p: planning.LoadRoute, patcher) -> dict:
+def _dense_summary(p: route.LoadRoute, patcher) -> dict:
     from prequant_core.load.dense_sources import dense_nbytes, open_dense
     quantized = sum(1 for m in patcher.model.diffusion_model.modules() if getattr(m, "prequant_spec", None))
     return {"file": os.path.basename(p.dense_path), "family": p.family.name, "layout": "dense",
@@ -140,7 +140,7 @@ class PrequantLoadTransformer:
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Refuse the file unless it was built from this "
                                   "base (e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough). For a family "
                                   "with several hosted repos it also picks the variant to download."}),
-                "policy": (list(planning.POLICIES), {"default": planning.PREQUANT_ONLY, "tooltip": "What to do "
+                "policy": (list(route.POLICIES), {"default": route.PREQUANT_ONLY, "tooltip": "What to do "
                            "when the pre-quantized file is missing or refused: fail with the reasons, or quantize "
                            "the dense fallback at load time (same scheme and rules, same output), or always do that."}),
                 "dense_fallback": (paths.dense_choices(), {"default": paths.NO_DENSE, "tooltip": "A dense (bf16) "
@@ -198,7 +198,7 @@ class PrequantLoadTransformer:
             return f"{target}"
 
     def load(self, checkpoint, preset=sources.PRESET_NONE, hub_repo="", scheme=AUTO, family=AUTO, base_model_id="",
-             policy=planning.PREQUANT_ONLY, dense_fallback=paths.NO_DENSE, download_to=DOWNLOAD_TO_MODELS,
+             policy=route.PREQUANT_ONLY, dense_fallback=paths.NO_DENSE, download_to=DOWNLOAD_TO_MODELS,
              revision="", min_features=schemes.DEFAULT_MIN_FEATURES, path="", component="transformer", unique_id=None,
              **removed):
         if removed:  # e.g. hf_token from an API-format prompt made before it was removed: never read, never logged
@@ -211,10 +211,10 @@ class PrequantLoadTransformer:
         component = (component or "").strip() or "transformer"
         src = sources.plan(local, hub_repo, family, scheme, base_model_id=base_model_id, revision=revision,
                            preset=preset, component=component)
-        if src.family and policy != planning.DENSE_ONLY:  # a family this ComfyUI cannot build: say so before a download
+        if src.family and policy != route.DENSE_ONLY:  # a family this ComfyUI cannot build: say so before a download
             check_loadable(families.get(src.family))
         unavailable = None
-        if missing and policy != planning.DENSE_ONLY:  # a listed name this user does not have: only its Hub source
+        if missing and policy != route.DENSE_ONLY:  # a listed name this user does not have: only its Hub source
             try:
                 src = sources.for_missing_file(missing, src, paths.searched_folders(missing))
             except PrequantError as e:
@@ -224,11 +224,11 @@ class PrequantLoadTransformer:
         # Tensors made under ComfyUI's inference mode could not later be moved or swapped outside it.
         with torch.inference_mode(False), torch.no_grad():
             # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
-            routed = pipeline.route(src, req, policy=policy, model_dirs=paths.model_dirs(),
-                                    dense_path=paths.resolve_dense(dense_fallback), progress=status.bytes,
-                                    download_dir=paths.download_dir() if download_to != DOWNLOAD_TO_HF_CACHE else None,
-                                    search_dirs=paths.prequant_dirs(), status=status.say, check=_interrupted,
-                                    memory_guard=_memory_guard(), unavailable=unavailable)
+            routed = pipeline.run(src, req, policy=policy, model_dirs=paths.model_dirs(),
+                                  dense_path=paths.resolve_dense(dense_fallback), progress=status.bytes,
+                                  download_dir=paths.download_dir() if download_to != DOWNLOAD_TO_HF_CACHE else None,
+                                  search_dirs=paths.prequant_dirs(), status=status.say, check=_interrupted,
+                                  memory_guard=_memory_guard(), unavailable=unavailable)
             p, located = routed.route, routed.located
             if p.path == "pre-quantized":
                 status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "

@@ -169,8 +169,8 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
     cands = _candidates(source, fam, scheme=scheme, base_id=base_id, variant=variant, revision=revision)
     request = metadata.Request(scheme=scheme, base_model_id=base_id, min_features=min_features,
                                family=fam.name if family else None, component=component, fast_accum=fast_accum)
-    routed = pipeline.route(cands, request, model_dirs=allow_dirs, token=token, progress=progress,
-                            memory_guard=memory_guard)
+    routed = pipeline.run(cands, request, model_dirs=allow_dirs, token=token, progress=progress,
+                          memory_guard=memory_guard)
     located, opened, notes = routed.located, routed.route.opened, list(cands.notes)
     ck = opened.checkpoint
     fam = opened.family

@@ -20,15 +20,14 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 
-from . import families, formats, schemes
+from . import families, schemes
 from .formats import fingerprint, layer_policy
-from .load import metadata
+from .load import metadata, opening
 from .schemes import qtensor
-from .errors import CorruptCheckpointError, UnknownFamilyError, reading
-from .formats import containers
+from .errors import CorruptCheckpointError
 from .formats.containers import READ_FULL, READ_HEADER, READ_MMAP, Light
 from .safe_text import escape
 from .units import human_bytes
@@ -188,12 +187,6 @@ def _jsonable(v):
     return str(v)
 
 
-def _open(fh) -> Light:
-    """The container's light read (header / index only), else the full read."""
-    light = containers.recognise(fh).read_light(fh)
-    return light if light is not None else Light(formats.read(fh), READ_FULL)
-
-
 class _StreamedWeights(Mapping):
     """Quantized weights of a safetensors file, read and decoded one at a time (for fingerprint verification)."""
 
@@ -299,48 +292,30 @@ def _request_dict(req: metadata.Request | None) -> dict | None:
     return d or None
 
 
-def info(path, request: metadata.Request | Mapping | None = None, verify_fingerprint: bool = False) -> Report:
-    """Describe a checkpoint (and judge it against ``request``) without loading its weights.
+def info(path, request: metadata.Request | Mapping | None = None, verify_fingerprint: bool = False, *,
+         model_dirs: Iterable[str] | None = None, memory_guard: bool = True) -> Report:
+    """Describe a checkpoint (and judge it against ``request``) without loading its weights: the load pipeline's
+    open and judge steps (``load.opening.inspect``: allowlist, one handle, memory guard where a full read happens,
+    the same verdict as the loader), then this report.
 
-    Raises the ``PrequantError`` family (not found, corrupt, unsafe, unsupported, unknown family/scheme in the
-    request). A file that reads but does not fit (wrong base, v2 tag, dense) is a report with ``valid=False``.
+    ``model_dirs``: the folders the file must lie in (Prequant Info: ComfyUI's model folders); None: the command
+    line, where the file is named by hand. Raises the ``PrequantError`` family (not found, corrupt, unsafe,
+    unsupported, unknown family/scheme in the request). A file that reads but does not fit (wrong base, v2 tag,
+    dense) is a report with ``valid=False``.
     """
     if isinstance(request, Mapping):
         request = metadata.Request(**request)
-    with formats.opened(path) as fh, reading(fh.path, "described"):
-        return _info(fh, request, verify_fingerprint)
+    return opening.inspect(path, request, lambda o, light, fh: _report(o, light, fh, verify_fingerprint),
+                           model_dirs=model_dirs, memory_guard=memory_guard)
 
 
-def _info(fh, request: metadata.Request | None, verify_fingerprint: bool) -> Report:
+def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) -> Report:
     path = fh.path
-    light = _open(fh)
     ck = light.checkpoint
-    from .formats.validate_tensors import check_plain_tensors
-    check_plain_tensors(ck.tensors, path, read_data=False)  # dtypes from the header: no weight byte read
     md = ck.metadata
-    notes: list[str] = []
-
-    keys = list(ck.tensors)
-    fam = layout = None
-    try:
-        fam, layout = families.detect(keys, md, path)
-    except UnknownFamilyError:
-        notes.append("model family not recognised from the metadata or the tensor names")
-    req_fam = families.get(request.family) if request is not None and request.family else None
-    if layout is None and req_fam is not None:
-        layout = req_fam.layout_of(keys)
-
-    request = request or metadata.Request()
-    comp = md.get("component")
-    if request.component == "transformer" and isinstance(comp, str) and comp != "transformer" and \
-            comp in ((req_fam or fam).components if (req_fam or fam) else ()):
-        # Info / verify judge base and scheme: an expert of a two-expert model (Wan 2.2 A14B's transformer_2) is
-        # valid as what it records; the loader then asks for that component
-        request = dataclasses.replace(request, component=comp)
-        notes.append(f"component '{comp}': load it with the loader's component set to {comp}")
-    verdict = metadata.validate(ck, request, family=req_fam or fam)
+    fam, layout, verdict, request = opened.family, opened.layout, opened.verdict, opened.request
     reasons = list(verdict.reasons)
-    notes += list(getattr(verdict, "notes", None) or [])  # accepted but worth saying (e.g. per-tensor twins)
+    notes = list(opened.notes)
 
     q_count = q_bytes = d_count = d_bytes = equiv = 0
     for t in ck.tensors.values():

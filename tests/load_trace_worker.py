@@ -57,16 +57,24 @@ import comfy.sample  # noqa: E402
 PACK = os.path.realpath(ROOT) + os.sep
 OWN = (PACK + "prequant_core" + os.sep, PACK + "nodes" + os.sep)
 visits: list[str] = []
+calls: set = set()  # (caller's file, callee's file, callee's function) for calls between two of the pack's files
+
+
+def _own(code) -> str | None:
+    f = os.path.realpath(code.co_filename)
+    return os.path.relpath(f, PACK) if f.startswith(OWN) else None
 
 
 def _profile(frame, event, arg):
     # the pack's modules entered from the node's load() to the MODEL, in call order (consecutive repeats folded)
     if event == "call":
-        f = os.path.realpath(frame.f_code.co_filename)
-        if f.startswith(OWN):
-            mod = os.path.relpath(f, PACK)
+        mod = _own(frame.f_code)
+        if mod:
             if not visits or visits[-1] != mod:
                 visits.append(mod)
+            caller = _own(frame.f_back.f_code) if frame.f_back is not None else None
+            if caller and caller != mod:
+                calls.add((caller, mod, frame.f_code.co_name))
 
 
 loader = pack.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]()
@@ -75,6 +83,7 @@ for i, name in enumerate(names):
         counts[k] = 0
     open(os.path.join(marks, f"TRACE_START_{i}"), "w").close()
     visits.clear()
+    calls.clear()
     sys.setprofile(_profile)
     out = loader.load(checkpoint=name, scheme="int8", base_model_id="Tongyi-MAI/Z-Image-Turbo")
     sys.setprofile(None)
@@ -85,5 +94,5 @@ for i, name in enumerate(names):
         latent = comfy.sample.sample(patcher, torch.randn(1, 16, 32, 32, generator=g), 1, 1.0, "euler", "simple",
                                      cond, cond, torch.zeros(1, 16, 32, 32), seed=0, disable_pbar=True)
     open(os.path.join(marks, f"TRACE_END_{i}"), "w").close()
-    print(json.dumps({"name": name, **counts, "visits": list(visits), "finite": bool(torch.isfinite(latent).all()),
+    print(json.dumps({"name": name, **counts, "visits": list(visits), "calls": sorted(calls), "finite": bool(torch.isfinite(latent).all()),
                       "status": out["ui"]["text"][0]}), flush=True)

@@ -210,3 +210,16 @@ def test_a_weight_of_the_wrong_rank_is_a_typed_error_not_a_raw_one(shape):
     with pytest.raises(errors.CorruptCheckpointError) as e:
         families.get("flux.1").config_from_shapes(shapes, "/m/f.safetensors")
     assert "FLUX.1" in str(e.value) and "f.safetensors" in str(e.value)
+
+
+def test_info_gives_the_verdict_the_loader_gives(prequant_files, folder):
+    """One judge for every client (issue 34): the loader's refusal and Info's / verify's report name the same
+    reasons for the same file and request."""
+    import shutil
+    from prequant_core import report
+    p = shutil.copyfile(prequant_files("int8", "pt"), folder / "m.pt")
+    req = dict(scheme="fp8", base_model_id="black-forest-labs/FLUX.1-dev")
+    with pytest.raises(errors.ValidationError) as e:
+        _open(p, **req)
+    r = report.info(str(p), Request(**req), model_dirs=[str(folder)])
+    assert not r.valid and r.reasons and r.reasons == e.value.reasons, (r.reasons, e.value.reasons)

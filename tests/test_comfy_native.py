@@ -109,3 +109,21 @@ def test_a_bad_convrot_entry_is_refused_typed(tmp_path, bad):
                "l.comfy_quant": cq._json_tensor({"format": "int8_tensorwise", **bad})}, p)
     with pytest.raises(CorruptCheckpointError):
         formats.read(p)
+
+
+def test_info_reads_through_the_loaders_open_step_with_its_memory_guard(tmp_path):
+    """Prequant Info and the command line open a file with the loader's own steps (issue 34): a kind Info must read
+    whole (a ComfyUI-native twin) is judged by the memory guard first; a file outside the folders it is given is
+    refused by the allowlist."""
+    from prequant_core import errors
+    from prequant_core.load import memory_check
+    path = str(tmp_path / "nv.safetensors")
+    cq.write(path, _dense(), {"blocks.0.mlp.0": ("nvfp4", {})})
+    assert report.info(path).read_mode == "full"
+    with pytest.raises(errors.MemoryBudgetError):
+        report.info(path, memory_guard=memory_check.Guard(available=lambda: 1))
+    assert report.info(path, memory_guard=False).read_mode == "full"
+    elsewhere = tmp_path / "models"
+    elsewhere.mkdir()
+    with pytest.raises(errors.PathNotAllowedError):
+        report.info(path, model_dirs=[str(elsewhere)])

@@ -76,11 +76,11 @@ def test_prequant_only_bad_file_lists_reasons_and_evicts_nothing(comfy, prequant
 def test_plan_is_decided_before_loading(comfy, prequant_files, allow_dir, dense_file, models_dir):
     allow_dir(os.path.dirname(prequant_files("int8")))
     dirs = [os.path.join(models_dir, "diffusion_models")]
-    p = route.make_plan(prequant_files("int8"), Request(scheme="int8", base_model_id="nope/other"),
+    p = route.choose(prequant_files("int8"), Request(scheme="int8", base_model_id="nope/other"),
                        policy=route.PREQUANT_ELSE_DENSE, dense_path=dense_file, model_dirs=dirs)
     assert p.path == "quantized at load" and p.skipped_because and p.family.name == "z-image"
     with pytest.raises(errors.PathNotAllowedError):
-        route.make_plan(None, Request(scheme="int8"), policy=route.DENSE_ONLY, dense_path="/etc/hostname",
+        route.choose(None, Request(scheme="int8"), policy=route.DENSE_ONLY, dense_path="/etc/hostname",
                        model_dirs=dirs)
     with pytest.raises(errors.ValidationError):
-        route.make_plan(None, Request(), policy=route.DENSE_ONLY, dense_path=dense_file, model_dirs=dirs)
+        route.choose(None, Request(), policy=route.DENSE_ONLY, dense_path=dense_file, model_dirs=dirs)

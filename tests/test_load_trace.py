@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 
 from conftest import ROOT
 
@@ -36,7 +37,10 @@ def _opens(lines: list[str], i: int, real: str) -> list[str]:
     return hits
 
 
-def test_one_load_opens_the_checkpoint_once(prequant_files, tmp_path):
+@pytest.fixture(scope="module")
+def traced(prequant_files, tmp_path_factory):
+    """One strace'd worker run: (the worker's results, strace's log lines, the models/prequant folder)."""
+    tmp_path = tmp_path_factory.mktemp("trace")
     strace = shutil.which("strace")
     assert strace, "strace is missing: scripts/setup_test_extras.sh installs Debian's strace"
     base = tmp_path / "comfy"
@@ -53,6 +57,12 @@ def test_one_load_opens_the_checkpoint_once(prequant_files, tmp_path):
     results = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert [o["name"] for o in results] == names
     lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    return results, lines, folder
+
+
+def test_one_load_opens_the_checkpoint_once(traced):
+    results, lines, folder = traced
+    names = [o["name"] for o in results]
     for i, (c, name, out) in enumerate(zip(CONTAINERS, names, results)):
         assert out["finite"] and name in out["status"], out
         real = os.path.realpath(folder / name)
@@ -62,3 +72,29 @@ def test_one_load_opens_the_checkpoint_once(prequant_files, tmp_path):
         assert 1 <= len(hits) <= 3, (c, hits)
         if c == "pt":  # the pack parses the zip index once; torch.load's own reader is torch's
             assert out["zipfile"] == 1 and out["torch_reader_outside_load"] == 0, out
+
+
+# Leaf helpers every step may use; they call nothing back (the room count leaves them aside)
+LEAVES = ("prequant_core/errors.py", "prequant_core/units.py", "prequant_core/safe_text.py")
+# The callbacks a caller hands down (status lines, progress, ComfyUI's interrupt): the only calls up the layers
+CALLBACKS = {("nodes/status.py", "say"), ("nodes/status.py", "bytes"), ("nodes/status.py", "tensors"),
+             ("nodes/load_node.py", "_interrupted")}
+
+
+def _room(mod: str) -> str:
+    """A folder under prequant_core/ is one room; any other file is its own."""
+    parts = mod.split(os.sep)
+    return "/".join(parts[:2]) if parts[0] == "prequant_core" and len(parts) > 2 else mod
+
+
+def test_the_load_walk_goes_down_through_few_rooms(traced):
+    """From the node's load() to the MODEL of a local int8 .pt (issue 34): at most 12 rooms, and no call from the
+    core up into nodes/ but the status / progress / interrupt callbacks."""
+    results, _, _ = traced
+    out = next(o for o in results if o["name"].endswith(".pt"))
+    rooms = list(dict.fromkeys(_room(v) for v in out["visits"] if v not in LEAVES))
+    assert out["visits"][0] == "nodes/load_node.py", out["visits"][:3]
+    assert len(rooms) <= 12, rooms
+    up = [(a, b, f) for a, b, f in out["calls"] if a.startswith("prequant_core") and b.startswith("nodes")
+          and (b, f) not in CALLBACKS]
+    assert not up, up

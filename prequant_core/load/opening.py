@@ -1,70 +1,149 @@
-"""Open a local checkpoint the way the loader node does: allowlist -> read -> family -> validation."""
+"""The pipeline's open and judge steps, shared by every client (the loader node, the diffusers loader, Prequant Info,
+``python -m prequant_core info | verify``): the allowlist -> the file opened once (the allowlist judges that handle)
+-> the memory guard where the whole file is read -> the container's read (full, or header / index only) -> family,
+layout and ``metadata.validate``'s verdict -> the fingerprint. What is built from it is the client's step."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Iterable
-
 import os
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from . import allowlist, memory_check, metadata
 from .. import families, formats
 from ..formats import fingerprint, layer_policy
 from ..formats.checkpoint import Checkpoint
-from ..errors import ValidationError, reading
+from ..formats.containers import READ_FULL, Light, recognise
+from ..errors import UnknownFamilyError, ValidationError, reading
 from ..families import Family
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
 class Opened:
     checkpoint: Checkpoint
-    family: Family
-    layout: str
+    family: Family | None  # None only for a lenient judgement (Info) of a file whose family is not recognised
+    layout: str | None
     verdict: metadata.Verdict
+    read_mode: str = READ_FULL
+    request: metadata.Request | None = None  # as judged (Info may take the component the file records)
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def open_checkpoint(path: str, request: metadata.Request | None = None, *, model_dirs: Iterable[str] = (),
-                    strict: bool = True, memory_guard: bool | memory_check.Guard = True,
-                    fingerprint_mode: str | None = None) -> Opened:
-    """``memory_guard``: True checks host memory against the file's declared size before reading it (see
-    ``memory``); a ``memory_check.Guard`` also names the load device etc.; False skips the check.
-    ``fingerprint_mode``: ``full`` / ``sample`` / ``off`` (None: ``fingerprint.mode_from_env``); checked only for a
-    file that passed validation (``strict``)."""
-    request = request or metadata.Request()
-    guard = memory_guard if isinstance(memory_guard, memory_check.Guard) else None
+@contextlib.contextmanager
+def open_allowed(path: str, model_dirs: Iterable[str] = ()) -> Iterator[formats.OpenedFile]:
+    """The file opened once, when the allowlist lets it be read: the rule judges the name first, then the handle
+    (whatever happens to the name now, every later read goes through this handle)."""
+    model_dirs = list(model_dirs)
     allowlist.check(path, model_dirs)
-    # Opened once: the allowlist, the guard and every read judge this handle, whatever happens to the name now.
     with formats.open_file(path) as f:
         allowlist.check_opened(f, model_dirs)
-        if memory_guard is not False:
-            memory_check.check_file(f, guard)
-        ckpt = formats.read(f)
-        st = os.fstat(f.fd)  # the opened file's identity, for a remembered fingerprint pass
-        if memory_guard is not False:
-            # the stored bytes passed; now what the tensors declare, before any of their bytes is touched
-            memory_check.check_declared(ckpt, guard)
-    real = f.real
-    with reading(real, "judged"):
-        return _judge(ckpt, request, real, st, strict, fingerprint_mode)
+        yield f
 
 
-def _judge(ckpt, request, real, st, strict, fingerprint_mode) -> Opened:
-    if request.family:
-        fam = families.get(request.family)
-        layout = fam.layout_of(ckpt.tensors.keys()) or families.detect(ckpt.tensors.keys(), ckpt.metadata, real)[1]
+def _guard(memory_guard) -> memory_check.Guard | None:
+    return memory_guard if isinstance(memory_guard, memory_check.Guard) else None
+
+
+def read_full(f, memory_guard=True) -> Checkpoint:
+    """Every tensor, after the memory guard judged the stored bytes; then what the tensors declare, before any of
+    their bytes is touched."""
+    if memory_guard is not False:
+        memory_check.check_file(f, _guard(memory_guard))
+    ckpt = formats.read(f)
+    if memory_guard is not False:
+        memory_check.check_declared(ckpt, _guard(memory_guard))
+    return ckpt
+
+
+def read_light(f, memory_guard=True) -> Light:
+    """The container's header / index read (no weight byte), else (kinds the light paths do not understand) the
+    full read under the memory guard."""
+    light = recognise(f).read_light(f)
+    if light is not None:
+        from ..formats.validate_tensors import check_plain_tensors
+        check_plain_tensors(light.checkpoint.tensors, f.path, read_data=False)  # dtypes from the header
+        return light
+    return Light(read_full(f, memory_guard), READ_FULL)
+
+
+def judge(ckpt: Checkpoint, request: metadata.Request, real: str, *, strict: bool = True) -> Opened:
+    """Family, layout and the verdict against ``request``. ``strict`` (a load): an unknown family or a failed verdict
+    raises. Lenient (Info / verify): both are reported, and an expert a two-expert family records (Wan 2.2 A14B's
+    transformer_2) is judged as what it records."""
+    notes: list[str] = []
+    keys = ckpt.tensors.keys()
+    req_fam = families.get(request.family) if request.family else None
+    if strict:
+        fam = req_fam
+        layout = fam.layout_of(keys) if fam else None
+        if layout is None:
+            detected, layout = families.detect(keys, ckpt.metadata, real)
+            fam = fam or detected
     else:
-        fam, layout = families.detect(ckpt.tensors.keys(), ckpt.metadata, real)
-    verdict = metadata.validate(ckpt, request, family=fam)
+        fam = layout = None
+        try:
+            fam, layout = families.detect(keys, ckpt.metadata, real)
+        except UnknownFamilyError:
+            notes.append("model family not recognised from the metadata or the tensor names")
+        if layout is None and req_fam is not None:
+            layout = req_fam.layout_of(keys)
+    judged_as = req_fam or fam
+    comp = ckpt.metadata.get("component")
+    if not strict and request.component == "transformer" and isinstance(comp, str) and comp != "transformer" and \
+            judged_as is not None and comp in judged_as.components:
+        request = dataclasses.replace(request, component=comp)
+        notes.append(f"component '{comp}': load it with the loader's component set to {comp}")
+    verdict = metadata.validate(ckpt, request, family=judged_as)
     if strict and not verdict.ok:
         raise ValidationError("The checkpoint does not match what was asked for; it was not loaded.", path=real,
                               reasons=verdict.reasons,
                               fix="Pick the file built for this base model and scheme, or change the node's "
                                   "base_model_id / scheme inputs.")
-    if verdict.ok:
-        check_fingerprint(ckpt, real, st, fingerprint_mode)
-    # Unsloth's rule: every fp8 weight runs torchao's TORCH kernels (the same as load-time quantization)
-    metadata.pin_fp8_kernels(ckpt.tensors)
-    layer_policy.mark_rotations(ckpt)
-    return Opened(ckpt, fam, layout, verdict)
+    notes += list(getattr(verdict, "notes", None) or [])  # accepted but worth saying (e.g. per-tensor twins)
+    return Opened(ckpt, fam, layout, verdict, request=request, notes=notes)
+
+
+def open_checkpoint(path: str, request: metadata.Request | None = None, *, model_dirs: Iterable[str] = (),
+                    strict: bool = True, memory_guard: bool | memory_check.Guard = True,
+                    fingerprint_mode: str | None = None) -> Opened:
+    """A load's open and judge: ``memory_guard`` True checks host memory against the file's declared size before
+    reading it (``memory_check``); a ``memory_check.Guard`` also names the load device etc.; False skips the check.
+    ``fingerprint_mode``: ``full`` / ``sample`` / ``off`` (None: ``fingerprint.mode_from_env``); checked only for a
+    file that passed validation."""
+    request = request or metadata.Request()
+    with open_allowed(path, model_dirs) as f:
+        ckpt = read_full(f, memory_guard)
+        st = os.fstat(f.fd)  # the opened file's identity, for a remembered fingerprint pass
+    real = f.real
+    with reading(real, "judged"):
+        opened = judge(ckpt, request, real, strict=strict)
+        if opened.verdict.ok:
+            check_fingerprint(ckpt, real, st, fingerprint_mode)
+        # Unsloth's rule: every fp8 weight runs torchao's TORCH kernels (the same as load-time quantization)
+        metadata.pin_fp8_kernels(ckpt.tensors)
+        layer_policy.mark_rotations(ckpt)
+        return opened
+
+
+def inspect(path, request: metadata.Request | None, build: Callable[[Opened, Light, formats.OpenedFile], T], *,
+            model_dirs: Iterable[str] | None = None, memory_guard: bool | memory_check.Guard = True) -> T:
+    """Info's open and judge (header / index only where the container can), then ``build(opened, light, handle)``
+    while the file is still open (fingerprint verification reads weights through it). ``path``: a name, or a handle
+    the caller opened (then already judged by the allowlist). ``model_dirs`` None: the command line, where the person
+    names the file themselves (its own folder is allowed)."""
+    request = request or metadata.Request()
+    if isinstance(path, formats.OpenedFile):
+        ctx = contextlib.nullcontext(path)
+    else:
+        dirs = [os.path.dirname(os.path.abspath(str(path)))] if model_dirs is None else list(model_dirs)
+        ctx = open_allowed(str(path), dirs)
+    with ctx as f, reading(f.path, "described"):
+        light = read_light(f, memory_guard)
+        opened = judge(light.checkpoint, request, f.path, strict=False)
+        opened.read_mode = light.read_mode
+        return build(opened, light, f)
 
 
 def check_fingerprint(ckpt: Checkpoint, real: str, st: os.stat_result | None, mode: str | None = None) -> None:

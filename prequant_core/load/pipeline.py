@@ -1,8 +1,9 @@
-"""One load pipeline, top-down: candidates (``sources.plan``, no I/O) -> the located file (``hub.locate``: a local
-path as given, or a Hub file found in the cache or downloaded) -> the route (``plan.make_plan``: the file opened
-once, read and judged against the request, or the dense fallback) -> a model-building step the caller supplies.
-The loader node and the diffusers loader both go through ``route`` and differ only in what they build from it;
-Info judges a file with the same ``loader.open_checkpoint``."""
+"""One load pipeline, top-down, for every client: candidates (``sources.plan``, no I/O) -> the located file
+(``hub.locate``: a local path as given, or a Hub file found in the cache or downloaded) -> the route
+(``route.choose``: the file opened once and judged by ``opening``, or the dense fallback) -> a building step the
+caller supplies. The loader node and the diffusers loader go through ``run`` and differ only in the model they build
+from it; Prequant Info and ``python -m prequant_core info | verify`` go through ``opening.inspect`` (the same open
+and judge steps on a file already named) and build a report (``report.info``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ from typing import Callable, Iterable
 from . import hub, sources
 from ..errors import PrequantError
 from .metadata import Request
-from .route import DENSE_ONLY, PREQUANT_ONLY, LoadRoute, make_plan
+from .route import DENSE_ONLY, PREQUANT_ONLY, LoadRoute, choose
 
 
 @dataclasses.dataclass
@@ -22,14 +23,14 @@ class Routed:
     request: Request  # as judged: the located candidate's scheme filled in
 
 
-def route(candidates: sources.Candidates, request: Request, *, policy: str = PREQUANT_ONLY,
+def run(candidates: sources.Candidates, request: Request, *, policy: str = PREQUANT_ONLY,
           model_dirs: Iterable[str] = (), dense_path: str | None = None, token: str | None = None,
           progress: hub.ProgressFn | None = None, download_dir: str | None = None, search_dirs: Iterable[str] = (),
           status: Callable[[str], None] | None = None, check: Callable[[], None] | None = None,
           memory_guard=True, unavailable: PrequantError | None = None) -> Routed:
     """Locate, open and judge, before anything is loaded or evicted: a refused file never costs the model that is
     resident now. ``model_dirs``: the folders a local path must lie in (a Hub file's cache folder is added for that
-    file only); ``policy``: ``plan.POLICIES``; a file that cannot be located counts as unusable for the fallback, as
+    file only); ``policy``: ``route.POLICIES``; a file that cannot be located counts as unusable for the fallback, as
     does ``unavailable`` (why the caller could not even make candidates, e.g. a listed file that is missing)."""
     model_dirs = list(model_dirs)
     located = None
@@ -42,7 +43,7 @@ def route(candidates: sources.Candidates, request: Request, *, policy: str = PRE
     request = dataclasses.replace(request, scheme=(located.candidate.scheme if located else None) or request.scheme)
     if located and status:
         status(f"checking {os.path.basename(located.path)} (header: scheme, base model, layout)")
-    r = make_plan(located.path if located else None, request, policy=policy, dense_path=dense_path,
+    r = choose(located.path if located else None, request, policy=policy, dense_path=dense_path,
                   model_dirs=located.model_dirs if located else model_dirs, dense_model_dirs=model_dirs,
                   unavailable=unavailable, memory_guard=memory_guard)
     return Routed(r, located, request)

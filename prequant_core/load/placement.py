@@ -2,7 +2,7 @@
 (never copied into a dense allocation), leftovers are checked, and the module is moved and put in eval mode."""
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 
@@ -15,14 +15,15 @@ def expected_entries(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def assign(module: torch.nn.Module, tensors: Mapping, *, path: str | None = None,
-           fill_missing: Mapping[str, str] | None = None,
-           set_quantized: Callable[[torch.nn.Module, str, object], None] | None = None,
-           cast_plain: torch.dtype | None = None) -> None:
+           fill_missing: Mapping[str, str] | None = None, hold_quantized: bool = False,
+           cast_plain: torch.dtype | None = None) -> list[tuple[torch.nn.Module, str, object]]:
     """Strictly assign ``tensors`` into ``module`` (shapes checked), then refuse if anything stays on ``meta``.
 
-    ``set_quantized(submodule, attr, tensor)`` stores a quantized weight the host's way (ComfyUI keeps plain
-    tensors); without it the torchao tensor itself becomes the Parameter, as ``load_state_dict(assign=True)``.
-    ``fill_missing`` names skeleton entries a file may lack, with how to fill them ("ones"/"zeros").
+    Quantized weights become the Parameter themselves, as ``load_state_dict(assign=True)`` does; with
+    ``hold_quantized`` they are returned instead as ``(submodule, attr, tensor)`` for the host to store its own way
+    (ComfyUI keeps plain tensors: nodes/comfy_model), which then calls ``check_complete``. The host is never called
+    from here: the core stays below it. ``fill_missing`` names skeleton entries a file may lack, with how to fill
+    them ("ones"/"zeros").
     """
     from ..schemes import qtensor
     fill_missing = dict(fill_missing or {})
@@ -45,6 +46,7 @@ def assign(module: torch.nn.Module, tensors: Mapping, *, path: str | None = None
             raise CorruptCheckpointError(f"Tensor '{k}' has shape {tuple(v.shape)}, the model expects "
                                          f"{tuple(ref.shape)}.", path=path,
                                          fix="The file is for another model size or family.")
+    held = []
     for k, ref in expected.items():
         mod_name, _, attr = k.rpartition(".")
         sub = module.get_submodule(mod_name) if mod_name else module
@@ -53,8 +55,8 @@ def assign(module: torch.nn.Module, tensors: Mapping, *, path: str | None = None
             how = fill_missing[k]
             v = (torch.ones if how == "ones" else torch.zeros)(ref.shape, dtype=cast_plain or ref.dtype)
         if qtensor.is_quantized(v):
-            if set_quantized is not None:
-                set_quantized(sub, attr, v)
+            if hold_quantized:
+                held.append((sub, attr, v))
             else:
                 sub._parameters[attr] = torch.nn.Parameter(v, requires_grad=False)
             continue
@@ -64,6 +66,13 @@ def assign(module: torch.nn.Module, tensors: Mapping, *, path: str | None = None
             sub._parameters[attr] = torch.nn.Parameter(v, requires_grad=False)
         else:
             sub._buffers[attr] = v
+    if not hold_quantized:
+        check_complete(module, path)
+    return held
+
+
+def check_complete(module: torch.nn.Module, path: str | None = None) -> None:
+    """Refuse a module that still has a tensor on ``meta`` (nothing in the file provided it)."""
     leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
     if leftover:
         raise CorruptCheckpointError(f"{len(leftover)} model tensors were not provided by the file and cannot be "

@@ -42,7 +42,7 @@ class LoadRoute:
         return f"quantized at load from {self.dense_path} (pre-quantized skipped: {why})"
 
 
-def make_plan(prequant_path: str | None, request: Request, *, policy: str = PREQUANT_ONLY,
+def choose(prequant_path: str | None, request: Request, *, policy: str = PREQUANT_ONLY,
               dense_path: str | None = None, model_dirs: Iterable[str] = (),
               dense_model_dirs: Iterable[str] | None = None, unavailable: PrequantError | None = None,
               memory_guard=True) -> LoadRoute:
