@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from prequant_core.schemes import devices, int8_cpu, qtensor, rotation
+from prequant_core.schemes import codec, devices, qtensor, registry, rotation
 
 
 def fp8_table(module) -> str:
@@ -23,44 +23,9 @@ def fp8_table(module) -> str:
     return "e5m2" if getattr(module, "prequant_fp8_e5m2", False) else "e4m3"
 
 
-def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, table: str = "e4m3") -> torch.Tensor:
-    """``codes * scale`` per row in float32, then ``dtype``: the same numbers as ``qtensor.dequantize`` (tested), in
-    fewer passes over the weight (int8 promotes inside the multiply; fp8 widens exactly to fp16 first, as fp8 takes
-    part in no type promotion). ``uint8`` codes are fp8 codes kept as bytes (devices without a float8 dtype)."""
-    s = scale.to(torch.float32)
-    if qdata.dtype == torch.int8:
-        w = qdata * s
-    elif qdata.dtype == torch.uint8:
-        t = qtensor.decode_table(table, qdata.device)
-        w = torch.index_select(t, 0, qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape) * s
-    else:
-        w = qdata.to(torch.float16) * s  # every e4m3 value is exact in fp16; the product is computed in fp32
-    return w if dtype == torch.float32 else w.to(dtype)
-
-
-def weight_only_linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None,
-                       table: str = "e4m3") -> torch.Tensor:
-    """The weight-only path: the rows dequantized to the input's (compute) dtype, then a dense linear.
-
-    float32 compute (ComfyUI on a CPU) scales the output columns instead of the weight rows,
-    ``(x @ codes^T) * scale^T``: the same product, one pass less over the weight (which dominates at small sizes);
-    the rounding differs at float32 level. Half-precision compute dequantizes the rows first (``codes`` times a
-    large activation sum could overflow fp16 before the scale brings it down)."""
-    if input.dtype == torch.float32:
-        if qdata.dtype == torch.uint8:
-            w = torch.index_select(qtensor.decode_table(table, qdata.device), 0,
-                                   qdata.reshape(-1).to(torch.int32)).reshape(qdata.shape)
-        else:
-            w = qdata.to(torch.float32)
-        out = torch.nn.functional.linear(input, w)
-        out.mul_(scale.reshape(-1).to(torch.float32))
-        if bias is not None:
-            out.add_(bias.to(device=input.device, dtype=torch.float32))
-        return out
-    w = dequantize_rows(qdata, scale, input.dtype, table)
-    if bias is not None:
-        bias = bias.to(device=input.device, dtype=input.dtype)
-    return torch.nn.functional.linear(input, w, bias)
+# the per-row weight-only arithmetic is the codec's (prequant_core/schemes/codec.py); named here for the tests
+dequantize_rows = codec.dequantize_rows
+weight_only_linear = codec.weight_only_rows
 
 
 def spec_is_dynamic(spec) -> bool:
@@ -86,9 +51,8 @@ def choose_matmul(module: torch.nn.Module, device) -> list:
         m.prequant_matmul = choices[key].path
         if m.prequant_matmul == devices.QUANTIZED and getattr(m, "prequant_fp8_e5m2", False):
             m.prequant_matmul = devices.WEIGHT_ONLY  # torchao's fp8 matmul takes e4m3 weights
-        if m.prequant_matmul == devices.QUANTIZED and spec.kind == "nvfp4" and \
-                not bool((m.weight_scale_2 == m.weight_scale_2[:1]).all()):
-            m.prequant_matmul = devices.WEIGHT_ONLY  # fused NVFP4 rows with different scales: no torchao form
+        if m.prequant_matmul == devices.QUANTIZED and not registry.codec(spec.kind).torchao_form(m.prequant_parts()):
+            m.prequant_matmul = devices.WEIGHT_ONLY  # e.g. fused NVFP4 rows with different scales
         if choices[key].codes_as_bytes:
             m.prequant_keep_bytes()
     return list(choices.values())
@@ -137,16 +101,14 @@ def make_ops(base):
 
             prequant_fp8_e5m2 = False  # ComfyUI-native float8_e5m2 codes (every other fp8 weight is e4m3)
 
-            def prequant_requantize(self, dense, row_scale=None) -> tuple:
-                """``dense`` quantized like this layer's weight (on the CPU for bytes-kept fp8 codes: torchao's fp8
-                needs a float8 dtype)."""
+            def prequant_requantize(self, dense, like=None, keep=None) -> tuple:
+                """``dense`` quantized like this layer's weight (``qtensor.quantize_parts``; on the CPU for
+                bytes-kept fp8 codes: torchao's fp8 needs a float8 dtype)."""
                 spec = self.prequant_spec
-                if spec.kind in qtensor.BLOCK_KINDS:
-                    return qtensor.quantize_parts(dense, spec, row_scale)
                 if not self.prequant_bytes:
-                    return qtensor.requantize(dense, spec)
-                q, s = qtensor.requantize(dense.cpu(), spec)
-                return q.view(torch.uint8).to(dense.device), s.to(dense.device)
+                    return qtensor.quantize_parts(dense, spec, like, keep)
+                out = qtensor.quantize_parts(dense.cpu(), spec, like, keep)
+                return (out[0].view(torch.uint8).to(dense.device), *(p.to(dense.device) for p in out[1:]))
 
             def prequant_assign(self, tensors, spec):
                 tensors = tuple(tensors)
@@ -176,17 +138,8 @@ def make_ops(base):
                 same = (dense == before).all(dim=1) if before is not None else None
                 if spec.rotation:
                     dense = rotation.rotate(dense.to(torch.float32), spec.rotation)
-                row_scale = None
-                if spec.kind == "nvfp4":
-                    # unchanged rows keep their scale; changed rows get one from their own maximum
-                    from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
-                    changed = dense if same is None else dense[~same.to(dense.device)]
-                    fresh = per_tensor_amax_to_scale(changed.abs().max().to(torch.float32)) if changed.numel() \
-                        else torch.ones(())
-                    row_scale = fresh.reshape(1, 1).expand(dense.shape[0], 1).to(dense.device)
-                    if same is not None:
-                        row_scale = torch.where(same[:, None].to(dense.device), old[2].to(dense.device), row_scale)
-                new = self.prequant_requantize(dense, row_scale)
+                # unchanged rows keep their per-row side values (NVFP4's row scale), changed rows get fresh ones
+                new = self.prequant_requantize(dense, old if same is not None else None, same)
                 if same is not None and bool(same.any()):
                     keep = same[:, None].to(new[0].device)
                     # byte views: where() has no float8 kernels on every device
@@ -208,9 +161,10 @@ def make_ops(base):
                     w = qtensor.dequantize_parts(ts, spec, spec.dtype)
                     for f in self.weight_function:
                         w = f(w)
-                    ts = self.prequant_requantize(w, ts[2] if spec.kind == "nvfp4" else None)
+                    ts = self.prequant_requantize(w, ts)
                 if spec.rotation:
                     input = rotation.rotate(input, spec.rotation)
+                layout = registry.codec(spec.kind)
                 path = self.prequant_matmul
                 if path is None:  # built outside the loader: decide once, for the device it first runs on
                     self.prequant_matmul = path = devices.choose(spec.kind, spec_is_dynamic(spec),
@@ -222,22 +176,14 @@ def make_ops(base):
                         bias = bias.to(device=dev, dtype=input.dtype)
                         for f in self.bias_function:
                             bias = f(bias)
-                    if spec.kind in qtensor.BLOCK_KINDS:
-                        return torch.nn.functional.linear(input, qtensor.dequantize_parts(ts, spec, input.dtype), bias)
-                    return weight_only_linear(input, ts[0], ts[1], bias, fp8_table(self))
+                    return layout.weight_only_linear(input, ts, spec, bias, fp8_table(self))
                 if bias is not None:
                     bias = bias.to(device=dev, dtype=spec.dtype)
                     for f in self.bias_function:
                         bias = f(bias)
-                if spec.kind == "int8" and ts[0].device.type == "cpu":  # torchao's result, without torch._int_mm
-                    out = int8_cpu.linear(input.to(spec.dtype), ts[0], ts[1], spec, bias)
-                    return out.to(input.dtype)
-                if spec.kind in qtensor.BLOCK_KINDS:
-                    weight = qtensor.assemble(ts, spec)
-                else:
-                    weight = qtensor.join(self.prequant_typed(ts[0]), ts[1], spec)
-                out = torch.nn.functional.linear(input.to(spec.dtype), weight, bias)
-                return out.to(input.dtype)
+                if layout.float8_codes:
+                    ts = (self.prequant_typed(ts[0]), *ts[1:])
+                return layout.quantized_linear(input.to(spec.dtype), ts, spec, bias).to(input.dtype)
 
     PrequantOps.__name__ = f"PrequantOps_{base.__name__}"
     return PrequantOps

@@ -1,6 +1,8 @@
 """The scheme registry: everything that depends on a quantization scheme is read from its record, so a scheme added
 as one module (tests/toy/toy_scheme.py) plus one registry line is named from a repo suffix, given its file names,
 built, validated with its own rules, described by Info and given a matmul path; without the line it is unknown.
+A scheme whose weights are a kind of their own (tests/toy/toy_kind.py: its own tensor class and codec) is the same
+one module and one line: listed, written, read, validated, described, fingerprinted and given a matmul path.
 Also pins the drift bugs the registry removed. Runs in the core tier (no ComfyUI)."""
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from prequant_core.load import metadata, sources
 from prequant_core.errors import ValidationError
 from prequant_core.formats import containers
 from prequant_core.schemes import registry
-from toy import toy_scheme
+from prequant_core.errors import CorruptCheckpointError
+from prequant_core.formats import validate_tensors
+from prequant_core.formats.containers import safetensors_container
+from toy import toy_kind, toy_scheme
 
 REPO = "me/Z-Image-Turbo-Q8TOY"
 BASE = "Tongyi-MAI/Z-Image-Turbo"
@@ -94,6 +99,129 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
     kind = qtensor.kind_of(w)
     assert devices.choose(kind, True, devices.Device("cpu")).path == devices.QUANTIZED
     assert devices.choose(kind, True, devices.Device("cuda", (7, 0))).path == devices.WEIGHT_ONLY
+
+
+@pytest.fixture
+def with_toy_kind(monkeypatch):
+    monkeypatch.setattr(registry, "SCHEMES", (*registry.SCHEMES, toy_kind.SCHEME))
+
+
+def _q4toy_file(tmp_path, name="Z-Image-Turbo-Q4TOY.safetensors"):
+    return build.build_from_tensors(str(tmp_path / name), _dense(), family=families.get("z-image"), scheme="q4toy",
+                                    base_model_id=BASE, min_features=32)
+
+
+def test_a_new_weight_kind_is_unknown_without_its_registry_line():
+    t = toy_kind.quantize(_dense()["layers.0.attention.qkv.weight"])
+    assert not qtensor.is_quantized(t) and qtensor.scheme_of(t) is None
+    assert "int4toy" not in registry.kinds() and "int4toy" not in qtensor.ROW_KINDS
+    with pytest.raises(ValueError):
+        devices.choose("int4toy", False, devices.Device("cpu"))
+
+
+def test_a_new_weight_kind_is_one_module_and_one_line(tmp_path, with_toy_kind):
+    # listed: a scheme name, a weight kind (per row: no block size), the safetensors container only
+    assert "q4toy" in schemes.SCHEMES and "int4toy" in registry.kinds() and "int4toy" in qtensor.ROW_KINDS
+    assert "q4toy" in containers.writes_schemes(containers.by_name("safetensors"))
+    assert "q4toy" not in containers.writes_schemes(containers.by_name("pt"))
+
+    # written and read back: its own tensor class, the codes its own quantizer made, through torchao-style JSON
+    dense = _dense()
+    path = _q4toy_file(tmp_path)
+    ck = formats.read(path)
+    w = ck.tensors["layers.0.attention.qkv.weight"]
+    want = toy_kind.quantize(dense["layers.0.attention.qkv.weight"])
+    assert type(w) is toy_kind.ToyInt4Tensor and qtensor.kind_of(w) == "int4toy" and qtensor.scheme_of(w) == "q4toy"
+    assert torch.equal(w.qdata, want.qdata) and torch.equal(w.scale, want.scale)
+    assert int(w.qdata.abs().max()) <= toy_kind.LEVELS and ck.metadata["scheme"] == "q4toy"
+    # its parts are the pack's common currency: dequantize, fuse and slice rows exactly
+    ts, spec = qtensor.parts(w)
+    assert torch.equal(qtensor.dequantize_parts(ts, spec, torch.float32), want.dequantize(torch.float32))
+    fused = qtensor.cat_rows([w, w])
+    assert type(fused) is toy_kind.ToyInt4Tensor and tuple(fused.shape) == (128, 64)
+    assert torch.equal(qtensor.slice_rows(fused, 64, 64).qdata, w.qdata)
+
+    # validated: by the file's own rules, and a stranger's copy with codes beyond 4 bits or an extra field refused
+    req = metadata.Request(scheme="q4toy", base_model_id=BASE)
+    assert metadata.validate(ck, req).ok and not metadata.validate(ck, metadata.Request(scheme="int8")).ok
+    bad = dict(ck.tensors)
+    bad["layers.0.attention.qkv.weight"] = toy_kind.ToyInt4Tensor(w.qdata.clone().index_fill_(1, torch.tensor([0]), 9),
+                                                                 w.scale, w.orig_dtype)
+    safetensors_container.write(str(tmp_path / "bad.safetensors"), bad, ck.metadata)
+    with pytest.raises(CorruptCheckpointError) as e:
+        formats.read(str(tmp_path / "bad.safetensors"))
+    assert "4-bit codes beyond +-7" in str(e.value) and "bad.safetensors" in str(e.value)
+    extra = toy_kind.ToyInt4Tensor(w.qdata, w.scale, w.orig_dtype)
+    extra.__dict__["prequant_rotation"] = 16
+    with pytest.raises(CorruptCheckpointError) as e:
+        validate_tensors.check_quantized("layers.0.attention.qkv.weight", extra, "x.safetensors")
+    assert "(ToyInt4Tensor) carries a field" in str(e.value) and "prequant_rotation" in str(e.value)
+
+    # described by Info, sizes from its own parts, and fingerprinted: verified as built, a changed code caught
+    r = report.info(path, verify_fingerprint=True)
+    assert r.valid and r.scheme == "q4toy" and r.schemes_found == ["q4toy"]
+    assert r.quantized_count == 2 and r.fingerprint_count == 2 and r.fingerprint_verified is True
+    assert r.quantized_bytes == sum(p.numel() * p.element_size() for k, t in ck.tensors.items()
+                                    if qtensor.is_quantized(t) for p in qtensor.parts(t)[0])
+    changed = dict(ck.tensors)
+    changed["layers.0.attention.qkv.weight"] = toy_kind.ToyInt4Tensor(w.qdata.clone().neg_(), w.scale, w.orig_dtype)
+    safetensors_container.write(str(tmp_path / "changed.safetensors"), changed, ck.metadata)
+    r2 = report.info(str(tmp_path / "changed.safetensors"), verify_fingerprint=True)
+    assert r2.fingerprint_verified is False and not r2.valid
+
+    # given a matmul path: weight-only everywhere (no quantized kernel is recorded), the codec's own arithmetic
+    for dev in (devices.Device("cpu"), devices.Device("cuda", (12, 0)), devices.Device("mps")):
+        c = devices.choose("int4toy", toy_kind.CODEC.dynamic(w), dev)
+        assert c.path == devices.WEIGHT_ONLY and "q4toy" in c.text(), dev
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5))
+    got = registry.codec("int4toy").weight_only_linear(x, ts, spec, None, "e4m3")
+    assert torch.equal(got, torch.nn.functional.linear(x, want.dequantize(torch.float32)))
+
+
+def test_prequant_core_has_no_import_cycle():
+    # module-level and in-function imports alike: a cycle is a layering knot, however late it is tied
+    cycles = _import_cycles()
+    assert cycles == [], cycles
+
+
+def _import_cycles() -> list:
+    import ast
+    import os
+    import prequant_core
+    root = os.path.dirname(os.path.dirname(prequant_core.__file__))
+    mods = {}
+    for d, _, fs in os.walk(os.path.join(root, "prequant_core")):
+        for f in fs:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(d, f), root)[:-3].replace(os.sep, ".")
+                mods[rel[:-9] if rel.endswith(".__init__") else rel] = os.path.join(d, f)
+    graph = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.endswith("__init__.py") else m.rsplit(".", 1)[0]
+        for n in ast.walk(ast.parse(open(p, encoding="utf-8").read())):
+            if isinstance(n, ast.ImportFrom):
+                base = pkg.split(".")[:len(pkg.split(".")) - n.level + 1] if n.level else []
+                b = ".".join(base + ([n.module] if n.module else [])) if n.level else (n.module or "")
+                targets = [f"{b}.{a.name}" if f"{b}.{a.name}" in mods else b for a in n.names]
+            elif isinstance(n, ast.Import):
+                targets = [a.name for a in n.names]
+            else:
+                continue
+            graph[m].update(t for t in targets if t in mods and t != m)
+    found, state = [], {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                found.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t, stack + [t])
+        state[m] = 2
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    return found
 
 
 def test_the_drift_bugs_stay_fixed():

@@ -19,18 +19,16 @@ from typing import Iterable, Mapping
 import torch
 
 from ..safe_text import escape
+from ..schemes import registry
 
 ALGO = "md5-packed-v1"
 MODES = ("full", "sample", "off")
 ENV_MODE = ("PREQUANT_FINGERPRINT", "UNSLOTH_PREQUANT_FINGERPRINT")  # ours first, Unsloth's operators' setting next
 ENV_VERIFIED_DIR = "PREQUANT_VERIFIED_DIR"
 
-# class name -> the attributes hashed, in order (Unsloth's table; a class not listed is never fingerprinted)
-ATTRS = {
-    "NVFP4Tensor": ("qdata", "scale", "per_tensor_scale"),
-    "Float8Tensor": ("qdata", "scale"),
-    "Int8Tensor": ("qdata", "scale", "zero_point", "act_quant_scale", "act_quant_zero_point", "act_pre_scale"),
-    "MXTensor": ("qdata", "scale"),
+# class name -> the attributes hashed, in order (Unsloth's table; a class not listed is never fingerprinted). The
+# weight kinds' own classes come from their codecs (``fingerprint_fields``); these are the legacy v1 wrappers.
+LEGACY_ATTRS = {
     "LinearActivationQuantizedTensor": ("original_weight_tensor",),
     "AffineQuantizedTensor": ("tensor_impl",),
     "PlainAQTTensorImpl": ("int_data", "scale", "zero_point"),
@@ -68,23 +66,30 @@ def _feed(h, cls: str, items) -> bool:
     return covered
 
 
+def attrs_of(cls: str) -> tuple | None:
+    codec = registry.codec_named(cls)
+    return codec.fingerprint_fields if codec is not None else LEGACY_ATTRS.get(cls)
+
+
 def origin(t) -> tuple | None:
     """(class name, ((attribute, value), ...)) for a torchao tensor as Unsloth's table sees it, else None."""
     o = getattr(t, ORIGIN_ATTR, None)
     if o is not None:
         return o
     cls = type(t).__name__
-    if cls not in ATTRS:
+    names = attrs_of(cls)
+    if names is None:
         return None
-    return cls, tuple((a, getattr(t, a, None)) for a in ATTRS[cls])
+    return cls, tuple((a, getattr(t, a, None)) for a in names)
 
 
 def of_parts(cls: str, parts: Mapping[str, torch.Tensor]) -> str | None:
     """The digest of a weight stored as flattened parts (safetensors ``<fqn>._weight_<attr>``), without rebuilding
     the tensor; None for a class Unsloth's table does not cover."""
-    if cls not in ATTRS:
+    names = attrs_of(cls)
+    if names is None:
         return None
-    return _digest((cls, tuple((a, parts.get(a)) for a in ATTRS[cls])))
+    return _digest((cls, tuple((a, parts.get(a)) for a in names)))
 
 
 def _digest(o) -> str | None:

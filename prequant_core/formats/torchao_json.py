@@ -1,23 +1,24 @@
 """A strict decoder/encoder for torchao's per-tensor JSON in safetensors headers.
 
 torchao's own ``object_from_dict`` resolves any ``torch.<name>`` attribute and any allowed class by name; a
-stranger's header deserves less trust, so only the few types the two weight classes need are understood, with
+stranger's header deserves less trust, so only the few types the weight kinds' codecs need are understood, with
 each field type-checked. The encoder output is what torchao itself writes, so torchao can read our files.
 """
 from __future__ import annotations
 
 import json
+import sys
 
 import torch
 from torchao.float8.inference import Float8MMConfig
 from torchao.quantization import PerRow, PerTensor
 from torchao.quantization.quant_primitives import MappingType
 from torchao.quantization.quantize_.common import KernelPreference
-from torchao.quantization.quantize_.workflows import Float8Tensor, Int8Tensor
 from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
 from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
 
-from .tensor_fields import block_accepted
+from ..schemes import registry
+from ..schemes.codec import row_block_accepted as block_accepted
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
           "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "int8": torch.int8}
@@ -135,7 +136,8 @@ def _block_size(v, qdata, per_tensor_ok: bool = False):
 
 
 def decode_weight(entry_json: str, parts: dict):
-    """Rebuild an Int8Tensor / Float8Tensor from its header JSON and its flattened tensors."""
+    """Rebuild a quantized weight from its header JSON and its flattened tensors: the checks every kind shares here,
+    the rest by the codec of the ``_type`` named (``Codec.from_json``, handed this module's checks)."""
     try:
         entry = json.loads(entry_json)
     except (json.JSONDecodeError, TypeError) as e:
@@ -147,58 +149,26 @@ def decode_weight(entry_json: str, parts: dict):
     qdata, scale = parts.get("qdata"), parts.get("scale")
     _need(isinstance(qdata, torch.Tensor) and isinstance(scale, torch.Tensor), "missing qdata or scale tensor")
     _need(qdata.ndim == 2, f"qdata must be 2-D, found {tuple(qdata.shape)}")
-    if t in ("NVFP4Tensor", "MXTensor"):
-        return _decode_block(t, d, qdata, scale, parts)
-    _need(scale.dtype in (torch.float32, torch.bfloat16, torch.float16), f"scale dtype {scale.dtype}")
-    _need(scale.numel() in (1, qdata.shape[0]), f"scale {tuple(scale.shape)} does not match {qdata.shape[0]} rows")
-    block = _block_size(d.get("block_size"), qdata, per_tensor_ok=t == "Float8Tensor" and scale.numel() == 1)
-    dtype = decode_dtype(d.get("dtype"))
-    if t == "Int8Tensor":
-        _need(qdata.dtype == torch.int8, f"Int8Tensor data is {qdata.dtype}")
-        zp = parts.get("zero_point")
-        _need(zp is None or (zp.numel() == scale.numel() and zp.dtype == torch.int8), "zero_point shape/dtype")
-        return Int8Tensor(qdata, scale, block, dtype, zero_point=zp,
-                          act_quant_kwargs=decode_act_kwargs(d.get("act_quant_kwargs")),
-                          reduce_range=_bool(d.get("reduce_range"), "reduce_range"))
-    if t == "Float8Tensor":
-        _need(qdata.dtype in (torch.float8_e4m3fn, torch.float8_e5m2), f"Float8Tensor data is {qdata.dtype}")
-        kp = d.get("kernel_preference")
-        return Float8Tensor(qdata, scale, block, mm_config=decode_mm_config(d.get("mm_config")),
-                            act_quant_kwargs=decode_act_kwargs(d.get("act_quant_kwargs")),
-                            kernel_preference=KernelPreference.AUTO if kp is None else
-                            decode_enum(kp, KernelPreference, "KernelPreference"), dtype=dtype)
-    raise DecodeError(f"unsupported tensor type {str(t)[:40]}")
+    codec = registry.codec_named(t) if isinstance(t, str) else None
+    _need(codec is not None, f"unsupported tensor type {str(t)[:40]}")
+    if codec.json_parts is not None:
+        unknown = set(parts) - codec.json_parts
+        _need(not unknown, f"unexpected parts {sorted(unknown)[:3]}")
+    if not codec.block:
+        _need(scale.dtype in LOGICAL, f"scale dtype {scale.dtype}")
+        _need(scale.numel() in (1, qdata.shape[0]), f"scale {tuple(scale.shape)} does not match {qdata.shape[0]} rows")
+    return codec.from_json(d, parts, sys.modules[__name__])
 
 
-def _decode_block(t: str, d: dict, qdata, scale, parts: dict):
-    """NVFP4Tensor / MXTensor from torchao's flattened form (Unsloth's converted per-block files). Only the fields
-    this pack's dequantization understands are accepted; shapes and values are checked by the readers'
-    ``check_quantized`` as for pickled weights."""
-    from torchao.prototype.mx_formats.mx_tensor import MXTensor
-    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
-    unknown = set(parts) - {"qdata", "scale", "per_tensor_scale", "act_per_tensor_scale"}
-    _need(not unknown, f"unexpected parts {sorted(unknown)[:3]}")
+# What codecs' ``from_json`` use
+need, bool_, block_size = _need, _bool, _block_size
+
+
+def block_orig_dtype(d: dict):
     orig = decode_dtype(d.get("orig_dtype"))
     _need(orig in LOGICAL, f"orig_dtype {orig}")
-    swz = _bool(d.get("is_swizzled_scales"), "is_swizzled_scales")
-    if t == "NVFP4Tensor":
-        _need(d.get("block_size") == 16, f"NVFP4 block_size must be 16, found {str(d.get('block_size'))[:20]}")
-        _need(qdata.dtype == torch.uint8 and scale.dtype == torch.float8_e4m3fn,
-              f"NVFP4 parts {qdata.dtype} / {scale.dtype}, expected uint8 / float8_e4m3fn")
-        pts, apts = parts.get("per_tensor_scale"), parts.get("act_per_tensor_scale")
-        for name, v in (("per_tensor_scale", pts), ("act_per_tensor_scale", apts)):
-            _need(v is None or (v.dtype == torch.float32 and v.numel() == 1), f"{name} must be one float32")
-        return NVFP4Tensor(qdata, scale, 16, orig, per_tensor_scale=pts, act_per_tensor_scale=apts,
-                           is_swizzled_scales=swz, use_triton_kernel=_bool(d.get("use_triton_kernel"), "use_triton_kernel"),
-                           act_quant_kwargs=decode_act_kwargs(d.get("act_quant_kwargs")))
-    _need(d.get("block_size") == 32, f"MX block_size must be 32, found {str(d.get('block_size'))[:20]}")
-    elem = decode_dtype(d.get("elem_dtype"))
-    _need(elem in (torch.float8_e4m3fn, torch.float8_e5m2) and qdata.dtype == elem,
-          f"MX elements {elem} / data {qdata.dtype}: only mxfp8 is read")
-    if scale.dtype == torch.uint8:  # e8m0 exponents written as bytes by writers without the e8m0 dtype
-        scale = scale.view(torch.float8_e8m0fnu)
-    _need(scale.dtype == torch.float8_e8m0fnu, f"MX scales {scale.dtype}, expected float8_e8m0fnu")
-    kp = d.get("kernel_preference")
-    return MXTensor(qdata, scale, elem, 32, orig,
-                    KernelPreference.AUTO if kp is None else decode_enum(kp, KernelPreference, "KernelPreference"),
-                    decode_act_kwargs(d.get("act_quant_kwargs")), swz)
+    return orig
+
+
+def swizzled(d: dict) -> bool:
+    return _bool(d.get("is_swizzled_scales"), "is_swizzled_scales")

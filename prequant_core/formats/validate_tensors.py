@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from ..schemes import qtensor
+from ..schemes import codec as codec_checks, qtensor
 from ..errors import CorruptCheckpointError
 from .tensor_fields import check_fields
 
 QUANT_CODE_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
-MAX_NVFP4_TENSOR_SCALE = 1e35  # 6 x 448 x this stays below bf16's / float32's largest value (3.4e38)
-MAX_MX_EXPONENT = 246  # 448 x 2^(246 - 127) is finite in bf16 / float32
-MAX_ROW_SCALE = 1e35  # int8 / fp8 per-row scales: 448 x this stays finite
+MAX_ROW_SCALE = codec_checks.MAX_ROW_SCALE
 MAX_DIM = 2**40
 
 
@@ -63,45 +61,13 @@ def check_state_dict(sd, path: str, *, read_data: bool = True) -> dict:
     return out
 
 
-def _block_problem(t) -> str | None:
-    """Why a per-block weight (NVFP4 / MX) is not what ``qtensor.parts`` reads, from shapes and dtypes only."""
-    from torchao.prototype.mx_formats.utils import ceil_div
-    q, s = t.qdata, t.scale
-    if q.ndim != 2 or 0 in q.shape:
-        return f"data {tuple(q.shape)}: expected a non-empty 2-D weight"
-    rows = q.shape[0]
-    if qtensor.kind_of(t) == "nvfp4":
-        cols, block = q.shape[1] * 2, int(t.block_size)
-        if q.dtype != torch.uint8 or s.dtype != torch.float8_e4m3fn or block != qtensor.NVFP4_BLOCK:
-            return f"data {q.dtype}, scales {s.dtype}, block {block}: expected uint8, float8_e4m3fn, 16"
-        pts = t.per_tensor_scale
-        if pts is not None and (not isinstance(pts, torch.Tensor) or pts.numel() != 1):
-            return "a per-tensor scale that is not one number"
-    else:
-        cols, block = q.shape[1], int(t.block_size)
-        if t.elem_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or q.dtype != t.elem_dtype:
-            return f"MX elements {t.elem_dtype} / data {q.dtype}: only mxfp8 (float8 elements) is supported"
-        if s.dtype != torch.float8_e8m0fnu:
-            return f"MX scales {s.dtype}, expected float8_e8m0fnu"
-    if block <= 0 or cols % block:
-        return f"width {cols} is not a multiple of the block size {block}"
-    n = cols // block
-    # the shape, not only the count, says which layout the scales are in: a flipped is_swizzled_scales flag with a
-    # count that happens to fit would silently scramble every block's scale
-    want = (ceil_div(rows, 128) * 32, ceil_div(n, 4) * 16) if t.is_swizzled_scales else (rows, n)
-    if tuple(s.shape) != want:
-        layout = "swizzled (128 x 4 tiles)" if t.is_swizzled_scales else "row-major"
-        return f"block scales {tuple(s.shape)} for data {tuple(q.shape)}, expected {want} ({layout}, as the " \
-               "tensor's is_swizzled_scales flag says)"
-    return None
-
-
 def check_quantized(key: str, t, path: str, *, read_data: bool = True) -> None:
     """Shapes and dtypes always; with ``read_data`` also the values ``qtensor.split`` needs (zero points are zero).
     Without it no tensor byte is touched (Prequant Info on a memory-mapped file)."""
     check_fields(key, t, path)  # what the tensor carries besides its bytes, before any arithmetic
-    if qtensor.kind_of(t) in qtensor.BLOCK_KINDS:
-        return _check_block(key, t, path, read_data=read_data)
+    codec = qtensor.codec_of(t)
+    if codec.block:
+        return _check_block(key, t, codec, path, read_data=read_data)
     try:
         q, s = t.qdata, t.scale
         zp = getattr(t, "zero_point", None)
@@ -126,84 +92,48 @@ def check_quantized(key: str, t, path: str, *, read_data: bool = True) -> None:
     if q.dtype not in QUANT_CODE_DTYPES:
         raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' stores {q.dtype} codes.", path=path,
                                      expected="int8 or float8 codes")
+    if q.dtype not in codec.code_dtypes:
+        raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' ({codec.kind}) stores {q.dtype} codes.",
+                                     path=path, expected=" or ".join(str(d).replace("torch.", "")
+                                                                     for d in codec.code_dtypes) + " codes")
     if read_data:
         try:
-            qtensor.split(t)
+            ts, _ = codec.parts(t)
         except Exception as e:  # noqa: BLE001
             raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' is inconsistent.", path=path,
                                          found=f"{type(e).__name__}: {str(e)[:200]}") from None
         check_scale_finite(key, s, path)
+        codec.check_values(key, t, ts, path)
 
 
-def _check_block(key: str, t, path: str, *, read_data: bool) -> None:
+def _check_block(key: str, t, codec, path: str, *, read_data: bool) -> None:
     try:
-        parts = [(t.qdata, " (codes)"), (t.scale, " (block scales)")]
-        pts = getattr(t, "per_tensor_scale", None)
-        if pts is not None:
-            parts.append((pts, " (per-tensor scale)"))
+        parts = [(t.qdata, " (codes)"), (t.scale, " (block scales)"), *codec.side_tensors(t)]
         problem = None
         for part, what in parts:
             if not isinstance(part, torch.Tensor):
                 problem = f"{what.strip(' ()')} is {type(part).__name__}"
                 break
-        problem = problem or _block_problem(t)
+        if problem is None and (t.qdata.ndim != 2 or 0 in t.qdata.shape):
+            problem = f"data {tuple(t.qdata.shape)}: expected a non-empty 2-D weight"
+        problem = problem or codec.structure_problem(t)
     except Exception as e:  # noqa: BLE001 - any inconsistency inside a stranger's tensor is corruption
         problem = f"{type(e).__name__}: {str(e)[:200]}"
     if problem:
-        raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' ({qtensor.kind_of(t)}) is inconsistent.",
+        raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' ({codec.kind}) is inconsistent.",
                                      path=path, found=problem, fix="Download or build the file again.")
     for part, what in parts:
         _check_layout(key, part, path, what)
     if read_data:
         try:
-            ts, _ = qtensor.parts(t)
+            ts, _ = codec.parts(t)
         except Exception as e:  # noqa: BLE001
             raise CorruptCheckpointError(f"Quantized tensor '{key[:80]}' is inconsistent.", path=path,
                                          found=f"{type(e).__name__}: {str(e)[:200]}") from None
-        if pts is not None:
-            check_scale_finite(key, pts.reshape(1), path)
-            p = float(pts.reshape(()))
-            # codes x block scale reach 6 x 448; above this bound a weight is infinite in bf16 / float32
-            if not 0 <= p <= MAX_NVFP4_TENSOR_SCALE or (p == 0 and bool(ts[0].any())):
-                raise CorruptCheckpointError(
-                    f"The per-tensor scale of NVFP4 weight '{key[:80]}' is {p:g}: "
-                    + ("negative" if p < 0 else "zero, though the codes are not" if p == 0 else "so large that its "
-                       "weights would be infinite") + ".", path=path,
-                    expected=f"0 < per-tensor scale <= {MAX_NVFP4_TENSOR_SCALE:g}", found=f"{p:g}",
-                    fix="Download or build the file again.")
-        if qtensor.kind_of(t) == "nvfp4":  # e4m3 bytes 0x7f / 0xff are NaN: every weight of that block would be
-            bad = ((ts[1] & 0x7F) == 0x7F).any()
-            if (ts[1] & 0x80).any():  # a negative block scale flips the sign of its 16 weights
-                raise CorruptCheckpointError(f"A block scale of NVFP4 weight '{key[:80]}' is negative.", path=path,
-                                             expected="block scales >= 0", found="a negative e4m3 scale",
-                                             fix="Download or build the file again.")
-        else:  # e8m0 byte 0xff is NaN; 247..254 make e4m3 codes overflow bf16 / float32 (448 x 2^120 > 3.4e38)
-            bad = (ts[1] == 0xFF).any()
-            top = int(ts[1].max()) if ts[1].numel() else 0
-            if top > MAX_MX_EXPONENT and top != 0xFF:
-                raise CorruptCheckpointError(
-                    f"A block exponent of MX weight '{key[:80]}' is {top} (2^{top - 127}): every weight of that block "
-                    "would be infinite.", path=path, expected=f"block exponents <= {MAX_MX_EXPONENT}",
-                    found=str(top), fix="Download or build the file again.")
-        if bool(bad):
-            raise CorruptCheckpointError(f"A block scale of quantized tensor '{key[:80]}' is NaN: every output of "
-                                         "that layer would be NaN.", path=path, fix="Download or build the file again.")
+        codec.check_values(key, t, ts, path)
 
 
-def check_scale_finite(key: str, s, path: str) -> None:
-    """Finite, not negative (a negative scale flips a row's sign) and small enough that the largest code times it
-    stays finite."""
-    try:
-        finite = bool((torch.isfinite(s) & (s >= 0) & (s <= MAX_ROW_SCALE)).all()) if s.is_floating_point() else False
-    except Exception as e:  # noqa: BLE001 - a stranger's tensor
-        raise CorruptCheckpointError(f"The scale of quantized tensor '{key[:80]}' cannot be read.", path=path,
-                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
-    if not finite:
-        raise CorruptCheckpointError(f"The scale of quantized tensor '{key[:80]}' is not finite (NaN or infinity), "
-                                     f"negative, above {MAX_ROW_SCALE:g} or not a float: that layer's output would be "
-                                     "NaN, infinite or sign-flipped.", path=path,
-                                     found=f"scale {s.dtype} {tuple(s.shape)}",
-                                     fix="Download or build the file again.")
+check_scale_finite = codec_checks.check_scale_finite
 
 
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)

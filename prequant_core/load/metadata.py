@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..formats import layer_policy
-from ..schemes import qtensor
+from ..schemes import fp8, qtensor
 from .. import schemes
 from ..families import base_tail, normalize_base
 from ..formats.checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
@@ -93,8 +93,8 @@ def as_int(v) -> int | None:
     return None
 
 
-# The fp8 activation floor torchao's config records (schemes.torchao_config: activation_value_lb=1e-12).
-FP8_ACTIVATION_LB = 1e-12
+# The fp8 activation floor torchao's config records (the fp8 scheme's own value)
+FP8_ACTIVATION_LB = fp8.ACTIVATION_LB
 
 
 def _fp8_weights(ckpt: Checkpoint):

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from ..errors import ValidationError
-from . import registry
+from . import qtensor, registry
 from .record import WEIGHT_ONLY_TAIL, Scheme
 
 DEFAULT_MIN_FEATURES = 512
@@ -129,7 +129,6 @@ def spec(scheme: str, dtype: torch.dtype = torch.bfloat16):
     ``dtype``: taken from the scheme's own config, for readers that rebuild weights from bare codes and scales."""
     key = (normalize(scheme), dtype)
     if key not in _SPECS:
-        from . import qtensor
         _SPECS[key] = qtensor.parts(quantize_weight(torch.ones(16, 32, dtype=dtype), key[0]))[1]
     return _SPECS[key]
 

@@ -87,7 +87,7 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
     where = device.label()
     # per-block kinds (nvfp4, mxfp8) dequantize by table on any device: their weight-only path is said as such
     wo = ": dequantized at matmul" if schemes.registry.by_kind(kind).block_size else ""
-    if kind == "float8" and not device.holds_float8():  # nothing fp8 can run or even sit there
+    if schemes.registry.codec(kind).float8_codes and not device.holds_float8():  # nothing fp8 can run or sit there
         return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: no float8 dtype on {device.type}",
                             codes_as_bytes=True)
     if not dynamic:
@@ -118,9 +118,9 @@ def _supported(kind: str, device: Device) -> tuple[bool, str]:
             return True, f"{what} matmul supported (compute capability {have} >= {need[0]}.{need[1]})"
         return False, f"{what} matmul needs compute capability >= {need[0]}.{need[1]}, this GPU has {have}"
     if device.type == "cpu":
-        if kind == "int8":
-            return True, "int8 matmul supported (torchao's result, integer sums in exact float32 pieces on the CPU)"
-        return False, "CPUs have no fp8 matmul (torchao would emulate it)"
+        if s.codec.cpu_matmul:
+            return True, s.codec.cpu_matmul
+        return False, f"CPUs have no {what} matmul (torchao would emulate it)"
     if device.type == "cuda" and device.hip:
         return False, "torchao's per-row int8/fp8 matmuls are not used on ROCm"
     return False, f"no torchao {what} matmul on {device.type}"

@@ -2,7 +2,13 @@
 ``Float8DynamicActivationFloat8WeightConfig``); weight-only: ``Float8WeightOnlyConfig``."""
 from __future__ import annotations
 
+import torch
+
+from .codec import RowCodec
 from .record import Scheme
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+ACTIVATION_LB = 1e-12  # the config's activation_value_lb (Unsloth's builder sets the same)
 
 
 def config(weight_only: bool):
@@ -12,7 +18,7 @@ def config(weight_only: bool):
     if weight_only:
         return Float8WeightOnlyConfig()
     return Float8DynamicActivationFloat8WeightConfig(
-        granularity=PerRow(), activation_value_lb=1e-12, kernel_preference=KernelPreference.TORCH,
+        granularity=PerRow(), activation_value_lb=ACTIVATION_LB, kernel_preference=KernelPreference.TORCH,
         mm_config=Float8MMConfig(use_fast_accum=True))
 
 
@@ -32,7 +38,84 @@ def quantize(weight, cfg):
                                     hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference))
 
 
+def _mm_check(v, field, c):
+    from torchao.float8.inference import Float8MMConfig
+    if v is None:
+        return
+    c.need(type(v) is Float8MMConfig, field, "a Float8MMConfig or none", v)
+    for f in ("emulate", "use_fast_accum", "pad_inner_dim"):
+        c.bool_(getattr(v, f), f"{field}.{f}")
+
+
+def _act_check(v, field, c):
+    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
+    if v is None:
+        return
+    c.dataclass_of(v, QuantizeTensorToFloat8Kwargs, field)
+    c.need(v.float8_dtype in FP8, field + ".float8_dtype", "float8_e4m3fn or float8_e5m2", v.float8_dtype)
+    c.granularity(v.granularity, field + ".granularity")
+    _mm_check(v.mm_config, field + ".mm_config", c)
+    c.opt_float(v.hp_value_lb, field + ".hp_value_lb", 0)
+    c.opt_float(v.hp_value_ub, field + ".hp_value_ub", 0)
+    c.enum(v.kernel_preference, KernelPreference, field + ".kernel_preference")
+
+
+class Float8Codec(RowCodec):
+    """torchao's ``Float8Tensor``: float8 codes (e4m3; e5m2 from ComfyUI-native files), one scale per row (or one
+    for the whole weight in Unsloth's stale per-tensor builds, repeated per row here)."""
+    kind, type_name = "float8", "Float8Tensor"
+    code_dtypes = FP8
+    fields = frozenset({"qdata", "scale", "block_size", "mm_config", "act_quant_kwargs", "kernel_preference"})
+    fingerprint_fields = ("qdata", "scale")
+    float8_codes = True
+
+    def tensor_type(self):
+        from torchao.quantization.quantize_.workflows import Float8Tensor
+        return Float8Tensor
+
+    def spec_attrs(self, t):
+        return {"mm_config": t.mm_config, "act_quant_kwargs": t.act_quant_kwargs,
+                "kernel_preference": t.kernel_preference}
+
+    def make(self, qdata, scale, block_size, spec):
+        kw = spec.as_kwargs()
+        return self.tensor_type()(qdata, scale, block_size, mm_config=kw.get("mm_config"),
+                                  act_quant_kwargs=kw.get("act_quant_kwargs"),
+                                  kernel_preference=kw.get("kernel_preference"), dtype=spec.dtype)
+
+    def from_dense(self, dense, spec):
+        from torchao.quantization import PerRow
+        kw = spec.as_kwargs()
+        return self.tensor_type().from_hp(dense, granularity=PerRow(), mm_config=kw.get("mm_config"),
+                                          kernel_preference=kw.get("kernel_preference"),
+                                          act_quant_kwargs=kw.get("act_quant_kwargs"))
+
+    def check_fields(self, t, c):
+        from torchao.quantization.quantize_.common import KernelPreference
+        d = t.__dict__
+        one_scale = isinstance(d.get("scale"), torch.Tensor) and d["scale"].numel() == 1 and t.qdata.ndim == 2
+        c.block(d.get("block_size"), "block_size", tuple(t.qdata.shape), whole_ok=one_scale)
+        _mm_check(d.get("mm_config"), "mm_config", c)
+        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs", c)
+        c.enum(d.get("kernel_preference"), KernelPreference, "kernel_preference")
+
+    def from_json(self, d, parts, j):
+        from torchao.quantization.quantize_.common import KernelPreference
+        qdata, scale = parts["qdata"], parts["scale"]
+        block = j.block_size(d.get("block_size"), qdata, per_tensor_ok=scale.numel() == 1)
+        dtype = j.decode_dtype(d.get("dtype"))
+        j.need(qdata.dtype in FP8, f"Float8Tensor data is {qdata.dtype}")
+        kp = d.get("kernel_preference")
+        return self.tensor_type()(qdata, scale, block, mm_config=j.decode_mm_config(d.get("mm_config")),
+                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs")),
+                                  kernel_preference=KernelPreference.AUTO if kp is None else
+                                  j.decode_enum(kp, KernelPreference, "KernelPreference"), dtype=dtype)
+
+
+CODEC = Float8Codec()
+
 # an Unsloth -FP8 repo holds the int8 file too (tried after the fp8 one)
-SCHEME = Scheme(name="fp8", kind="float8", suffix="-FP8", config=config, quantize=quantize, require_bf16=True,
+SCHEME = Scheme(name="fp8", kind="float8", codec=CODEC, suffix="-FP8", config=config, quantize=quantize, require_bf16=True,
                 require_divisible=16, granularity_field="fp8_granularity", granularity="per_row", fast_accum=True,
                 weight_only=True, suffix_holds=("fp8", "int8"), legacy_pt=True, comfy_format="float8_e4m3fn", min_capability=(8, 9))

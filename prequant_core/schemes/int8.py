@@ -2,6 +2,9 @@
 ``Int8DynamicActivationInt8WeightConfig``); weight-only: ``Int8WeightOnlyConfig``."""
 from __future__ import annotations
 
+import torch
+
+from .codec import RowCodec
 from .record import Scheme
 
 # docs/FORMAT.md section 4: int8 files keep these layers dense on every family
@@ -26,6 +29,73 @@ def quantize(weight, cfg):
         reduce_range=cfg.reduce_range)
 
 
-SCHEME = Scheme(name="int8", kind="int8", suffix="-INT8", config=config, quantize=quantize,
+def _act_check(v, field, c):
+    from torchao.quantization.quant_primitives import MappingType
+    from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
+    if v is None:
+        return
+    c.dataclass_of(v, QuantizeTensorToInt8Kwargs, field)
+    c.granularity(v.granularity, field + ".granularity")
+    c.enum(v.mapping_type, MappingType, field + ".mapping_type")
+    c.need(v.mapping_type == MappingType.SYMMETRIC, field + ".mapping_type", "SYMMETRIC", v.mapping_type)
+    c.bool_(v.reduce_range, field + ".reduce_range")
+
+
+class Int8Codec(RowCodec):
+    """torchao's ``Int8Tensor``: int8 codes, one scale per row (symmetric: zero points, where present, are zero)."""
+    kind, type_name = "int8", "Int8Tensor"
+    code_dtypes = (torch.int8,)
+    fields = frozenset({"qdata", "scale", "zero_point", "block_size", "act_quant_kwargs", "reduce_range",
+                        "act_pre_scale", "act_quant_scale", "act_quant_zero_point"})
+    fingerprint_fields = ("qdata", "scale", "zero_point", "act_quant_scale", "act_quant_zero_point", "act_pre_scale")
+    json_parts = frozenset({"qdata", "scale", "zero_point"})
+    cpu_matmul = "int8 matmul supported (torchao's result, integer sums in exact float32 pieces on the CPU)"
+
+    def tensor_type(self):
+        from torchao.quantization.quantize_.workflows import Int8Tensor
+        return Int8Tensor
+
+    def spec_attrs(self, t):
+        return {"act_quant_kwargs": t.act_quant_kwargs, "reduce_range": getattr(t, "reduce_range", False)}
+
+    def make(self, qdata, scale, block_size, spec):
+        kw = spec.as_kwargs()
+        return self.tensor_type()(qdata, scale, block_size, spec.dtype, act_quant_kwargs=kw.get("act_quant_kwargs"),
+                                  reduce_range=kw.get("reduce_range", False))
+
+    def from_dense(self, dense, spec):
+        from torchao.quantization import PerRow
+        return self.tensor_type().from_hp(dense, granularity=PerRow(),
+                                          act_quant_kwargs=spec.as_kwargs().get("act_quant_kwargs"))
+
+    def check_fields(self, t, c):
+        d = t.__dict__
+        c.block(d.get("block_size"), "block_size", tuple(t.qdata.shape))
+        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs", c)
+        c.bool_(d.get("reduce_range", False), "reduce_range")
+        for f in ("act_pre_scale", "act_quant_scale", "act_quant_zero_point"):  # static activation settings
+            c.need(d.get(f) is None, f, "none (this pack's int8 quantizes activations dynamically)", d.get(f))
+
+    def from_json(self, d, parts, j):
+        qdata, scale = parts["qdata"], parts["scale"]
+        block = j.block_size(d.get("block_size"), qdata)
+        dtype = j.decode_dtype(d.get("dtype"))
+        j.need(qdata.dtype == torch.int8, f"Int8Tensor data is {qdata.dtype}")
+        zp = parts.get("zero_point")
+        j.need(zp is None or (zp.numel() == scale.numel() and zp.dtype == torch.int8), "zero_point shape/dtype")
+        return self.tensor_type()(qdata, scale, block, dtype, zero_point=zp,
+                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs")),
+                                  reduce_range=j.bool_(d.get("reduce_range"), "reduce_range"))
+
+    def quantized_linear(self, input, tensors, spec, bias):
+        if tensors[0].device.type == "cpu":  # torchao's result, without torch._int_mm
+            from . import int8_cpu
+            return int8_cpu.linear(input, tensors[0], tensors[1], spec, bias)
+        return super().quantized_linear(input, tensors, spec, bias)
+
+
+CODEC = Int8Codec()
+
+SCHEME = Scheme(name="int8", kind="int8", codec=CODEC, suffix="-INT8", config=config, quantize=quantize,
                 granularity_field="int8_granularity", exclude_base_tokens=BASE_EXCLUDE, weight_only=True,
                 legacy_pt=True, comfy_format="int8_tensorwise", min_capability=(7, 5))

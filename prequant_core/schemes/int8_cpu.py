@@ -17,7 +17,7 @@ import torch
 from torchao.quantization.quant_primitives import MappingType
 from torchao.quantization.quantize_.common.quantize_tensor_kwargs import _choose_quant_func_and_quantize_tensor
 
-from . import qtensor  # imports torchao already: the two imports above add nothing at import time
+from .codec import QSpec
 
 K_BLOCK = 1024  # 1024 * 128 * 128 = 2**24: the largest sum of int8 products float32 still holds exactly
 ROW_BLOCK = 2048  # weight rows widened to float32 at a time (8 MiB per 1024 columns)
@@ -50,13 +50,16 @@ def _symmetric_dynamic(kw) -> bool:
     return kw is not None and getattr(kw, "mapping_type", None) == MappingType.SYMMETRIC
 
 
-def linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, spec: qtensor.QSpec, bias=None,
+def linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, spec: QSpec, bias=None,
            rows: int = ROW_BLOCK) -> torch.Tensor:
-    """``torch.nn.functional.linear(input, qtensor.join(qdata, scale, spec), bias)`` for a CPU int8 weight with
+    """``torch.nn.functional.linear(input, <the Int8Tensor of qdata, scale, spec>, bias)`` for a CPU int8 weight with
     dynamic activation quantization: the same tensor, bit for bit."""
     kw = spec.as_kwargs().get("act_quant_kwargs")
-    if not _symmetric_dynamic(kw):
-        return torch.nn.functional.linear(input, qtensor.join(qdata, scale, spec), bias)
+    if not _symmetric_dynamic(kw):  # torchao itself, on the tensor the int8 codec would assemble
+        from torchao.quantization.quantize_.workflows import Int8Tensor
+        weight = Int8Tensor(qdata, scale, [1, qdata.shape[-1]], spec.dtype, act_quant_kwargs=kw,
+                            reduce_range=spec.as_kwargs().get("reduce_range", False))
+        return torch.nn.functional.linear(input, weight, bias)
     out_dtype = input.dtype
     act = _choose_quant_func_and_quantize_tensor(input, kw, scale=None, zero_point=None)
     x, xs = act.qdata, act.scale

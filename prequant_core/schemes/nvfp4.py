@@ -2,7 +2,15 @@
 quantized the same way at each matmul (torchao ``NVFP4DynamicActivationNVFP4WeightConfig``, prototype)."""
 from __future__ import annotations
 
+import torch
+
+from . import codec as c_
+from .codec import Codec, QParts, QSpec
 from .record import Scheme
+
+BLOCK = 16
+LOGICAL = (torch.bfloat16, torch.float16, torch.float32)
+MAX_TENSOR_SCALE = 1e35  # 6 x 448 x this stays below bf16's / float32's largest value (3.4e38)
 
 
 def config(weight_only: bool = False):
@@ -16,7 +24,7 @@ def quantize(weight, cfg):
     import torch
     from torchao.prototype.mx_formats.nvfp4_tensor import (NVFP4Tensor, QuantizeTensorToNVFP4Kwargs,
                                                            per_tensor_amax_to_scale)
-    from .qtensor import require_block_torchao
+    from .codec import require_block_torchao
     require_block_torchao()
     pts = per_tensor_amax_to_scale(torch.max(torch.abs(weight))) if cfg.use_dynamic_per_tensor_scale else None
     act = QuantizeTensorToNVFP4Kwargs(use_dynamic_per_tensor_scale=cfg.use_dynamic_per_tensor_scale,
@@ -27,7 +35,160 @@ def quantize(weight, cfg):
     return t
 
 
+def _act_check(v, field, c):
+    from torchao.prototype.mx_formats.nvfp4_tensor import QuantizeTensorToNVFP4Kwargs
+    if v is None:
+        return
+    c.dataclass_of(v, QuantizeTensorToNVFP4Kwargs, field)
+    c.int_(v.block_size, field + ".block_size", {BLOCK})
+    for f in ("is_swizzled_scales", "use_triton_kernel", "use_dynamic_per_tensor_scale"):
+        c.bool_(getattr(v, f), f"{field}.{f}")
+
+
+class NVFP4Codec(Codec):
+    """torchao's ``NVFP4Tensor`` as ``(packed e2m1 pairs uint8 [out, in/2], block scales e4m3 as bytes [out, in/16],
+    row scale fp32 [out, 1])``: torchao's one per-tensor scale repeated per row, so rows of weights with different
+    scales can be fused (a ``QParts`` then: no torchao tensor holds them)."""
+    kind, type_name, block = "nvfp4", "NVFP4Tensor", BLOCK
+    part_names = ("codes", "block scales", "row scale")
+    fields = frozenset({"qdata", "scale", "block_size", "orig_dtype", "per_tensor_scale", "act_per_tensor_scale",
+                        "is_swizzled_scales", "use_triton_kernel", "act_quant_kwargs"})
+    fingerprint_fields = ("qdata", "scale", "per_tensor_scale")
+    json_parts = frozenset({"qdata", "scale", "per_tensor_scale", "act_per_tensor_scale"})
+
+    def tensor_type(self):
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+        return NVFP4Tensor
+
+    def logical_cols(self, tensors):
+        return tensors[0].shape[1] * 2
+
+    def parts(self, t):
+        c_.require_block_torchao()
+        q = t.qdata
+        if q.ndim != 2 or q.stride(-2) < q.stride(-1):
+            raise ValueError("only 2-D, row-major NVFP4 weights are supported")
+        if t.block_size != BLOCK:
+            raise ValueError(f"NVFP4 block size {t.block_size}, expected {BLOCK}")
+        rows, cols = q.shape[0], q.shape[1] * 2
+        if cols % BLOCK:
+            raise ValueError(f"NVFP4 weight width {cols} is not a multiple of {BLOCK}")
+        s = c_.unswizzle(t.scale, rows, cols // BLOCK) if t.is_swizzled_scales else t.scale
+        if tuple(s.shape) != (rows, cols // BLOCK):
+            raise ValueError(f"NVFP4 block scales {tuple(s.shape)}, expected {(rows, cols // BLOCK)}")
+        if s.dtype != torch.float8_e4m3fn or q.dtype != torch.uint8:
+            raise ValueError(f"NVFP4 data {q.dtype} / scales {s.dtype}, expected uint8 / float8_e4m3fn")
+        pts = t.per_tensor_scale
+        if pts is not None and pts.numel() != 1:
+            raise ValueError("per-expert NVFP4 scales are not supported (a 2-D Linear weight has one)")
+        row = (pts.reshape(1, 1).to(torch.float32) if pts is not None else torch.ones(1, 1)).expand(rows, 1)
+        attrs = {"act_quant_kwargs": t.act_quant_kwargs, "per_tensor": pts is not None,
+                 "use_triton_kernel": bool(t.use_triton_kernel), **c_.rotation_attrs(t)}
+        return (q, c_.as_bytes(s), row.contiguous()), QSpec(self.kind, t.orig_dtype, tuple(sorted(attrs.items())))
+
+    def torchao_form(self, tensors):
+        row = tensors[2]
+        return bool((row == row[:1]).all())
+
+    def assemble(self, tensors, spec):
+        q, s, row = tensors
+        if not self.torchao_form(tensors):
+            return QParts(tensors, spec, self.logical_cols(tensors))
+        kw = spec.as_kwargs()
+        pts = row[0, 0].clone() if kw.get("per_tensor") or bool(row[0, 0] != 1) else None
+        t = self.tensor_type()(q, s.view(torch.float8_e4m3fn), BLOCK, spec.dtype, pts,
+                               act_quant_kwargs=kw.get("act_quant_kwargs"),
+                               use_triton_kernel=kw.get("use_triton_kernel", False))
+        return c_.set_rotation(t, spec)
+
+    def dequantize(self, tensors, spec, dtype):
+        q, s, row = tensors
+        rows, cols = q.shape[0], q.shape[1] * 2
+        vals = c_.decode(c_.decode_table("e2m1x2", q.device), q).reshape(rows, cols // BLOCK, BLOCK)
+        # torchao: per_tensor_scale * scale_e4m3.to(float), then data_f32 * that, then .to(dtype)
+        scale = row.to(torch.float32) * c_.decode(c_.decode_table("e4m3", s.device), s)
+        return (vals * scale.unsqueeze(-1)).reshape(rows, cols).to(dtype)
+
+    def quantize(self, dense, spec, like=None, keep=None):
+        """Rows of ``like`` (all of them, or those in ``keep``) keep their row scale; every other row gets one from
+        the maximum of the rows that change."""
+        from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
+        dense = dense.to(torch.float32).contiguous()
+        if like is not None and keep is None:
+            row_scale = like[2]  # the same rows again (a LoRA applied per call): their scales stand
+        else:
+            changed = dense if keep is None else dense[~keep.to(dense.device)]
+            fresh = per_tensor_amax_to_scale(changed.abs().max()) if changed.numel() else torch.ones(())
+            row_scale = fresh.reshape(1, 1).expand(dense.shape[0], 1).to(dense.device)
+            if like is not None:
+                row_scale = torch.where(keep[:, None].to(dense.device), like[2].to(dense.device), row_scale)
+        row_scale = row_scale.to(device=dense.device, dtype=torch.float32).contiguous()
+        s, q = nvfp4_quantize(dense, BLOCK, row_scale)  # broadcasts: one scale per row
+        return q, c_.as_bytes(s), row_scale
+
+    def check_fields(self, t, c):
+        d = t.__dict__
+        c.int_(d.get("block_size"), "block_size", {BLOCK})
+        c.need(d.get("orig_dtype") in LOGICAL, "orig_dtype", "bfloat16, float16 or float32", d.get("orig_dtype"))
+        c.bool_(d.get("is_swizzled_scales"), "is_swizzled_scales")
+        c.bool_(d.get("use_triton_kernel"), "use_triton_kernel")
+        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs", c)
+        c.scalar(d.get("per_tensor_scale"), "per_tensor_scale")
+        c.scalar(d.get("act_per_tensor_scale"), "act_per_tensor_scale")
+
+    def side_tensors(self, t):
+        pts = getattr(t, "per_tensor_scale", None)
+        return [] if pts is None else [(pts, " (per-tensor scale)")]
+
+    def structure_problem(self, t):
+        q, s = t.qdata, t.scale
+        block = int(t.block_size)
+        if q.dtype != torch.uint8 or s.dtype != torch.float8_e4m3fn or block != BLOCK:
+            return f"data {q.dtype}, scales {s.dtype}, block {block}: expected uint8, float8_e4m3fn, 16"
+        pts = t.per_tensor_scale
+        if pts is not None and (not isinstance(pts, torch.Tensor) or pts.numel() != 1):
+            return "a per-tensor scale that is not one number"
+        return c_.block_scale_problem(t, q.shape[1] * 2, block)
+
+    def check_values(self, key, t, tensors, path):
+        from ..errors import CorruptCheckpointError
+        pts = t.per_tensor_scale if isinstance(t, self.tensor_type()) else None
+        if pts is not None:
+            c_.check_scale_finite(key, pts.reshape(1), path)
+            p = float(pts.reshape(()))
+            # codes x block scale reach 6 x 448; above this bound a weight is infinite in bf16 / float32
+            if not 0 <= p <= MAX_TENSOR_SCALE or (p == 0 and bool(tensors[0].any())):
+                raise CorruptCheckpointError(
+                    f"The per-tensor scale of NVFP4 weight '{key[:80]}' is {p:g}: "
+                    + ("negative" if p < 0 else "zero, though the codes are not" if p == 0 else "so large that its "
+                       "weights would be infinite") + ".", path=path,
+                    expected=f"0 < per-tensor scale <= {MAX_TENSOR_SCALE:g}", found=f"{p:g}",
+                    fix="Download or build the file again.")
+        bs = tensors[1]
+        if (bs & 0x80).any():  # a negative block scale flips the sign of its 16 weights
+            raise CorruptCheckpointError(f"A block scale of NVFP4 weight '{key[:80]}' is negative.", path=path,
+                                         expected="block scales >= 0", found="a negative e4m3 scale",
+                                         fix="Download or build the file again.")
+        c_.refuse_nan_scales(key, bool(((bs & 0x7F) == 0x7F).any()), path)  # e4m3 bytes 0x7f / 0xff are NaN
+
+    def from_json(self, d, parts, j):
+        qdata, scale = parts["qdata"], parts["scale"]
+        orig, swz = j.block_orig_dtype(d), j.swizzled(d)
+        j.need(d.get("block_size") == BLOCK, f"NVFP4 block_size must be 16, found {str(d.get('block_size'))[:20]}")
+        j.need(qdata.dtype == torch.uint8 and scale.dtype == torch.float8_e4m3fn,
+               f"NVFP4 parts {qdata.dtype} / {scale.dtype}, expected uint8 / float8_e4m3fn")
+        pts, apts = parts.get("per_tensor_scale"), parts.get("act_per_tensor_scale")
+        for name, v in (("per_tensor_scale", pts), ("act_per_tensor_scale", apts)):
+            j.need(v is None or (v.dtype == torch.float32 and v.numel() == 1), f"{name} must be one float32")
+        return self.tensor_type()(qdata, scale, BLOCK, orig, per_tensor_scale=pts,
+                                  act_per_tensor_scale=apts, is_swizzled_scales=swz,
+                                  use_triton_kernel=j.bool_(d.get("use_triton_kernel"), "use_triton_kernel"),
+                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs")))
+
+
+CODEC = NVFP4Codec()
+
 # Unsloth's rule: nvfp4 takes fp16 / fp32 weights too (require_bf16 false); per-block scales are written as .pt,
 # as Unsloth does (docs/FORMAT.md section 9)
-SCHEME = Scheme(name="nvfp4", kind="nvfp4", suffix="-NVFP4", config=config, quantize=quantize, require_divisible=16,
+SCHEME = Scheme(name="nvfp4", kind="nvfp4", codec=CODEC, suffix="-NVFP4", config=config, quantize=quantize, require_divisible=16,
                 block_size=16, containers=("pt",), comfy_format="nvfp4", min_capability=(10, 0))

@@ -12,6 +12,7 @@ WEIGHT_ONLY_TAIL = "-weight-only"
 class Scheme:
     name: str  # what a file's metadata records and the nodes list: "int8"
     kind: str  # what its weights are in memory (qtensor.kind_of): "int8" | "float8" | "nvfp4" | "mxfp8"
+    codec: Any  # its weight kind's layout (codec.Codec): parts, checks, JSON, matmul; shared by schemes of one kind
     suffix: str  # repo and file-name token: unsloth/Z-Image-Turbo-FP8, <Model>-FP8.safetensors
     config: Callable[[bool], Any]  # (weight_only) -> the exact torchao config the scheme stands for
     quantize: Callable[[Any, Any], Any]  # (bf16 weight, that config) -> the quantized weight quantize_() would make

@@ -56,6 +56,32 @@ def kinds() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.kind for s in SCHEMES))
 
 
+def codecs() -> tuple:
+    """Every weight kind's codec, once each, in the schemes' order."""
+    return tuple({s.kind: s.codec for s in SCHEMES}.values())
+
+
+def codec(kind: str):
+    """The codec of weights of ``kind``."""
+    return by_kind(kind).codec
+
+
+def codec_of(t):
+    """The codec whose tensor class ``t`` is, or None (a plain tensor, or a class no scheme has)."""
+    for c in codecs():
+        if c.owns(t):
+            return c
+    return None
+
+
+def codec_named(type_name: str):
+    """The codec whose class is named ``type_name`` (a pickle's or torchao JSON's ``_type``), or None."""
+    for c in codecs():
+        if c.type_name == type_name:
+            return c
+    return None
+
+
 def in_container(container: str) -> tuple[str, ...]:
     """The scheme names the builder writes to ``container``."""
     return tuple(n for s in SCHEMES if s.containers is None or container in s.containers for n in s.names())

@@ -238,11 +238,9 @@ def _flat_parts(key: str, t) -> tuple[str | None, list[tuple[str, torch.Tensor]]
         return None, [(ROOT_PREFIX + key, t)]
     if not qtensor.is_quantized(t):
         return json.dumps({"_type": torch.Tensor.__name__}), [(key, t)]
-    from torchao.prototype.safetensors.safetensors_utils import TensorSubclassAttributeJSONEncoder
     mod, attr = key.rsplit(".", 1)
-    names = list(t.tensor_data_names) + list(getattr(t, "optional_tensor_data_names", None) or [])
-    parts = [(f"{mod}._{attr}_{n}", getattr(t, n)) for n in names if getattr(t, n) is not None]
-    return json.dumps(t, cls=TensorSubclassAttributeJSONEncoder), parts
+    entry, parts = qtensor.codec_of(t).to_json(t)
+    return entry, [(f"{mod}._{attr}_{n}", p) for n, p in parts]
 
 
 def layout(tensors: Mapping, metadata: dict) -> tuple[dict, list[tuple[str, str, torch.Tensor]]]:

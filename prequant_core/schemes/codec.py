@@ -1,0 +1,347 @@
+"""What every weight kind's codec answers, and the pieces codecs share.
+
+A *codec* is one weight kind's tensor layout in one object, held by its scheme module (``int8.py``, ``fp8.py``,
+``nvfp4.py``, ``mxfp8.py``) and reached through its scheme record: which torchao class holds it, how it splits
+into plain parts with the rows first (the form ComfyUI keeps) and is rebuilt from them, how it dequantizes and
+requantizes, which attributes a file may give it, which of them are fingerprinted, how torchao's JSON describes it,
+what a stranger's copy must satisfy, and which matmul a device can run for it. ``qtensor``, the readers, the
+validation, the fingerprint, ``devices`` and ``nodes/ops`` ask the codec instead of testing kind names, so a new
+weight kind is its scheme module plus one registry line (tests/toy/toy_kind.py).
+
+This module imports nothing of torchao at import time and nothing of this pack but errors: scheme modules and
+``qtensor`` import it, never the other way round.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ..errors import CorruptCheckpointError
+
+
+@dataclasses.dataclass(frozen=True)
+class QSpec:
+    """Everything but the tensors: enough to rebuild the torchao tensor or to requantize a dense weight alike."""
+    kind: str  # the codec's kind: "int8" | "float8" | "nvfp4" | "mxfp8" | ...
+    dtype: torch.dtype  # logical (high precision) dtype, e.g. bfloat16
+    attrs: tuple  # sorted (name, value) pairs passed back to the torchao constructor
+
+    def as_kwargs(self) -> dict:
+        return dict(self.attrs)
+
+    @property
+    def rotation(self) -> int:
+        """ConvRot group size (the layer's input is rotated by a block Hadamard of this size), 0 if none."""
+        return int(dict(self.attrs).get("rotation", 0) or 0)
+
+    @property
+    def dynamic(self) -> bool:
+        """The weight carries dynamic activation quantization (what torchao's quantized matmul needs)."""
+        return dict(self.attrs).get("act_quant_kwargs") is not None
+
+
+class QParts:
+    """A weight that no single torchao tensor can hold (fused rows of NVFP4 weights whose per-tensor scales differ).
+    Quacks like a weight where placement looks (``shape``, ``dtype``)."""
+
+    def __init__(self, tensors: tuple, spec: QSpec, cols: int):
+        self.tensors, self.spec = tuple(tensors), spec
+        self.shape = torch.Size((self.tensors[0].shape[0], cols))
+        self.dtype = spec.dtype
+        self.ndim = 2
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+
+ROTATION_ATTR = "prequant_rotation"  # set on a torchao tensor whose layer input is rotated (ConvRot, v2 files)
+
+
+def rotation_attrs(t) -> dict:
+    g = getattr(t, ROTATION_ATTR, 0)
+    return {"rotation": int(g)} if g else {}
+
+
+def set_rotation(t, spec: QSpec):
+    if spec.rotation:
+        setattr(t, ROTATION_ATTR, spec.rotation)
+    return t
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def unswizzle(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """torchao's blocked (swizzled) scale layout, which its GPU kernels read, back to row-major [rows, cols]."""
+    from torchao.prototype.mx_formats.utils import from_blocked
+    return from_blocked(scale.reshape(-1), rows, cols).contiguous()
+
+
+_TABLES: dict = {}
+
+
+def decode_table(name: str, device) -> torch.Tensor:
+    """Decode tables (float32), built on the CPU from torch's / torchao's own conversions, copied once per device:
+    ``e4m3`` and ``e8m0`` map a byte to its value, ``e2m1x2`` a packed byte to its two values (low nibble first)."""
+    key = (name, str(device))
+    if key not in _TABLES:
+        b = torch.arange(256, dtype=torch.uint8)
+        if name == "e4m3":
+            t = b.view(torch.float8_e4m3fn).to(torch.float32)
+        elif name == "e5m2":
+            t = b.view(torch.float8_e5m2).to(torch.float32)
+        elif name == "e8m0":
+            from torchao.prototype.mx_formats.mx_tensor import get_fp_scale
+            t = get_fp_scale(b.view(torch.float8_e8m0fnu))
+        else:
+            from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+            t = f4_unpacked_to_f32(unpack_uint4(b.reshape(256, 1))).reshape(256, 2)
+        _TABLES[key] = t.to(device)
+    return _TABLES[key]
+
+
+def decode(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    idx = codes.reshape(-1).to(torch.int32)
+    return torch.index_select(table, 0, idx).reshape(*codes.shape, *table.shape[1:])
+
+
+BLOCK_TORCHAO = (0, 18)  # the torchao whose NVFP4Tensor / MXTensor fields this pack reads (earlier ones differ)
+
+
+@functools.lru_cache(maxsize=None)
+def require_block_torchao() -> None:
+    """NVFP4 / MX weights need torchao's current tensor classes: say which torchao, rather than fail inside it."""
+    import torchao
+    from ..errors import DependencyError
+    try:
+        have = tuple(int(x) for x in torchao.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return
+    if have < BLOCK_TORCHAO:
+        raise DependencyError("NVFP4 and MXFP8 weights need a newer torchao.",
+                              expected=f"torchao >= {BLOCK_TORCHAO[0]}.{BLOCK_TORCHAO[1]}",
+                              found=f"torchao {torchao.__version__}",
+                              fix=f"pip install -U 'torchao>={BLOCK_TORCHAO[0]}.{BLOCK_TORCHAO[1]}' in ComfyUI's "
+                                  "Python environment.")
+
+
+MAX_ROW_SCALE = 1e35  # per-row scales: 448 x this stays finite
+
+
+def check_scale_finite(key: str, s, path: str) -> None:
+    """Finite, not negative (a negative scale flips a row's sign) and small enough that the largest code times it
+    stays finite."""
+    try:
+        finite = bool((torch.isfinite(s) & (s >= 0) & (s <= MAX_ROW_SCALE)).all()) if s.is_floating_point() else False
+    except Exception as e:  # noqa: BLE001 - a stranger's tensor
+        raise CorruptCheckpointError(f"The scale of quantized tensor '{key[:80]}' cannot be read.", path=path,
+                                     found=f"{type(e).__name__}: {str(e)[:200]}") from None
+    if not finite:
+        raise CorruptCheckpointError(f"The scale of quantized tensor '{key[:80]}' is not finite (NaN or infinity), "
+                                     f"negative, above {MAX_ROW_SCALE:g} or not a float: that layer's output would be "
+                                     "NaN, infinite or sign-flipped.", path=path,
+                                     found=f"scale {s.dtype} {tuple(s.shape)}",
+                                     fix="Download or build the file again.")
+
+
+def refuse_nan_scales(key: str, bad: bool, path: str) -> None:
+    if bad:
+        raise CorruptCheckpointError(f"A block scale of quantized tensor '{key[:80]}' is NaN: every output of "
+                                     "that layer would be NaN.", path=path, fix="Download or build the file again.")
+
+
+def block_scale_problem(t, cols: int, block: int) -> str | None:
+    """Why a per-block weight's scales do not fit its data (``cols`` logical columns in blocks of ``block``)."""
+    from torchao.prototype.mx_formats.utils import ceil_div
+    q, s = t.qdata, t.scale
+    rows = q.shape[0]
+    if block <= 0 or cols % block:
+        return f"width {cols} is not a multiple of the block size {block}"
+    n = cols // block
+    # the shape, not only the count, says which layout the scales are in: a flipped is_swizzled_scales flag with a
+    # count that happens to fit would silently scramble every block's scale
+    want = (ceil_div(rows, 128) * 32, ceil_div(n, 4) * 16) if t.is_swizzled_scales else (rows, n)
+    if tuple(s.shape) != want:
+        layout = "swizzled (128 x 4 tiles)" if t.is_swizzled_scales else "row-major"
+        return f"block scales {tuple(s.shape)} for data {tuple(q.shape)}, expected {want} ({layout}, as the " \
+               "tensor's is_swizzled_scales flag says)"
+    return None
+
+
+def dequantize_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, table: str = "e4m3") -> torch.Tensor:
+    """``codes * scale`` per row in float32, then ``dtype``: the same numbers as ``RowCodec.dequantize`` (tested), in
+    fewer passes over the weight (int8 promotes inside the multiply; fp8 widens exactly to fp16 first, as fp8 takes
+    part in no type promotion). ``uint8`` codes are fp8 codes kept as bytes (devices without a float8 dtype)."""
+    s = scale.to(torch.float32)
+    if qdata.dtype == torch.int8:
+        w = qdata * s
+    elif qdata.dtype == torch.uint8:
+        w = decode(decode_table(table, qdata.device), qdata) * s
+    else:
+        w = qdata.to(torch.float16) * s  # every e4m3 value is exact in fp16; the product is computed in fp32
+    return w if dtype == torch.float32 else w.to(dtype)
+
+
+def weight_only_rows(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, bias=None,
+                     table: str = "e4m3") -> torch.Tensor:
+    """The per-row weight-only path: the rows dequantized to the input's (compute) dtype, then a dense linear.
+
+    float32 compute (ComfyUI on a CPU) scales the output columns instead of the weight rows,
+    ``(x @ codes^T) * scale^T``: the same product, one pass less over the weight (which dominates at small sizes);
+    the rounding differs at float32 level. Half-precision compute dequantizes the rows first (``codes`` times a
+    large activation sum could overflow fp16 before the scale brings it down)."""
+    if input.dtype == torch.float32:
+        w = decode(decode_table(table, qdata.device), qdata) if qdata.dtype == torch.uint8 else \
+            qdata.to(torch.float32)
+        out = torch.nn.functional.linear(input, w)
+        out.mul_(scale.reshape(-1).to(torch.float32))
+        if bias is not None:
+            out.add_(bias.to(device=input.device, dtype=torch.float32))
+        return out
+    w = dequantize_rows(qdata, scale, input.dtype, table)
+    if bias is not None:
+        bias = bias.to(device=input.device, dtype=input.dtype)
+    return torch.nn.functional.linear(input, w, bias)
+
+
+class Codec:
+    """One weight kind's layout. Subclasses set the class attributes and implement the methods marked so; the
+    defaults are what most kinds share."""
+    kind: str = ""  # what ``qtensor.kind_of`` says and ``QSpec.kind`` holds
+    type_name: str = ""  # the in-memory class's name, as pickles and torchao's JSON ``_type`` spell it
+    block: int = 0  # scales per block of this many input columns; 0: one scale per row
+    part_names: tuple = ("codes", "scale")  # the plain parts, rows first (what ComfyUI holds, in this order)
+    code_dtypes: tuple = ()  # per-row kinds: the dtypes a stranger's codes may have
+    # the attributes an instance may carry (a file supplies nothing else; tensor_fields checks)
+    fields: frozenset = frozenset()
+    fingerprint_fields: tuple = ("qdata", "scale")  # hashed in this order (Unsloth's table)
+    json_parts: frozenset | None = None  # the flattened parts torchao's JSON form may have (None: not checked)
+    float8_codes: bool = False  # codes are float8: a device without a float8 dtype keeps them as bytes
+    cpu_matmul: str | None = None  # why the quantized matmul runs on a CPU, or None where it does not
+
+    def tensor_type(self) -> type:  # implement: the torchao class (imported when first asked)
+        raise NotImplementedError
+
+    def owns(self, t) -> bool:
+        return isinstance(t, self.tensor_type())
+
+    def dynamic(self, t) -> bool:
+        return getattr(t, "act_quant_kwargs", None) is not None
+
+    def parts(self, t) -> tuple[tuple, QSpec]:  # implement: torchao tensor -> (plain parts, spec)
+        raise NotImplementedError
+
+    def assemble(self, tensors: tuple, spec: QSpec):  # implement: the inverse of ``parts``
+        raise NotImplementedError
+
+    def logical_cols(self, tensors: tuple) -> int:
+        """The dense weight's width, from the parts (NVFP4 packs two codes a byte)."""
+        return tensors[0].shape[1]
+
+    def dequantize(self, tensors: tuple, spec: QSpec, dtype: torch.dtype) -> torch.Tensor:  # implement
+        """The dense weight, bit for bit what torchao's own ``dequantize(dtype)`` gives, on any device."""
+        raise NotImplementedError
+
+    def quantize(self, dense: torch.Tensor, spec: QSpec, like: tuple | None = None,
+                 keep: torch.Tensor | None = None) -> tuple:  # implement
+        """``dense`` quantized like ``spec``'s weights (LoRA-patched weights). ``like``: the parts being replaced;
+        a kind with per-row side values (NVFP4's row scale) keeps theirs for every row, or with ``keep`` (bool
+        [out]) for those rows only."""
+        raise NotImplementedError
+
+    def torchao_form(self, tensors: tuple) -> bool:
+        """Whether the parts have a torchao tensor (else torchao's quantized matmul cannot run them)."""
+        return True
+
+    def check_fields(self, t, c) -> None:
+        """The values of a stranger's attributes; ``c`` is ``field_checks`` (the checks raise its ``Bad``)."""
+
+    def structure_problem(self, t) -> str | None:
+        """Block kinds: why the shapes / dtypes are not what ``parts`` reads (no tensor byte touched), or None."""
+        return None
+
+    def side_tensors(self, t) -> list:
+        """Block kinds: tensors besides qdata and scale a stranger's copy carries, as (tensor, what)."""
+        return []
+
+    def check_values(self, key: str, t, tensors: tuple, path: str) -> None:
+        """The values ``parts`` produced that would make the layer's output NaN, infinite or sign-flipped; raises
+        ``CorruptCheckpointError``."""
+
+    def from_json(self, d: dict, parts: dict, j):  # implement
+        """The tensor from torchao's JSON ``_data`` and its flattened parts; ``j`` is ``formats.torchao_json``
+        (its checks raise its DecodeError; schemes never import formats)."""
+        raise NotImplementedError
+
+    def to_json(self, t) -> tuple[str, list]:
+        """(torchao's JSON for ``t``, [(part name, tensor)]) as torchao's own safetensors writer lays them out, so
+        torchao reads the files this pack writes."""
+        import json
+        from torchao.prototype.safetensors.safetensors_utils import TensorSubclassAttributeJSONEncoder
+        names = list(t.tensor_data_names) + list(getattr(t, "optional_tensor_data_names", None) or [])
+        return json.dumps(t, cls=TensorSubclassAttributeJSONEncoder), \
+            [(n, getattr(t, n)) for n in names if getattr(t, n) is not None]
+
+    def weight_only_linear(self, input, tensors: tuple, spec: QSpec, bias, table: str):
+        """The weight-only matmul: the weight dequantized to the compute dtype, then a dense linear."""
+        return torch.nn.functional.linear(input, self.dequantize(tensors, spec, input.dtype), bias)
+
+    def quantized_linear(self, input, tensors: tuple, spec: QSpec, bias):
+        """torchao's quantized matmul on the torchao tensor rebuilt around the parts (no copy)."""
+        return torch.nn.functional.linear(input, self.assemble(tensors, spec), bias)
+
+
+class RowCodec(Codec):
+    """Per-row kinds: ``(codes [out, in], scale [out, 1])`` around a torchao tensor with ``qdata`` / ``scale`` and
+    a ``[1, in]`` block. Subclasses give the torchao constructor and quantizer."""
+
+    def spec_attrs(self, t) -> dict:  # implement: the non-tensor constructor arguments
+        raise NotImplementedError
+
+    def make(self, qdata, scale, block_size, spec: QSpec):  # implement: the torchao constructor
+        raise NotImplementedError
+
+    def from_dense(self, dense, spec: QSpec):  # implement: torchao's per-row quantizer with spec's settings
+        raise NotImplementedError
+
+    def parts(self, t):
+        zp = getattr(t, "zero_point", None)
+        if zp is not None and bool(torch.any(zp != 0)):
+            raise ValueError("asymmetric int8 weights (non-zero zero point) are not supported")
+        scale = t.scale
+        rows = t.qdata.shape[0]
+        if scale.numel() == 1:
+            scale = scale.reshape(1, 1).expand(rows, 1).contiguous()
+        scale = scale.reshape(rows, 1)
+        spec = QSpec(self.kind, t.dtype, tuple(sorted({**self.spec_attrs(t), **rotation_attrs(t)}.items())))
+        return (t.qdata, scale), spec
+
+    def assemble(self, tensors, spec):
+        qdata, scale = tensors[0], tensors[1]
+        return set_rotation(self.make(qdata, scale, [1, qdata.shape[-1]], spec), spec)
+
+    def dequantize(self, tensors, spec, dtype):
+        q, s = tensors[0], tensors[1]
+        if q.dtype == torch.uint8:  # float8 codes kept as bytes
+            q = q.view(torch.float8_e4m3fn) if q.device.type in ("cpu", "cuda") else \
+                decode(decode_table("e4m3", q.device), q)
+        return (q.to(torch.float32) * s.to(torch.float32)).to(dtype)
+
+    def quantize(self, dense, spec, like=None, keep=None):
+        return self.parts(self.from_dense(dense.to(spec.dtype), spec))[0]
+
+    def weight_only_linear(self, input, tensors, spec, bias, table):
+        return weight_only_rows(input, tensors[0], tensors[1], bias, table)
+
+
+def row_block_accepted(v, shape, whole_ok: bool = False) -> bool:
+    """The block shapes this pack reads for per-row weights, pickled or in torchao's JSON: ``[1, K]``, one block per
+    row; with ``whole_ok`` (fp8 holding one scale) also the whole weight ``[N, K]``, the stale per-tensor fp8 of
+    Unsloth's older builds, decoded so that Info can describe it and validation can name it stale."""
+    if not (isinstance(v, (list, tuple)) and len(v) == 2
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in v)):
+        return False
+    return (v[0] == 1 and len(shape) > 0 and v[1] == shape[-1]) or (whole_ok and list(v) == list(shape))
