@@ -81,6 +81,10 @@ CALLBACKS = {("nodes/status.py", "say"), ("nodes/status.py", "bytes"), ("nodes/s
              ("nodes/load_node.py", "_interrupted")}
 
 
+CORE_RANK = {"prequant_core/schemes": 0, "prequant_core/formats": 1, "prequant_core/families": 2,
+             "prequant_core/load": 3}
+
+
 def _room(mod: str) -> str:
     """A folder under prequant_core/ is one room; any other file is its own."""
     parts = mod.split(os.sep)
@@ -98,3 +102,7 @@ def test_the_load_walk_goes_down_through_few_rooms(traced):
     up = [(a, b, f) for a, b, f in out["calls"] if a.startswith("prequant_core") and b.startswith("nodes")
           and (b, f) not in CALLBACKS]
     assert not up, up
+    # inside the core every call goes down: the pipeline, then families, then formats, then schemes (shared types)
+    against = sorted({(_room(a), _room(b), f) for a, b, f in out["calls"]
+                      if _room(a) in CORE_RANK and _room(b) in CORE_RANK and CORE_RANK[_room(a)] < CORE_RANK[_room(b)]})
+    assert not against, against

@@ -256,8 +256,8 @@ class Codec:
         """Whether the parts have a torchao tensor (else torchao's quantized matmul cannot run them)."""
         return True
 
-    def check_fields(self, t, c) -> None:
-        """The values of a stranger's attributes; ``c`` is ``field_checks`` (the checks raise its ``Bad``)."""
+    def check_fields(self, t) -> None:
+        """The values of a stranger's attributes (``field_checks``: each check raises its ``Bad``)."""
 
     def structure_problem(self, t) -> str | None:
         """Block kinds: why the shapes / dtypes are not what ``parts`` reads (no tensor byte touched), or None."""
@@ -271,9 +271,9 @@ class Codec:
         """The values ``parts`` produced that would make the layer's output NaN, infinite or sign-flipped; raises
         ``CorruptCheckpointError``."""
 
-    def from_json(self, d: dict, parts: dict, j):  # implement
-        """The tensor from torchao's JSON ``_data`` and its flattened parts; ``j`` is ``formats.torchao_json``
-        (its checks raise its DecodeError; schemes never import formats)."""
+    def from_json(self, d: dict, parts: dict):  # implement
+        """The tensor from torchao's JSON ``_data`` and its flattened parts (``json_values``: each check raises its
+        ``DecodeError``)."""
         raise NotImplementedError
 
     def to_json(self, t) -> tuple[str, list]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .codec import RowCodec
+from . import field_checks as c
 from .record import Scheme
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -38,7 +39,7 @@ def quantize(weight, cfg):
                                     hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference))
 
 
-def _mm_check(v, field, c):
+def _mm_check(v, field):
     from torchao.float8.inference import Float8MMConfig
     if v is None:
         return
@@ -47,7 +48,7 @@ def _mm_check(v, field, c):
         c.bool_(getattr(v, f), f"{field}.{f}")
 
 
-def _act_check(v, field, c):
+def _act_check(v, field):
     from torchao.quantization.quantize_.common import KernelPreference
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
     if v is None:
@@ -55,7 +56,7 @@ def _act_check(v, field, c):
     c.dataclass_of(v, QuantizeTensorToFloat8Kwargs, field)
     c.need(v.float8_dtype in FP8, field + ".float8_dtype", "float8_e4m3fn or float8_e5m2", v.float8_dtype)
     c.granularity(v.granularity, field + ".granularity")
-    _mm_check(v.mm_config, field + ".mm_config", c)
+    _mm_check(v.mm_config, field + ".mm_config")
     c.opt_float(v.hp_value_lb, field + ".hp_value_lb", 0)
     c.opt_float(v.hp_value_ub, field + ".hp_value_ub", 0)
     c.enum(v.kernel_preference, KernelPreference, field + ".kernel_preference")
@@ -91,16 +92,17 @@ class Float8Codec(RowCodec):
                                           kernel_preference=kw.get("kernel_preference"),
                                           act_quant_kwargs=kw.get("act_quant_kwargs"))
 
-    def check_fields(self, t, c):
+    def check_fields(self, t):
         from torchao.quantization.quantize_.common import KernelPreference
         d = t.__dict__
         one_scale = isinstance(d.get("scale"), torch.Tensor) and d["scale"].numel() == 1 and t.qdata.ndim == 2
         c.block(d.get("block_size"), "block_size", tuple(t.qdata.shape), whole_ok=one_scale)
-        _mm_check(d.get("mm_config"), "mm_config", c)
-        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs", c)
+        _mm_check(d.get("mm_config"), "mm_config")
+        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs")
         c.enum(d.get("kernel_preference"), KernelPreference, "kernel_preference")
 
-    def from_json(self, d, parts, j):
+    def from_json(self, d, parts):
+        from . import json_values as j  # imports torchao: only when a file is read
         from torchao.quantization.quantize_.common import KernelPreference
         qdata, scale = parts["qdata"], parts["scale"]
         block = j.block_size(d.get("block_size"), qdata, per_tensor_ok=scale.numel() == 1)

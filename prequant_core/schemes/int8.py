@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .codec import RowCodec
+from . import field_checks as c
 from .record import Scheme
 
 # docs/FORMAT.md section 4: int8 files keep these layers dense on every family
@@ -29,7 +30,7 @@ def quantize(weight, cfg):
         reduce_range=cfg.reduce_range)
 
 
-def _act_check(v, field, c):
+def _act_check(v, field):
     from torchao.quantization.quant_primitives import MappingType
     from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
     if v is None:
@@ -68,15 +69,16 @@ class Int8Codec(RowCodec):
         return self.tensor_type().from_hp(dense, granularity=PerRow(),
                                           act_quant_kwargs=spec.as_kwargs().get("act_quant_kwargs"))
 
-    def check_fields(self, t, c):
+    def check_fields(self, t):
         d = t.__dict__
         c.block(d.get("block_size"), "block_size", tuple(t.qdata.shape))
-        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs", c)
+        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs")
         c.bool_(d.get("reduce_range", False), "reduce_range")
         for f in ("act_pre_scale", "act_quant_scale", "act_quant_zero_point"):  # static activation settings
             c.need(d.get(f) is None, f, "none (this pack's int8 quantizes activations dynamically)", d.get(f))
 
-    def from_json(self, d, parts, j):
+    def from_json(self, d, parts):
+        from . import json_values as j  # imports torchao: only when a file is read
         qdata, scale = parts["qdata"], parts["scale"]
         block = j.block_size(d.get("block_size"), qdata)
         dtype = j.decode_dtype(d.get("dtype"))

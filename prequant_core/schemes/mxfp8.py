@@ -6,6 +6,7 @@ import torch
 
 from . import codec as c_
 from .codec import Codec, QSpec
+from . import field_checks as c
 from .record import Scheme
 
 BLOCK = 32
@@ -32,7 +33,7 @@ def quantize(weight, cfg):
                           act_quant_kwargs=act, is_swizzled_scales=True, scaling_mode=cfg.scaling_mode)
 
 
-def _act_check(v, field, c):
+def _act_check(v, field):
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.mx_tensor import QuantizeTensorToMXKwargs
     from torchao.quantization.quantize_.common import KernelPreference
@@ -100,14 +101,14 @@ class MXFP8Codec(Codec):
         t = self.tensor_type().to_mx(dense.to(spec.dtype).contiguous(), kw["elem_dtype"], kw["block_size"], **mode)
         return c_.as_bytes(t.qdata), c_.as_bytes(t.scale.reshape(dense.shape[0], -1))
 
-    def check_fields(self, t, c):
+    def check_fields(self, t):
         from torchao.quantization.quantize_.common import KernelPreference
         d = t.__dict__
         c.need(d.get("elem_dtype") in FP8, "elem_dtype", "float8_e4m3fn or float8_e5m2 (mxfp8)", d.get("elem_dtype"))
         c.int_(d.get("block_size"), "block_size", {BLOCK})
         c.need(d.get("orig_dtype") in LOGICAL, "orig_dtype", "bfloat16, float16 or float32", d.get("orig_dtype"))
         c.enum(d.get("kernel_preference"), KernelPreference, "kernel_preference")
-        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs", c)
+        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs")
         c.bool_(d.get("is_swizzled_scales"), "is_swizzled_scales")
 
     def structure_problem(self, t):
@@ -130,7 +131,8 @@ class MXFP8Codec(Codec):
                 found=str(top), fix="Download or build the file again.")
         c_.refuse_nan_scales(key, bool((bs == 0xFF).any()), path)
 
-    def from_json(self, d, parts, j):
+    def from_json(self, d, parts):
+        from . import json_values as j  # imports torchao: only when a file is read
         from torchao.quantization.quantize_.common import KernelPreference
         qdata, scale = parts["qdata"], parts["scale"]
         orig, swz = j.block_orig_dtype(d), j.swizzled(d)

@@ -6,6 +6,7 @@ import torch
 
 from . import codec as c_
 from .codec import Codec, QParts, QSpec
+from . import field_checks as c
 from .record import Scheme
 
 BLOCK = 16
@@ -35,7 +36,7 @@ def quantize(weight, cfg):
     return t
 
 
-def _act_check(v, field, c):
+def _act_check(v, field):
     from torchao.prototype.mx_formats.nvfp4_tensor import QuantizeTensorToNVFP4Kwargs
     if v is None:
         return
@@ -126,13 +127,13 @@ class NVFP4Codec(Codec):
         s, q = nvfp4_quantize(dense, BLOCK, row_scale)  # broadcasts: one scale per row
         return q, c_.as_bytes(s), row_scale
 
-    def check_fields(self, t, c):
+    def check_fields(self, t):
         d = t.__dict__
         c.int_(d.get("block_size"), "block_size", {BLOCK})
         c.need(d.get("orig_dtype") in LOGICAL, "orig_dtype", "bfloat16, float16 or float32", d.get("orig_dtype"))
         c.bool_(d.get("is_swizzled_scales"), "is_swizzled_scales")
         c.bool_(d.get("use_triton_kernel"), "use_triton_kernel")
-        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs", c)
+        _act_check(d.get("act_quant_kwargs"), "act_quant_kwargs")
         c.scalar(d.get("per_tensor_scale"), "per_tensor_scale")
         c.scalar(d.get("act_per_tensor_scale"), "act_per_tensor_scale")
 
@@ -171,7 +172,8 @@ class NVFP4Codec(Codec):
                                          fix="Download or build the file again.")
         c_.refuse_nan_scales(key, bool(((bs & 0x7F) == 0x7F).any()), path)  # e4m3 bytes 0x7f / 0xff are NaN
 
-    def from_json(self, d, parts, j):
+    def from_json(self, d, parts):
+        from . import json_values as j  # imports torchao: only when a file is read
         qdata, scale = parts["qdata"], parts["scale"]
         orig, swz = j.block_orig_dtype(d), j.swizzled(d)
         j.need(d.get("block_size") == BLOCK, f"NVFP4 block_size must be 16, found {str(d.get('block_size'))[:20]}")

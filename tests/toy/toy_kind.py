@@ -9,6 +9,7 @@ import torch
 from torchao.utils import TorchAOBaseTensor
 
 from prequant_core.errors import CorruptCheckpointError
+from prequant_core.schemes import field_checks as c
 from prequant_core.schemes.codec import Codec, QSpec, rotation_attrs, set_rotation
 from prequant_core.schemes.record import Scheme
 
@@ -61,7 +62,7 @@ class ToyInt4Codec(Codec):
     def quantize(self, dense, spec, like=None, keep=None):
         return self.parts(quantize(dense.to(spec.dtype)))[0]
 
-    def check_fields(self, t, c):
+    def check_fields(self, t):
         c.need(t.__dict__.get("orig_dtype") in (torch.bfloat16, torch.float16, torch.float32), "orig_dtype",
                "bfloat16, float16 or float32", t.__dict__.get("orig_dtype"))
 
@@ -71,7 +72,8 @@ class ToyInt4Codec(Codec):
                                          expected=f"codes in -{LEVELS}..{LEVELS}",
                                          fix="Download or build the file again.")
 
-    def from_json(self, d, parts, j):
+    def from_json(self, d, parts):
+        from prequant_core.schemes import json_values as j
         qdata, scale = parts["qdata"], parts["scale"]
         j.need(qdata.dtype == torch.int8, f"ToyInt4Tensor data is {qdata.dtype}")
         j.need(tuple(scale.shape) == (qdata.shape[0], 1), f"scale {tuple(scale.shape)} is not one per row")

@@ -1,0 +1,147 @@
+"""Strict decoders for the values inside torchao's per-tensor JSON (dtypes, granularities, enums, mm configs,
+activation-quantization settings), the pieces every codec's ``from_json`` is built from.
+
+torchao's own ``object_from_dict`` resolves any ``torch.<name>`` attribute and any allowed class by name; a
+stranger's header deserves less trust, so only the few types the weight kinds' codecs need are understood, with
+each field type-checked. The encoder output is what torchao itself writes, so torchao can read our files.
+"""
+from __future__ import annotations
+
+
+import torch
+from torchao.float8.inference import Float8MMConfig
+from torchao.quantization import PerRow, PerTensor
+from torchao.quantization.quant_primitives import MappingType
+from torchao.quantization.quantize_.common import KernelPreference
+from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
+from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
+
+from .codec import row_block_accepted as block_accepted
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "int8": torch.int8}
+LOGICAL = (torch.bfloat16, torch.float16, torch.float32)  # what a weight dequantizes to
+
+
+class DecodeError(ValueError):
+    pass
+
+
+def _need(cond, what):
+    if not cond:
+        raise DecodeError(what)
+
+
+def _obj(v, expected_type):
+    _need(isinstance(v, dict) and v.get("_type") == expected_type, f"expected {expected_type}, found {str(v)[:80]}")
+    d = v.get("_data")
+    return d
+
+
+def _opt_float(v, name):
+    _need(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)), f"{name} must be a number")
+    return None if v is None else float(v)
+
+
+def _bool(v, name, default=False):
+    if v is None:
+        return default
+    _need(isinstance(v, bool), f"{name} must be true/false")
+    return v
+
+
+def decode_dtype(v):
+    d = _obj(v, "torch.dtype")
+    _need(isinstance(d, str) and d in DTYPES, f"unsupported dtype {str(d)[:40]}")
+    return DTYPES[d]
+
+
+def decode_granularity(v):
+    _need(isinstance(v, dict), "granularity must be an object")
+    if v.get("_type") == "PerRow":
+        d = v.get("_data") or {}
+        _need(isinstance(d, dict), "PerRow data")
+        dim = d.get("dim", -1)
+        _need(isinstance(dim, int) and not isinstance(dim, bool), "PerRow dim")
+        return PerRow(dim=dim)
+    if v.get("_type") == "PerTensor":
+        return PerTensor()
+    raise DecodeError(f"unsupported granularity {str(v.get('_type'))[:40]}")
+
+
+def decode_enum(v, enum_cls, type_name):
+    d = _obj(v, type_name)
+    _need(isinstance(d, str) and d in enum_cls.__members__, f"unknown {type_name} {str(d)[:40]}")
+    return enum_cls[d]
+
+
+def decode_mm_config(v):
+    if v is None:
+        return None
+    d = _obj(v, "Float8MMConfig")
+    _need(isinstance(d, dict), "Float8MMConfig data")
+    return Float8MMConfig(emulate=_bool(d.get("emulate"), "emulate"),
+                          use_fast_accum=_bool(d.get("use_fast_accum"), "use_fast_accum"),
+                          pad_inner_dim=_bool(d.get("pad_inner_dim"), "pad_inner_dim"))
+
+
+def decode_act_kwargs(v):
+    if v is None:
+        return None
+    _need(isinstance(v, dict), "act_quant_kwargs must be an object")
+    t = v.get("_type")
+    d = v.get("_data")
+    _need(isinstance(d, dict), "act_quant_kwargs data")
+    if t == "QuantizeTensorToInt8Kwargs":
+        return QuantizeTensorToInt8Kwargs(
+            granularity=decode_granularity(d.get("granularity")),
+            mapping_type=decode_enum(d.get("mapping_type"), MappingType, "MappingType"),
+            reduce_range=_bool(d.get("reduce_range"), "reduce_range"))
+    if t == "QuantizeTensorToFloat8Kwargs":
+        kp = d.get("kernel_preference")
+        return QuantizeTensorToFloat8Kwargs(
+            float8_dtype=decode_dtype(d.get("float8_dtype")),
+            granularity=decode_granularity(d.get("granularity")),
+            mm_config=decode_mm_config(d.get("mm_config")),
+            hp_value_lb=_opt_float(d.get("hp_value_lb"), "hp_value_lb"),
+            hp_value_ub=_opt_float(d.get("hp_value_ub"), "hp_value_ub"),
+            kernel_preference=KernelPreference.AUTO if kp is None else decode_enum(kp, KernelPreference, "KernelPreference"))
+    if t == "QuantizeTensorToNVFP4Kwargs":
+        from torchao.prototype.mx_formats.nvfp4_tensor import QuantizeTensorToNVFP4Kwargs
+        _need(d.get("block_size", 16) == 16, "NVFP4 activation block size must be 16")
+        return QuantizeTensorToNVFP4Kwargs(
+            block_size=16, is_swizzled_scales=_bool(d.get("is_swizzled_scales"), "is_swizzled_scales"),
+            use_triton_kernel=_bool(d.get("use_triton_kernel"), "use_triton_kernel"),
+            use_dynamic_per_tensor_scale=_bool(d.get("use_dynamic_per_tensor_scale"), "use_dynamic_per_tensor_scale"))
+    if t == "QuantizeTensorToMXKwargs":
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import QuantizeTensorToMXKwargs
+        _need(d.get("block_size", 32) == 32, "MX activation block size must be 32")
+        return QuantizeTensorToMXKwargs(
+            elem_dtype=decode_dtype(d.get("elem_dtype")), block_size=32,
+            scaling_mode=decode_enum(d.get("scaling_mode"), ScaleCalculationMode, "ScaleCalculationMode"),
+            kernel_preference=decode_enum(d.get("kernel_preference"), KernelPreference, "KernelPreference"),
+            is_swizzled_scales=_bool(d.get("is_swizzled_scales"), "is_swizzled_scales"))
+    raise DecodeError(f"unsupported act_quant_kwargs type {str(t)[:40]}")
+
+
+def _block_size(v, qdata, per_tensor_ok: bool = False):
+    _need(isinstance(v, list) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+          "block_size must be two integers")
+    _need(block_accepted(v, tuple(qdata.shape), per_tensor_ok),
+          f"block_size {v} is not per-row for data {tuple(qdata.shape)}")
+    return v
+
+
+# The names codecs call
+need, bool_, block_size = _need, _bool, _block_size
+
+
+def block_orig_dtype(d: dict):
+    orig = decode_dtype(d.get("orig_dtype"))
+    _need(orig in LOGICAL, f"orig_dtype {orig}")
+    return orig
+
+
+def swizzled(d: dict) -> bool:
+    return _bool(d.get("is_swizzled_scales"), "is_swizzled_scales")
