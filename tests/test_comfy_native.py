@@ -127,3 +127,79 @@ def test_info_reads_through_the_loaders_open_step_with_its_memory_guard(tmp_path
     elsewhere.mkdir()
     with pytest.raises(errors.PathNotAllowedError):
         report.info(path, model_dirs=[str(elsewhere)])
+
+
+def _poisoned(tmp_path, fmt, opts, key_suffix, poison, style="comfy_quant"):
+    """A native file written by ComfyUI's writer (restated), then one side tensor of one layer replaced: what a
+    stranger's file may hold."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    path = str(tmp_path / f"poison-{fmt}.safetensors")
+    cq.write(path, _dense(), {"blocks.0.attn.qkv": (fmt, opts), "blocks.0.mlp.0": (fmt, opts)}, style=style)
+    with safe_open(path, "pt") as f:
+        sd, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    key = "blocks.0.mlp.0.weight" + key_suffix
+    sd[key] = poison(sd[key])
+    save_file(sd, path, metadata=meta)
+    return path
+
+
+def _bytes_set(v):
+    def f(t):
+        t = t.clone()
+        t.view(torch.uint8).reshape(-1)[0] = v
+        return t
+    return f
+
+
+NAN = float("nan")
+# (format, options, the side tensor, how it is poisoned, what the refusal says)
+POISONS = [
+    ("int8_tensorwise", {}, "_scale", lambda t: torch.full_like(t, NAN), "not finite"),
+    ("int8_tensorwise", {"per_row": True}, "_scale", lambda t: t.index_fill(0, torch.tensor([3]), float("inf")),
+     "not finite"),
+    ("int8_tensorwise", {"per_row": True}, "_scale", lambda t: -t, "negative"),
+    ("int8_tensorwise", {}, "_scale", lambda t: torch.full_like(t, 1e38), "above"),
+    ("float8_e4m3fn", {}, "_scale", lambda t: torch.full_like(t, NAN), "not finite"),
+    ("float8_e5m2", {}, "_scale", lambda t: -t, "negative"),
+    ("nvfp4", {}, "_scale_2", lambda t: torch.full_like(t, NAN), "not finite"),
+    ("nvfp4", {}, "_scale_2", lambda t: torch.zeros_like(t), "zero, though the codes are not"),
+    ("nvfp4", {}, "_scale_2", lambda t: torch.full_like(t, 1e36), "infinite"),
+    ("nvfp4", {}, "_scale_2", lambda t: torch.ones((), dtype=torch.int64) * 7, "one float weight_scale_2"),
+    ("nvfp4", {}, "_scale", _bytes_set(0x7F), "NaN"),
+    ("nvfp4", {}, "_scale", _bytes_set(0xB8), "negative"),
+    ("mxfp8", {}, "_scale", _bytes_set(0xFF), "NaN"),
+    ("mxfp8", {}, "_scale", _bytes_set(0xFE), "infinite"),
+    ("mxfp8", {}, "_scale", _bytes_set(250), "infinite"),
+]
+
+
+@pytest.mark.parametrize("fmt,opts,suffix,poison,says", POISONS,
+                         ids=[f"{p[0]}{'-row' if p[1] else ''}-{p[2]}-{i}" for i, p in enumerate(POISONS)])
+def test_native_scales_that_would_make_nan_or_flip_signs_are_refused(tmp_path, fmt, opts, suffix, poison, says):
+    # issue 39 #1: the native reader passes the boundary every reader's quantized tensors pass
+    path = _poisoned(tmp_path, fmt, opts, suffix, poison)
+    with pytest.raises(CorruptCheckpointError) as e:
+        formats.read(path)
+    assert "blocks.0.mlp.0" in str(e.value) and says in str(e.value) and path in str(e.value), str(e.value)
+    with pytest.raises(CorruptCheckpointError):
+        report.info(path)
+
+
+def test_a_nan_scale_in_an_older_scaled_fp8_file_is_refused_by_the_command_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from safetensors.torch import save_file
+    dense = _dense()
+    path = str(tmp_path / "scaled-fp8.safetensors")
+    w = dense["blocks.0.mlp.0.weight"]
+    sd = {k: v for k, v in dense.items() if k != "blocks.0.mlp.0.weight"}
+    sd["blocks.0.mlp.0.weight"] = (w.to(torch.float32) / 0.01).to(torch.float8_e4m3fn)
+    sd["blocks.0.mlp.0.scale_weight"] = torch.tensor(NAN)
+    sd["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    save_file(sd, path)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-m", "prequant_core", "info", path], capture_output=True, text=True,
+                       cwd=root, timeout=300)
+    assert p.returncode == 2 and "not finite" in p.stderr and "blocks.0.mlp.0.weight" in p.stderr, p.stderr[-2000:]

@@ -135,3 +135,26 @@ def _build(nodes, tiny, scheme: str) -> str:
     assert info["container"] == "comfyui-native" and info["quantized_layers"] >= 4, info
     assert os.path.samefile(os.path.dirname(info["path"]), _folder("."))  # where Load Diffusion Model looks
     return info["file"]
+
+
+@pytest.mark.parametrize("fmt,suffix", [("int8_tensorwise", "_scale"), ("nvfp4", "_scale_2")])
+def test_a_native_file_with_a_nan_scale_is_refused_by_the_node(comfy, flux, fmt, suffix):
+    """Issue 39 #1: the node used to load it and sample a NaN latent; now the reader's tensor boundary refuses it
+    with the pack's typed error, naming the file and the layer."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from prequant_core.errors import CorruptCheckpointError
+    nodes, _ = comfy
+    comfy_sd, _ = flux
+    layers = {n: (fmt, {}) for n in _block_linears(comfy_sd)}
+    name = f"nan-{fmt}.safetensors"
+    path = os.path.join(_folder("native"), name)
+    cq.write(path, comfy_sd, layers)
+    with safe_open(path, "pt") as f:
+        sd, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    poisoned = sorted(layers)[0]
+    sd[poisoned + ".weight" + suffix] = torch.full_like(sd[poisoned + ".weight" + suffix], float("nan"))
+    save_file(sd, path, metadata=meta)
+    with pytest.raises(CorruptCheckpointError) as e, torch.inference_mode():
+        nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/native/" + name, family=FAMILY)
+    assert "not finite" in str(e.value) and poisoned in str(e.value) and name in str(e.value), str(e.value)

@@ -81,7 +81,8 @@ def _per_row(scale, rows: int, layer: str, path: str) -> tuple[torch.Tensor, str
 
 
 def to_weight(fmt: ComfyFormat, cfg: dict, weight: torch.Tensor, side: dict, layer: str, path: str):
-    """(this pack's weight for the layer, 'per_tensor' | 'per_row' | None, rotation group or None)."""
+    """(this pack's weight for the layer, 'per_tensor' | 'per_row' | None, rotation group or None). The weight is
+    not yet checked (the reader passes it through the tensor boundary) and carries no rotation yet."""
     if weight.ndim != 2 or 0 in weight.shape:
         raise _bad(layer, path, "its weight is not a 2-D Linear weight", found=f"{weight.dtype} {tuple(weight.shape)}")
     if fmt.scheme in ("fp8", "int8"):
@@ -96,17 +97,16 @@ def to_weight(fmt: ComfyFormat, cfg: dict, weight: torch.Tensor, side: dict, lay
                            expected=f"4 .. {rotation.MAX_GROUP}, dividing {weight.shape[1]}", found=repr(group)[:40])
             if gran != "per_row":
                 raise _bad(layer, path, "a ConvRot layer needs per-row scales", found=gran)
-        t = qtensor.join(weight, scale, schemes.spec(fmt.scheme, LOGICAL_DTYPE))
-        if group:
-            setattr(t, qtensor.ROTATION_ATTR, int(group))
-        return t, gran, group
+        # a ConvRot group is set by the reader after the tensor boundary (a file never supplies that attribute)
+        return qtensor.join(weight, scale, schemes.spec(fmt.scheme, LOGICAL_DTYPE)), gran, group
     if fmt.name == "nvfp4":
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
         bs, s2 = side.get("weight_scale"), side.get("weight_scale_2")
-        if weight.dtype != torch.uint8 or bs is None or s2 is None or s2.numel() != 1:
-            raise _bad(layer, path, "an nvfp4 layer needs uint8 codes, block scales and one weight_scale_2",
+        if weight.dtype != torch.uint8 or bs is None or s2 is None or s2.numel() != 1 or \
+                s2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise _bad(layer, path, "an nvfp4 layer needs uint8 codes, block scales and one float weight_scale_2",
                        found=f"{weight.dtype}, {None if bs is None else tuple(bs.shape)}, "
-                             f"{None if s2 is None else tuple(s2.shape)}")
+                             f"{None if s2 is None else f'{s2.dtype} {tuple(s2.shape)}'}")
         rows, blocks = weight.shape[0], weight.shape[1] * 2 // 16
         want = _swizzled_shape(rows, blocks)
         if bs.numel() != want[0] * want[1] or weight.shape[1] * 2 % 16:

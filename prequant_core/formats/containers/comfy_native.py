@@ -30,6 +30,8 @@ from ...errors import CorruptCheckpointError, UnsupportedFormatError, Validation
 from ...safe_text import escape
 from .. import comfy_layout as cf, plain_data
 from ..file_handle import OpenedFile
+from ..validate_tensors import check_quantized
+from ...schemes import qtensor
 
 PREFIX = COMFY_PREFIX
 QUANT_SUFFIX = ".comfy_quant"
@@ -154,6 +156,10 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
                     key = by_stripped.get(layer + ".weight_scale")
                 side[name] = get(key) if key else (torch.ones(()) if style == "scaled_fp8" else None)
             t, gran, group = cf.to_weight(fmt, cfg, get(wkey), side, layer, path)
+            # the boundary every reader's quantized tensors pass: finite, non-negative, bounded scales included
+            check_quantized(layer + ".weight", t, path)
+            if group:
+                setattr(t, qtensor.ROTATION_ATTR, int(group))
             tensors[layer + ".weight"] = t
             if gran:
                 granularity.setdefault(fmt.scheme, set()).add(gran)
