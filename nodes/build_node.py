@@ -75,15 +75,13 @@ def native_folder() -> str:
 def build_native(model, dense_file, dest, scheme, family, base, min_features, overwrite, progress):
     """A ComfyUI-native file from a MODEL (its state dict is ComfyUI's layout already) or a dense file (mapped to
     ComfyUI's names where it is in diffusers' layout)."""
-    from safetensors.torch import load_file
-
     from .comfy_model import to_comfy_layout
     if model is not None:
         fam = model_family(model, family)
         return core.build_comfy_native(model_state_dict(model), dest, scheme=scheme, family=fam, base_model_id=base,
                                        min_features=min_features, overwrite=overwrite, progress=progress)
     src = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
-    tensors = load_file(src)
+    tensors, _, _ = core.read_native_input(src)
     fam, layout = families.detect(list(tensors), None, src) if family == AUTO else \
         (families.get(family), families.get(family).layout_of(tensors))
     if layout != "comfyui":

@@ -380,3 +380,72 @@ def test_sigkill_cli_at_an_arbitrary_moment(dense_file, tmp_path):
     assert len(temps(str(folder))) <= 1
     assert output_file.clean_stale_temps(str(folder)) or temps(str(folder)) == []
     assert temps(str(folder)) == []
+
+
+# ---- a build trusts no input (issue 39 #2) --------------------------------------------------------------------------
+
+def _small_dense(path, poison=None):
+    import torch
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(1)
+    t = {"layers.0.attention.to_q.weight": torch.randn(512, 512, generator=g).bfloat16(),
+         "layers.0.attention.to_q.bias": torch.randn(512, generator=g).bfloat16(),
+         "layers.0.attention_norm1.weight": torch.ones(512).bfloat16()}
+    if poison:
+        poison(t)
+    save_file(t, path)
+    return path
+
+
+def _nan_weight(t):
+    t["layers.0.attention.to_q.weight"][7, 3] = float("nan")
+
+
+def _inf_bias(t):
+    t["layers.0.attention.to_q.bias"][0] = float("inf")
+
+
+def _int8_weight(t):
+    import torch
+    t["layers.0.attention.to_q.weight"] = torch.randint(-127, 127, (512, 512), dtype=torch.int8)
+
+
+@pytest.mark.parametrize("container", ["safetensors", "comfyui-native"])
+@pytest.mark.parametrize("poison,says", [(_nan_weight, "NaN or infinite"), (_inf_bias, "NaN or infinite"),
+                                         (_int8_weight, "not a floating-point weight")],
+                         ids=["nan-weight", "inf-bias", "int8-dense-weight"])
+def test_a_dense_input_that_would_compute_nan_builds_nothing(tmp_path, container, poison, says):
+    src = _small_dense(str(tmp_path / "dense.safetensors"), poison)
+    dest = str(tmp_path / "out" / "out.safetensors")
+    os.makedirs(os.path.dirname(dest))
+    r = subprocess.run([sys.executable, "-m", "prequant_core", "build", "-i", src, "-o", dest, "-q", "--family",
+                        "z-image", "--scheme", "int8", "--min-features", "256", "--container", container],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert says in r.stderr and "layers.0.attention.to_q" in r.stderr and "dense.safetensors" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "unexpected" not in r.stderr
+    assert_untouched(os.path.dirname(dest), dest, None)
+
+
+def test_a_native_build_never_falls_back_to_an_unchecked_read(tmp_path):
+    """A pre-quantized input the readers refuse (here a NaN scale) is refused as the loader refuses it."""
+    import torch
+    from safetensors.torch import save_file
+    q = build.schemes.quantize_weight(torch.randn(512, 512).bfloat16(), "int8")
+    src = str(tmp_path / "refused.safetensors")
+    writers.write_checkpoint(src, {"layers.0.attention.to_q.weight": q,
+                                   "layers.0.attention_norm1.weight": torch.ones(512).bfloat16()},
+                             {"family": "z-image", "scheme": "int8"})
+    from safetensors import safe_open
+    with safe_open(src, "pt") as f:
+        sd, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    key = next(k for k in sd if k.endswith("_weight_scale"))
+    sd[key] = torch.full_like(sd[key], float("nan"))
+    save_file(sd, src, metadata=meta)
+    dest = str(tmp_path / "out" / "native.safetensors")
+    os.makedirs(os.path.dirname(dest))
+    r = subprocess.run([sys.executable, "-m", "prequant_core", "build", "-i", src, "-o", dest, "-q", "--family",
+                        "z-image", "--container", "comfyui-native"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "not finite" in r.stderr and "refused.safetensors" in r.stderr, r.stderr[-2000:]
+    assert_untouched(os.path.dirname(dest), dest, None)

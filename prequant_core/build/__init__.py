@@ -225,6 +225,24 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
                        seconds=time.time() - t0)
 
 
+def check_dense_input(tensors: Mapping, where: str) -> None:
+    """A build's unquantized inputs are finite floating-point weights: a NaN or infinity would be written into the
+    file (and compute NaN), an integer "dense" weight would be quantized as if its codes were values."""
+    from ..formats.validate_tensors import check_plain_tensors
+    # integer buffers (ids, counters) pass as they are
+    check_plain_tensors({k: v for k, v in tensors.items() if not isinstance(v, torch.Tensor) or
+                         v.is_floating_point() or k.endswith(".weight")}, where)
+
+
+def read_native_input(path: str) -> tuple[dict, dict, str | None]:
+    """(tensors, metadata, the scheme it records) of a ComfyUI-native build's input file: read by the pack's own
+    readers, which refuse what they refuse (never a fallback to an unchecked read), then checked as a dense input."""
+    from .. import formats
+    ck = formats.read(path)
+    check_dense_input(ck.tensors, ck.path)
+    return ck.tensors, ck.metadata, ck.metadata.get("scheme")
+
+
 def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Family, base_model_id: str | None = None,
                        min_features: int = schemes.DEFAULT_MIN_FEATURES, overwrite: bool = False,
                        progress: BuildProgress | None = None, input_layout: str = "comfyui") -> BuildResult:
@@ -239,6 +257,7 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
     container_for(dest, NATIVE, scheme)
     _refuse_existing(dest, overwrite)
     base_model_id = (base_model_id or "").strip() or family.base_repos[0]
+    check_dense_input(tensors, getattr(tensors, "path", None) or "the input model")
     out, layers, skipped = comfy_native.native_tensors(tensors, scheme, min_features=min_features, progress=progress)
     if not layers:
         raise BuildError("No Linear layer of the transformer's blocks passes the filter, so nothing would be "
@@ -324,15 +343,8 @@ def _cli_native(args, family: str | None) -> int:
     """``build --container comfyui-native``: from a dense .safetensors or from a pre-quantized file this pack reads
     (an Unsloth file turned into one stock ComfyUI loads); diffusers names are mapped to ComfyUI's with the family's
     own map, or ComfyUI's (``--comfyui DIR``)."""
-    from .. import formats
     from ..families import keymap
-    from ..errors import PrequantError
-    try:
-        ck = formats.read(args.input)
-        tensors, md, scheme_default = ck.tensors, ck.metadata, ck.metadata.get("scheme")
-    except PrequantError:
-        from safetensors.torch import load_file
-        tensors, md, scheme_default = load_file(args.input), {}, None
+    tensors, md, scheme_default = read_native_input(args.input)
     fam, layout = (families.get(family), None) if family else families.detect(list(tensors), md, args.input)
     layout = layout or fam.layout_of(tensors) or "diffusers"
     scheme = args.scheme or scheme_default or "int8"

@@ -58,6 +58,14 @@ class Source:
         return self.path or "state dict"
 
 
+def _check_dense(key: str, t: torch.Tensor, path: str | None) -> None:
+    """A dense input's tensor is a finite float as it is read (one pass, while it is in memory anyway): a NaN would
+    be quantized into the output, an integer weight quantized as if its codes were values."""
+    from ..formats.validate_tensors import check_plain_tensors
+    if t.is_floating_point() or key.endswith(".weight"):  # integer buffers (ids, counters) pass as they are
+        check_plain_tensors({key: t}, path or "the input model")
+
+
 class MemorySource(Source):
     """A state dict already in memory (e.g. a ComfyUI MODEL's weights); tensors are moved to the CPU one at a time."""
 
@@ -71,7 +79,9 @@ class MemorySource(Source):
 
     def items(self):
         for k, v in self.tensors.items():
-            yield k, v.detach().to("cpu")
+            v = v.detach().to("cpu")
+            _check_dense(k, v, self.path)
+            yield k, v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +146,10 @@ class SafetensorsSource(Source):
                 if got != e.length:
                     raise CorruptCheckpointError(f"Tensor '{k}' is cut short (file truncated while reading?).",
                                                  path=self.files[e.file], found=f"{got} of {e.length} bytes")
-                yield k, buf.view(e.info.dtype).reshape(e.info.shape)
-                del buf
+                t = buf.view(e.info.dtype).reshape(e.info.shape)
+                _check_dense(k, t, self.files[e.file])
+                yield k, t
+                del buf, t
         finally:
             for f in handles.values():
                 f.close()
