@@ -5,7 +5,7 @@ so the ComfyUI node, the command line and the log all show the same actionable s
 """
 from __future__ import annotations
 
-from .safe_text import escape
+from .safe_text import escape, redact
 
 
 class PrequantError(Exception):
@@ -14,12 +14,13 @@ class PrequantError(Exception):
 
     def __init__(self, message: str, *, path: str | None = None, expected: str | None = None,
                  found: str | None = None, fix: str | None = None, reasons: list[str] | None = None):
-        self.message = message
+        # credentials in an address (user:password@) never reach the node, the page, the CLI or the log
+        self.message = redact(message)
         self.path = path
-        self.expected = expected
-        self.found = found
-        self.fix = fix
-        self.reasons = list(reasons or [])
+        self.expected = None if expected is None else redact(expected)
+        self.found = None if found is None else redact(found)
+        self.fix = None if fix is None else redact(fix)
+        self.reasons = [redact(r) for r in reasons or []]
         super().__init__(self.render())
 
     def render(self) -> str:

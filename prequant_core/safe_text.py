@@ -28,3 +28,13 @@ def escape(value) -> str:
 
 def is_clean(s: str) -> bool:
     return _UNSAFE.search(s) is None and all(unicodedata.category(c) != "Cs" for c in s)
+
+
+_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+
+
+def redact(value) -> str:
+    """``scheme://user:password@host`` -> ``scheme://***@host`` anywhere in the text: an address the user set (an
+    ``HF_ENDPOINT`` with credentials) or one a library quotes back never shows its password in a message or a log."""
+    return _CREDENTIALS.sub(r"\1***@", str(value))
+

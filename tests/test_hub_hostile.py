@@ -146,20 +146,28 @@ def test_downloads_are_kept_by_origin(hub, hf_env, files, tmp_path):
     assert h.download(REPO, (PRIMARY,), dest_dir=dest).path == good.path  # found again, no new transfer
 
 
-def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp_path, files):
+def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp_path, files, caplog):
+    """Also issue 39 #5: a password in HF_ENDPOINT (http://user:password@host) is shown as http://***@host in every
+    message and log line."""
+    import logging
     from prequant_core.load import hub as h
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    secret = "s3cret-pw"
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://someone:{secret}@127.0.0.1:{free_port()}")
     for k, v in FAST.items():
         monkeypatch.setenv(k, v)
     _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
     assert isinstance(e, h.HubUnavailableError) and "Could not reach" in str(e) and secs < 60, (secs, e)
+    assert "http://***@127.0.0.1" in str(e), e
     with HubServer() as s:
-        monkeypatch.setenv("HF_ENDPOINT", s.url)
+        monkeypatch.setenv("HF_ENDPOINT", s.url.replace("://", f"://someone:{secret}@"))
         s.commit(REPO, {PRIMARY: files["int8.safetensors"]})
         s.fault(REPO, PRIMARY, status=503, where="resolve")
-        _, e, _ = _timed(h.download, REPO, (PRIMARY, PT), dest_dir=str(tmp_path / "d"))
-        assert isinstance(e, h.HubUnavailableError) and "503" in str(e)
+        _, e2, _ = _timed(h.download, REPO, (PRIMARY, PT), dest_dir=str(tmp_path / "d"))
+        assert isinstance(e2, h.HubUnavailableError) and "503" in str(e2)
         assert [r["filename"] for r in s.requests(route="resolve")].count(PT) == 0  # no other name tried
+    for text in (str(e), repr(e.reasons), str(e2), repr(e2.reasons), caplog.text):
+        assert secret not in text and "someone:" not in text, text
 
 
 def test_the_client_librarys_own_errors_are_sorted_requests_and_httpx_alike():
@@ -185,3 +193,4 @@ def test_a_redirect_to_nowhere_or_to_itself_ends_typed(hub, hf_env, files, tmp_p
     _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
     assert isinstance(e, h.HubError) and secs < 60, (secs, e)
     assert not os.path.exists(os.path.join(tmp_path, "d", "unsloth", "Z-Image-Turbo-FP8", PRIMARY))
+

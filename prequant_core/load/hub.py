@@ -46,7 +46,8 @@ from typing import Callable, Iterable, Mapping
 
 from . import sources
 from ..errors import CheckpointNotFoundError, HubError  # noqa: F401
-from .hub_cache import (cache_dir, cached_file, client_constants, endpoint, is_cached, is_offline,  # noqa: F401
+from ..safe_text import redact
+from .hub_cache import (cache_dir, cached_file, client_constants, endpoint, is_cached, is_offline, shown_endpoint,  # noqa: F401
                         pinned_commit_hit, storage_folder)
 from .hub_errors import (HubAuthError, HubDownloadError, HubNotFoundError, HubOfflineError,  # noqa: F401
                          HubUnavailableError, raise_for, reasons_of, where)
@@ -149,7 +150,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
             # this revision is served. Never another name.
             hit = cached_file(repo, [fn], rev, cache)
             if hit:
-                log.warning("[prequant] %s unreachable (%s); using the cached %s", ep, out.detail, fn)
+                log.warning("[prequant] %s unreachable (%s); using the cached %s", redact(ep), redact(out.detail), fn)
                 if progress:
                     progress(file_size(hit[1]) or 0, file_size(hit[1]) or 0)
                 return Fetched(hit[1], repo, rev, fn, None, file_size(hit[1]) or 0, False, folder, tried)
@@ -169,7 +170,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
         raise_for(out.kind, out.detail, None, repo=repo, revision=rev, fn=fn, tried=tried)
 
     raise HubNotFoundError(f"None of the expected file names is in {where(repo, rev)}.", reasons=reasons_of(tried),
-                           fix=f"Check which files the repo holds ({endpoint()}/{repo}/tree/{rev}); pick the other "
+                           fix=f"Check which files the repo holds ({shown_endpoint()}/{repo}/tree/{rev}); pick the other "
                                "scheme, give the right repo or revision, or download the file by hand into "
                                "ComfyUI/models/prequant/.")
 

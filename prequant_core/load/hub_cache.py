@@ -36,6 +36,12 @@ def endpoint(env: Mapping[str, str] | None = None) -> str:
     return ep or client_constants().ENDPOINT
 
 
+def shown_endpoint(env: Mapping[str, str] | None = None) -> str:
+    """The Hub address as messages and logs show it: any user:password@ in it redacted."""
+    from ..safe_text import redact
+    return redact(endpoint(env))
+
+
 def cache_dir(env: Mapping[str, str] | None = None) -> str:
     """The standard Hugging Face cache folder, with the client's own precedence, read from the environment now."""
     env = os.environ if env is None else env

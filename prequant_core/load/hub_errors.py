@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 
 from ..errors import HubError
-from .hub_cache import cache_dir, endpoint
+from ..safe_text import redact
+from .hub_cache import cache_dir, shown_endpoint
 
 log = logging.getLogger("prequant")
 
@@ -105,7 +106,7 @@ def short(exc: BaseException) -> str:
 # --- the messages: what the user is told for each kind of failure -----------------------------------------------
 
 def where(repo: str, revision: str) -> str:
-    return f"Hub repo {repo} (revision {revision}, {endpoint()})"
+    return f"Hub repo {repo} (revision {revision}, {shown_endpoint()})"
 
 
 def reasons_of(tried: list[tuple[str, str]]) -> list[str]:
@@ -120,8 +121,9 @@ TOKEN_FIX = ("Set the HF_TOKEN environment variable (or run `hf auth login`) bef
 def raise_for(kind: str, detail: str, exc: BaseException | None, *, repo: str, revision: str, fn: str,
                tried: list[tuple[str, str]], scheme_hint: str = "") -> None:
     at = where(repo, revision)
+    detail = redact(detail)  # the client quotes URLs back, credentials included
     tried = tried + [(fn, detail)]
-    url = f"{endpoint()}/{repo}"
+    url = f"{shown_endpoint()}/{repo}"
     if kind == "auth":
         raise HubAuthError(f"{at} refused access ({detail}).", reasons=reasons_of(tried),
                            fix=TOKEN_FIX.format(url=url)) from exc
@@ -136,8 +138,8 @@ def raise_for(kind: str, detail: str, exc: BaseException | None, *, repo: str, r
     if kind in ("network", "offline"):
         # One plain sentence for the user; the client's raw exception (retries, pools, quoted reprs) goes to the
         # server log only.
-        log.warning("[prequant] could not reach %s for %s/%s: %s", endpoint(), repo, fn, detail)
-        raise HubUnavailableError(f"Could not reach the Hugging Face Hub at {endpoint()} to download {fn} from "
+        log.warning("[prequant] could not reach %s for %s/%s: %s", shown_endpoint(), repo, fn, detail)
+        raise HubUnavailableError(f"Could not reach the Hugging Face Hub at {shown_endpoint()} to download {fn} from "
                                   f"{repo} (revision {revision}).", reasons=reasons_of(tried[:-1]),
                                   fix="Check the network connection, proxy (HTTPS_PROXY) and HF_ENDPOINT. Other file "
                                       "names were not tried because this was not a 'file not found' answer. To use "
