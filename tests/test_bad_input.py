@@ -223,3 +223,13 @@ def test_info_gives_the_verdict_the_loader_gives(prequant_files, folder):
         _open(p, **req)
     r = report.info(str(p), Request(**req), model_dirs=[str(folder)])
     assert not r.valid and r.reasons and r.reasons == e.value.reasons, (r.reasons, e.value.reasons)
+
+
+@pytest.mark.parametrize("repo", ["a" * 300 + "/b", "unsloth/" + "b" * 89, "unsloth/x\n/y"])
+def test_a_repo_id_the_hub_would_refuse_is_refused_typed_before_any_request(repo):
+    # issue 39 #7: these reached huggingface_hub's own HFValidationError raw
+    from prequant_core.load import sources
+    with pytest.raises(errors.HubError) as e:
+        sources.plan(hub_repo=repo, family="z-image")
+    assert "is not a Hugging Face repo id" in str(e.value) and "at most 96 characters" in str(e.value)
+    assert "\n/y" not in str(e.value).split("\n")[0]  # one line stays one line

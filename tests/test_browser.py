@@ -245,6 +245,17 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
             shipped[f] = json.load(fh)
     workflows = [{"name": f, "workflow": wf} for f, wf in shipped.items()]
     workflows += [{"name": k, "workflow": _single(v[0], *v[2:])} for k, v in OLD_LAYOUTS.items()]
+    # a shared workflow whose Info node carries a saved result of any shape (issue 39 #8: "number 5 is not iterable"
+    # aborted loading the workflow)
+    hostile = _single(["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", False], "PrequantInfo")
+    hostile["nodes"][0]["properties"]["prequant_last_result"] = {
+        "rows": 5, "notes": {"a": 1}, "verdict": {"ok": False, "reasons": 7, "summary": ["x"]},
+        "valid": "yes"}
+    hostile2 = _single(["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", False], "PrequantInfo")
+    hostile2["nodes"][0]["properties"]["prequant_last_result"] = {"rows": [5, [{"toString": 1}, {"valueOf": 2}]],
+                                                                  "notes": [None, {"toString": "x"}]}
+    workflows += [{"name": "hostile saved result", "workflow": hostile},
+                  {"name": "hostile saved rows", "workflow": hostile2}]
     with ComfyServer(str(base)) as server:
         server.post("/settings/Comfy.TutorialCompleted", True)
         server.post("/settings/Comfy.Validation.Workflows", True)
@@ -280,6 +291,12 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         shown = next(n for n in r["nodes"] if n["type"] == "PrequantLoadTransformer")["widgets"]
         assert list(shown) == order and list(shown.values()) == loader["widgets_values"], (f, shown)
         assert [n for n in r["nodes"] if n["type"] == "MarkdownNote"], f
+
+    for name in ("hostile saved result", "hostile saved rows"):
+        r = res["workflows"][name]
+        assert [n["type"] for n in r["nodes"]] == ["PrequantInfo"] and not r["nodes"][0]["hasErrors"], (name, r)
+        bad = [m for m in r["console"] if m.startswith(("error", "pageerror")) and "net::ERR_" not in m]
+        assert not bad and r["toasts"] == [], (name, bad, r["toasts"])
 
     for name, (values, expected, *_) in OLD_LAYOUTS.items():
         r = res["workflows"][name]

@@ -58,7 +58,7 @@ function addStyle() {
 function el(tag, className, text) {
   const e = document.createElement(tag);
   if (className) e.className = className;
-  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (text !== undefined && text !== null) e.textContent = typeof text === "object" ? JSON.stringify(text) : String(text);
   return e;
 }
 
@@ -70,28 +70,35 @@ function humanBytes(n) {
   return `${n} B`;
 }
 
+// A saved result comes back from a workflow file, which anyone may have edited: every part is checked for its shape.
+const list = (v) => (Array.isArray(v) ? v : []);
+
 // The report as DOM: verdict block, then the (label, value) rows the Python side chose (Report.rows()).
 export function renderReport(container, report) {
   container.replaceChildren();
-  const verdict = report.verdict || { ok: !!report.valid, reasons: report.reasons || [] };
+  report = report && typeof report === "object" ? report : {};
+  const verdict = report.verdict && typeof report.verdict === "object" ? report.verdict
+    : { ok: !!report.valid, reasons: report.reasons };
   const v = el("div", `prequant-verdict ${verdict.ok ? "prequant-valid" : "prequant-invalid"}`,
-    verdict.summary || (verdict.ok ? "VALID" : "INVALID"));
+    typeof verdict.summary === "string" ? verdict.summary : (verdict.ok ? "VALID" : "INVALID"));
   v.dataset.verdict = verdict.ok ? "valid" : "invalid";
-  if (!verdict.ok && verdict.reasons?.length) {
+  const reasons = list(verdict.reasons);
+  if (!verdict.ok && reasons.length) {
     const ul = el("ul", "prequant-reasons");
-    for (const r of verdict.reasons) ul.appendChild(el("li", null, r));
+    for (const r of reasons) ul.appendChild(el("li", null, r));
     v.appendChild(ul);
   }
   container.appendChild(v);
   const table = el("table", "prequant-table");
-  for (const [label, value] of report.rows || []) {
+  for (const row of list(report.rows)) {
+    if (!Array.isArray(row)) continue;
     const tr = el("tr");
-    tr.appendChild(el("th", null, label));
-    tr.appendChild(el("td", null, value));
+    tr.appendChild(el("th", null, row[0]));
+    tr.appendChild(el("td", null, row[1]));
     table.appendChild(tr);
   }
   container.appendChild(table);
-  for (const n of report.notes || []) container.appendChild(el("div", "prequant-note", n));
+  for (const n of list(report.notes)) container.appendChild(el("div", "prequant-note", n));
 }
 
 function addPanel(node, name, className, placeholder, minHeight) {

@@ -52,6 +52,7 @@ def family_schemes(fam) -> tuple[str, ...]:
 
 
 PRESET_NONE = "none"
+MAX_REPO_ID = 96  # huggingface_hub's validate_repo_id
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf://", "hf.co/",
                  "https://hf.co/")
@@ -108,9 +109,11 @@ def normalize_repo(repo: str) -> str:
             r = r[len(p):]
             break
     r = r.strip("/")
-    if not _REPO_RE.match(r) or ".." in r:
-        raise HubError(f"'{repo}' is not a Hugging Face repo id.", expected="owner/name, e.g. unsloth/Z-Image-Turbo-FP8",
-                       found=str(repo), fix="Type the repo id as shown on its Hugging Face page.")
+    # fullmatch: "$" would also accept a trailing newline; the Hub takes ids of at most 96 characters
+    if not _REPO_RE.fullmatch(r) or ".." in r or len(r) > MAX_REPO_ID:
+        raise HubError(f"'{str(repo)[:120]}' is not a Hugging Face repo id.",
+                       expected=f"owner/name of at most {MAX_REPO_ID} characters, e.g. unsloth/Z-Image-Turbo-FP8",
+                       found=repr(str(repo)[:120]), fix="Type the repo id as shown on its Hugging Face page.")
     return r
 
 
@@ -125,7 +128,7 @@ def normalize_revision(revision: str | None) -> str | None:
     if not r:
         return None
     parts = r.split("/")
-    if not _REV_RE.match(r) or ".." in r or any(p in ("", ".") for p in parts) or r.endswith((".lock", ".")) \
+    if not _REV_RE.fullmatch(r) or ".." in r or any(p in ("", ".") for p in parts) or r.endswith((".lock", ".")) \
             or "@{" in r:
         raise HubError(f"'{r[:80]}' is not a revision the Hub accepts.",
                        expected="a branch or tag name (letters, digits, . _ - /, no '..'), or a 40-hex commit hash",
