@@ -410,10 +410,10 @@ def _int8_weight(t):
     t["layers.0.attention.to_q.weight"] = torch.randint(-127, 127, (512, 512), dtype=torch.int8)
 
 
-@pytest.mark.parametrize("container", ["safetensors", "comfyui-native"])
-@pytest.mark.parametrize("poison,says", [(_nan_weight, "NaN or infinite"), (_inf_bias, "NaN or infinite"),
-                                         (_int8_weight, "not a floating-point weight")],
-                         ids=["nan-weight", "inf-bias", "int8-dense-weight"])
+@pytest.mark.parametrize("container,poison,says", [
+    ("safetensors", _nan_weight, "NaN or infinite"), ("comfyui-native", _nan_weight, "NaN or infinite"),
+    ("safetensors", _inf_bias, "NaN or infinite"), ("comfyui-native", _int8_weight, "not a floating-point weight")],
+    ids=["nan-weight", "nan-weight-native", "inf-bias", "int8-dense-weight-native"])
 def test_a_dense_input_that_would_compute_nan_builds_nothing(tmp_path, container, poison, says):
     src = _small_dense(str(tmp_path / "dense.safetensors"), poison)
     dest = str(tmp_path / "out" / "out.safetensors")
