@@ -72,6 +72,17 @@ def native_folder() -> str:
     return folder
 
 
+def refuse_shadowing(kind: str, name: str, dest: str) -> None:
+    """A new file must not take the name of another model ComfyUI lists under ``kind``: ComfyUI resolves a name in
+    its first folder that has it, so every loader would silently get the new file instead (overwrite or not)."""
+    existing = folder_paths.get_full_path(kind, name)
+    if existing and os.path.realpath(existing) != os.path.realpath(dest):
+        raise BuildError(f"A model named '{name}' already exists in another of ComfyUI's {kind} folders; a new file "
+                         "of the same name would shadow it for every loader.", path=existing,
+                         found=f"would write {dest}",
+                         fix="Give the new file another filename (the existing one is left as it is).")
+
+
 def build_native(model, dense_file, dest, scheme, family, base, min_features, overwrite, progress):
     """A ComfyUI-native file from a MODEL (its state dict is ComfyUI's layout already) or a dense file (mapped to
     ComfyUI's names where it is in diffusers' layout)."""
@@ -231,6 +242,7 @@ class PrequantBuildCheckpoint:
         native = container == core.NATIVE
         # a ComfyUI-native file is for ComfyUI's own Load Diffusion Model, which lists models/diffusion_models
         dest = os.path.join(native_folder() if native else output_folder(), name)
+        refuse_shadowing("diffusion_models" if native else paths.FOLDER, name, dest)
 
         pbar = comfy.utils.ProgressBar(1000)
 

@@ -449,3 +449,29 @@ def test_a_native_build_never_falls_back_to_an_unchecked_read(tmp_path):
                        timeout=300)
     assert r.returncode == 2 and "not finite" in r.stderr and "refused.safetensors" in r.stderr, r.stderr[-2000:]
     assert_untouched(os.path.dirname(dest), dest, None)
+
+
+def test_a_native_build_hitting_the_file_size_limit_says_so(tmp_path):
+    """Issue 39 #7: the ComfyUI-native writer's EFBIG ended as rc 3 "unexpected SafetensorError ... please report";
+    it is the same plain refusal as the other writers', and nothing is left behind."""
+    import resource
+    import torch
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(2)
+    dense_file = str(tmp_path / "qwen-dense.safetensors")  # Qwen-Image: ComfyUI uses diffusers' names
+    save_file({f"transformer_blocks.0.attn.to_{p}.weight": torch.randn(1024, 1024, generator=g).bfloat16()
+               for p in "qkv"}, dense_file)
+    dest = str(tmp_path / "out" / "native.safetensors")
+    os.makedirs(os.path.dirname(dest))
+    limit = 2**20  # below the 3 MiB output, above anything else the command writes
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing it
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run([sys.executable, "-B", "-m", "prequant_core", "build", "-i", dense_file, "-o", dest, "-q",
+                        "--container", "comfyui-native", "--scheme", "int8", "--family", "qwen-image",
+                        "--min-features", "256"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, preexec_fn=limited)
+    assert r.returncode == 2 and "file size limit" in r.stderr and "unexpected" not in r.stderr, r.stderr[-2000:]
+    assert_untouched(os.path.dirname(dest), dest, None)

@@ -158,3 +158,29 @@ def test_a_native_file_with_a_nan_scale_is_refused_by_the_node(comfy, flux, fmt,
     with pytest.raises(CorruptCheckpointError) as e, torch.inference_mode():
         nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/native/" + name, family=FAMILY)
     assert "not finite" in str(e.value) and poisoned in str(e.value) and name in str(e.value), str(e.value)
+
+
+def test_the_build_node_never_shadows_a_users_model(comfy, wan, tmp_path):
+    """Issue 39 #3: a native build named like a model in another diffusion_models folder would be resolved first by
+    every loader; it is refused, overwrite or not, and nothing is written."""
+    import folder_paths
+    from prequant_core.errors import BuildError
+    nodes, _ = comfy
+    _build(nodes, wan, "fp8")  # the dense input file in the first folder
+    other = tmp_path / "more_models"
+    other.mkdir()
+    folder_paths.add_model_folder_path("diffusion_models", str(other))
+    try:
+        name = "users-own-model.safetensors"
+        (other / name).write_bytes(b"the user's own model")
+        target = os.path.join(_folder("."), name)
+        for overwrite in (False, True):
+            with pytest.raises(BuildError) as e:
+                nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]().build(
+                    dense_file="wan-tiny-dense.safetensors", scheme="fp8", min_features=64,
+                    base_model_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers", family=WRITE_FAMILY, filename=name,
+                    container="comfyui-native", overwrite=overwrite)
+            assert "would shadow it" in str(e.value) and str(other / name) in str(e.value), str(e.value)
+            assert not os.path.exists(target) and (other / name).read_bytes() == b"the user's own model"
+    finally:
+        folder_paths.folder_names_and_paths["diffusion_models"][0].remove(str(other))

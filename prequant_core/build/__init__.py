@@ -45,7 +45,7 @@ from ..load.dense_sources import KeyMapArg, open_input  # noqa: E402
 from .output_file import (FreeSpaceFn, _refuse_existing, atomic_output, check_free_space, check_output_name,
                           estimate_output_bytes, human_bytes)  # noqa: E402
 from ..schemes.quantize import ProgressFn, quantize_items, quantize_tensors  # noqa: E402
-from .writers import BuildProgress, write_checkpoint  # noqa: E402
+from .writers import BuildProgress, write_checkpoint, write_error  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------------
 # Metadata
@@ -265,8 +265,14 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
     meta = {"base_model_id": base_model_id, "family": family.name, "scheme": scheme}
     nbytes = sum(t.numel() * t.element_size() for t in out.values())
     check_free_space(os.path.dirname(dest), nbytes, None)
-    with atomic_output(dest, overwrite=overwrite) as tmp:
-        comfy_native.write_native(tmp, out, layers, meta)
+    try:
+        with atomic_output(dest, overwrite=overwrite) as tmp:
+            comfy_native.write_native(tmp, out, layers, meta)
+    except OSError as e:  # a full disk, a file size limit, a read-only drive: said plainly, as for the other writers
+        err = write_error(e, dest)
+        if err is None:
+            raise
+        raise err from None
     if progress:
         progress("write", 1, 1, "")
     dense_bytes = sum(qtensor.dense_nbytes(v) if qtensor.is_quantized(v) else v.numel() * v.element_size()

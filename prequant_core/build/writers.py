@@ -39,7 +39,7 @@ def write_checkpoint(dest: str, tensors: Mapping, metadata: dict, *, container: 
         with atomic_output(dest, overwrite=overwrite) as tmp:
             writer(tmp, tensors, metadata, progress=progress)
     except OSError as e:
-        err = _write_error(e, dest)
+        err = write_error(e, dest)
         if err is None:
             raise
         raise err from None
@@ -55,7 +55,7 @@ def write_checkpoint(dest: str, tensors: Mapping, metadata: dict, *, container: 
         except OSError:
             full = False
         if full:
-            raise _write_error(OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({str(e).strip()[:200]})"),
+            raise write_error(OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({str(e).strip()[:200]})"),
                                dest) from None
         raise BuildError("Writing the .pt file failed; the partial file was removed and nothing was written.",
                          path=dest, found=str(e).strip().splitlines()[0][:300] if str(e).strip() else "RuntimeError",
@@ -64,7 +64,7 @@ def write_checkpoint(dest: str, tensors: Mapping, metadata: dict, *, container: 
     return os.path.abspath(dest)
 
 
-def _write_error(e: OSError, dest: str) -> BuildError | None:
+def write_error(e: OSError, dest: str) -> BuildError | None:
     """A clear BuildError for the file system refusing the output (nothing was written); None: not one of those."""
     if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
         return BuildError("The disk filled up while writing; the partial file was removed and nothing was "

@@ -136,6 +136,18 @@ def _check_block(key: str, t, codec, path: str, *, read_data: bool) -> None:
 check_scale_finite = codec_checks.check_scale_finite
 
 
+FINITE_CHUNK = 1 << 22  # elements summed at a time: a float32 sum of bf16 makes a float32 copy, 16 MiB here
+
+
+def all_finite(v: torch.Tensor) -> bool:
+    """A float32 sum is NaN / inf exactly when an element is (finite weights cannot overflow it): one fast pass, in
+    chunks, so that checking a weight while it is read costs no second copy of it."""
+    acc = torch.float64 if v.dtype == torch.float64 else torch.float32
+    flat = v.reshape(-1)
+    return all(bool(torch.isfinite(flat[i:i + FINITE_CHUNK].sum(dtype=acc))) for i in range(0, flat.numel(),
+                                                                                          FINITE_CHUNK))
+
+
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -152,9 +164,7 @@ def check_plain_tensors(tensors: dict, path: str, *, read_data: bool = True) -> 
                                          path=path, expected="bfloat16 / float16 / float32",
                                          found=str(v.dtype).replace("torch.", ""),
                                          fix="Download or build the file again.")
-        # one float32 sum is NaN / inf exactly when an element is (finite weights cannot overflow it): one fast pass
-        if read_data and v.numel() and v.dtype in PLAIN_DTYPES[:4] and \
-                not bool(torch.isfinite(v.sum(dtype=torch.float64 if v.dtype == torch.float64 else torch.float32))):
+        if read_data and v.numel() and v.dtype in PLAIN_DTYPES[:4] and not all_finite(v):
             raise CorruptCheckpointError(f"Tensor '{k[:80]}' holds NaN or infinite values: every output of the model "
                                          "would be NaN.", path=path, found=f"{v.dtype} {tuple(v.shape)}",
                                          fix="Download or build the file again.")

@@ -259,8 +259,8 @@ def write_native(path: str, tensors: dict, layers: dict, metadata: dict | None =
     which reads only that; newer releases take either). Keys unprefixed, as Load Diffusion Model expects."""
     import json as _json
 
-    from safetensors.torch import save_file
+    from .safetensors_container import write_flat
     header = {"_quantization_metadata": _json.dumps({"format_version": "1.0", "layers": layers})}
     for k, v in (metadata or {}).items():
         header[f"prequant_{k}"] = _json.dumps(v)
-    save_file(tensors, path, metadata=header)
+    write_flat(path, header, [(k, k, t) for k, t in tensors.items()])

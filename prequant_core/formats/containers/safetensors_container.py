@@ -270,6 +270,13 @@ def write(path: str, tensors: Mapping, metadata: dict, *, progress: BuildProgres
     Tensors are ordered by element size (largest first), so every tensor starts aligned to its element size.
     """
     meta_header, flat = layout(tensors, metadata)
+    write_flat(path, meta_header, flat, progress=progress)
+
+
+def write_flat(path: str, meta_header: dict, flat: list, *, progress: BuildProgress | None = None) -> None:
+    """Stream plain tensors [(key, stored name, tensor)] and a string-to-string ``__metadata__`` to ``path`` in the
+    safetensors layout (also the ComfyUI-native writer's: safetensors' own ``save_file`` copies every tensor and
+    its errors are not OSErrors)."""
     seen = set()
     for _, name, _ in flat:
         if name in seen:
