@@ -259,7 +259,7 @@ def write_native(path: str, tensors: dict, layers: dict, metadata: dict | None =
     which reads only that; newer releases take either). Keys unprefixed, as Load Diffusion Model expects."""
     import json as _json
 
-    from .safetensors_container import write_flat
+    from ..safetensors_layout import write_flat
     header = {"_quantization_metadata": _json.dumps({"format_version": "1.0", "layers": layers})}
     for k, v in (metadata or {}).items():
         header[f"prequant_{k}"] = _json.dumps(v)
