@@ -89,7 +89,9 @@ def build_native(model, dense_file, dest, scheme, family, base, min_features, ov
     from .comfy_model import to_comfy_layout
     if model is not None:
         fam = model_family(model, family)
-        return core.build_comfy_native(model_state_dict(model), dest, scheme=scheme, family=fam, base_model_id=base,
+        sd = model_state_dict(model)
+        core.check_dense_input(sd, "the input model")
+        return core.build_comfy_native(sd, dest, scheme=scheme, family=fam, base_model_id=base,
                                        min_features=min_features, overwrite=overwrite, progress=progress)
     src = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
     tensors, _, _ = core.read_native_input(src)

@@ -41,7 +41,7 @@ CONTAINERS = tuple(c.name for c in sorted(containers.writable(), key=lambda c: c
 EXTENSIONS = {c.name: c.extension for c in containers.writable()}
 
 # The pieces live in their own modules (dense_sources, quantize, output_file, writers); callers import them from there.
-from ..load.dense_sources import KeyMapArg, open_input  # noqa: E402
+from ..load.dense_sources import KeyMapArg, check_dense, open_input  # noqa: E402
 from .output_file import (FreeSpaceFn, _refuse_existing, atomic_output, check_free_space, check_output_name,
                           estimate_output_bytes, human_bytes)  # noqa: E402
 from ..schemes.quantize import ProgressFn, quantize_items, quantize_tensors  # noqa: E402
@@ -226,12 +226,10 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
 
 
 def check_dense_input(tensors: Mapping, where: str) -> None:
-    """A build's unquantized inputs are finite floating-point weights: a NaN or infinity would be written into the
-    file (and compute NaN), an integer "dense" weight would be quantized as if its codes were values."""
-    from ..formats.validate_tensors import check_plain_tensors
-    # integer buffers (ids, counters) pass as they are
-    check_plain_tensors({k: v for k, v in tensors.items() if not isinstance(v, torch.Tensor) or
-                         v.is_floating_point() or k.endswith(".weight")}, where)
+    """A build's unquantized inputs pass the dense-input rule (``dense_sources.check_dense``), quantized ones pass."""
+    for k, v in tensors.items():
+        if not qtensor.is_quantized(v):
+            check_dense(k, v, where)
 
 
 def read_native_input(path: str) -> tuple[dict, dict, str | None]:
@@ -249,7 +247,8 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
     """ComfyUI-layout tensors (dense, or already quantized: an Unsloth file's weights mapped to ComfyUI names) ->
     a ComfyUI-native file (docs/FORMAT.md section 6) that ComfyUI's own Load Diffusion Model reads where that ComfyUI
     knows the format (float8_e4m3fn: 0.3.68+, nvfp4: 0.8.0+, mxfp8: 0.18.0+, int8_tensorwise: 0.27.0+). Written
-    atomically. Holds the input in memory (the ComfyUI layout fuses q / k / v)."""
+    atomically. Holds the input in memory (the ComfyUI layout fuses q / k / v). Its input is checked where it is
+    read: read_native_input for a file, check_dense_input for a model already in memory."""
     from ..formats.containers import comfy_native
     t0 = time.time()
     scheme = schemes.normalize(scheme)
@@ -257,7 +256,6 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
     container_for(dest, NATIVE, scheme)
     _refuse_existing(dest, overwrite)
     base_model_id = (base_model_id or "").strip() or family.base_repos[0]
-    check_dense_input(tensors, getattr(tensors, "path", None) or "the input model")
     out, layers, skipped = comfy_native.native_tensors(tensors, scheme, min_features=min_features, progress=progress)
     if not layers:
         raise BuildError("No Linear layer of the transformer's blocks passes the filter, so nothing would be "

@@ -58,7 +58,7 @@ class Source:
         return self.path or "state dict"
 
 
-def _check_dense(key: str, t: torch.Tensor, path: str | None) -> None:
+def check_dense(key: str, t: torch.Tensor, path: str | None) -> None:
     """A dense input's tensor is a finite float as it is read (one pass, while it is in memory anyway): a NaN would
     be quantized into the output, an integer weight quantized as if its codes were values."""
     from ..formats.validate_tensors import check_plain_tensors
@@ -80,7 +80,7 @@ class MemorySource(Source):
     def items(self):
         for k, v in self.tensors.items():
             v = v.detach().to("cpu")
-            _check_dense(k, v, self.path)
+            check_dense(k, v, self.path)
             yield k, v
 
 
@@ -147,7 +147,7 @@ class SafetensorsSource(Source):
                     raise CorruptCheckpointError(f"Tensor '{k}' is cut short (file truncated while reading?).",
                                                  path=self.files[e.file], found=f"{got} of {e.length} bytes")
                 t = buf.view(e.info.dtype).reshape(e.info.shape)
-                _check_dense(k, t, self.files[e.file])
+                check_dense(k, t, self.files[e.file])
                 yield k, t
                 del buf, t
         finally:

@@ -115,7 +115,7 @@ def cat_rows(weights: list):
     split_ = [parts(p) if is_quantized(p) else None for p in weights]  # once: NVFP4 scales are unswizzled here
     kinds = {sp[1].kind if sp else "dense" for sp in split_}
     rotations = {sp[1].rotation if sp else 0 for sp in split_}
-    if (len(kinds) > 1 and kinds & set(__getattr__("BLOCK_KINDS"))) or len(rotations) > 1:
+    if (len(kinds) > 1 and any(registry.codec(k).block for k in kinds - {"dense"})) or len(rotations) > 1:
         # A layer policy (v3) may give the parts of one fused ComfyUI weight different formats, a ConvRot file (v2)
         # may rotate some of them only (FLUX's linear1 is q, k, v and the MLP input). No quantized form holds that,
         # so the fused weight is the exact dense rows, each part dequantized (and rotated back: W' H = W) in the

@@ -68,9 +68,9 @@ def codec(kind: str):
 
 def codec_of(t):
     """The codec whose tensor class ``t`` is, or None (a plain tensor, or a class no scheme has)."""
-    for c in codecs():
-        if c.owns(t):
-            return c
+    for s in SCHEMES:  # per tensor on every read: no dict of codecs built per call
+        if s.codec.owns(t):
+            return s.codec
     return None
 
 
