@@ -164,3 +164,74 @@ def checkpoint_input(tooltip: str = "", none: str = NONE_CHOICE) -> tuple:
 def path_input(use: str = "") -> tuple:
     return ("STRING", {"default": "", "tooltip": f"Explicit file path instead of the list{use}. Outside the model "
                                                  "folders it must lie under PREQUANT_ALLOW_LOCAL_PATH."})
+
+
+# --- Load Prequant Text Encoder -------------------------------------------------------------------------------------
+TE_FOLDER = "text_encoders"
+TE_PREFIX = "text_encoders/"
+NO_ENCODER = "none"
+
+
+def _te_folder_files(name: str = TE_FOLDER) -> list[str]:
+    try:
+        return list(folder_paths.get_filename_list(name))
+    except KeyError:
+        return []
+
+
+def _is_precast(full: str) -> bool:
+    """A text_encoders file the pack's loader reads: an Unsloth pre-cast encoder (its header says), or a .pt named
+    like one (``<Model>-<component>-FP8.pt``)."""
+    if full.endswith(".safetensors"):
+        from prequant_core.formats.containers.safetensors_container import read_header
+        from prequant_core.load.encoder_checks import FORMATS
+        try:
+            st = os.stat(full)
+            key = ("te", full, st.st_mtime_ns, st.st_size)
+            if key not in _header_cache:
+                _header_cache[key] = read_header(full)[1].get("unsloth_format") in FORMATS
+            return _header_cache[key]
+        except Exception:  # noqa: BLE001 - an unreadable file is simply not offered
+            return False
+    return full.endswith(".pt") and "text_encoder" in os.path.basename(full).lower()
+
+
+def encoder_choices(none: str = NONE_CHOICE) -> list[str]:
+    """models/prequant's files, then the pre-cast encoders in models/text_encoders."""
+    own = [f for f in choices(none)[1:] if not f.startswith(DIFFUSION_PREFIX)]
+    extra = []
+    for f in _te_folder_files():
+        full = folder_paths.get_full_path(TE_FOLDER, f)
+        if full and os.path.splitext(f)[1] in EXTENSIONS and _is_precast(full):
+            extra.append(TE_PREFIX + f)
+    return [none] + own + sorted(extra)
+
+
+def find_encoder(choice: str) -> str | None:
+    if not choice or choice in NONE_CHOICES:
+        return None
+    if choice.startswith(TE_PREFIX):
+        return folder_paths.get_full_path(TE_FOLDER, choice[len(TE_PREFIX):])
+    return folder_paths.get_full_path(FOLDER, choice)
+
+
+def encoder_dirs() -> list[str]:
+    """Where a pre-cast encoder may be read from: models/prequant and models/text_encoders."""
+    dirs = prequant_dirs()
+    try:
+        dirs += list(folder_paths.get_folder_paths(TE_FOLDER))
+    except (KeyError, AttributeError):
+        pass
+    return dirs
+
+
+def comfy_encoder_choices() -> list[str]:
+    """ComfyUI's own encoder files (CLIP-L next to FLUX.1's T5), as CLIPLoader lists them."""
+    return [NO_ENCODER] + sorted(f for f in _te_folder_files() if not _is_precast(
+        folder_paths.get_full_path(TE_FOLDER, f) or ""))
+
+
+def resolve_comfy_encoder(choice: str) -> str | None:
+    if not choice or choice == NO_ENCODER:
+        return None
+    return folder_paths.get_full_path_or_raise(TE_FOLDER, choice)

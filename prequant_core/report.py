@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from . import families, schemes
 from .formats import fingerprint, layer_policy
-from .load import metadata, opening
+from .load import encoder_checks, metadata, opening
 from .schemes import qtensor
 from .errors import CorruptCheckpointError
 from .formats.containers import READ_FULL, READ_HEADER, READ_MMAP, Light
@@ -73,6 +73,7 @@ class Report:
     valid: bool
     reasons: list[str]
     notes: list[str]
+    encoder: str | None = None  # a pre-cast text encoder: its model, ComfyUI class and tokenizer, in words
 
     @property
     def file(self) -> str:
@@ -142,7 +143,10 @@ class Report:
             ["Base model", opt(self.base_model_id)],
             ["Component", opt(self.component)],
             *([["Layers", self.layers]] if self.layers else []),
-            ["Quantized tensors", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)} (codes + scales)"],
+            *([["Text encoder", self.encoder]] if self.encoder else []),
+            ["Quantized tensors", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)} "
+                                  + ("(float8 storage, no scale: layerwise cast)" if self.encoder else
+                                     "(codes + scales)")],
             ["Unquantized tensors", f"{self.dense_count} tensors, {human_bytes(self.dense_bytes)} (kept as stored)"],
             ["Tensor bytes", f"{human_bytes(self.total_bytes)} ({tensor_note})"],
             ["Dense model", f"{human_bytes(self.dense_equivalent_bytes)} with every tensor unquantized (this file "
@@ -289,6 +293,8 @@ def _request_dict(req: metadata.Request | None) -> dict | None:
         return None
     d = {k: getattr(req, k) for k in ("base_model_id", "scheme", "family", "min_features", "exclude_tokens")
          if getattr(req, k) not in (None, "")}
+    if d and encoder_checks.is_encoder_component(req.component):
+        d["component"] = req.component
     return d or None
 
 
@@ -320,8 +326,11 @@ def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) 
     q_count = q_bytes = d_count = d_bytes = equiv = 0
     for t in ck.tensors.values():
         stored, dense = _sizes(t)
+        cast = opened.encoder is not None and t.dtype == encoder_checks.STORAGE_DTYPE
+        if cast:  # a layerwise-cast weight: its dense form is the bf16 it was cast from
+            dense = 2 * stored
         equiv += dense
-        if qtensor.is_quantized(t):
+        if qtensor.is_quantized(t) or cast:
             q_count += 1
             q_bytes += stored
         else:
@@ -361,7 +370,25 @@ def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) 
                            len(fp["modules"]) if isinstance(fp.get("modules"), (dict, list)) else None)
         if fp_present else None,
         fingerprint_verified=fp_verified, fingerprint_reasons=fp_reasons, request=_request_dict(request),
-        valid=not reasons, reasons=reasons, notes=notes)
+        valid=not reasons, reasons=reasons, notes=notes, encoder=_encoder_text(opened))
+
+
+def _encoder_text(opened: opening.Opened) -> str | None:
+    """The encoder's model, the ComfyUI class it runs as, and where its tokenizer comes from."""
+    from .families import encoders
+    if opened.encoder is None:
+        te = opened.checkpoint.metadata.get("te_class")
+        return f"te_class {str(te)[:60]}: not an encoder this pack can run" if encoder_checks.is_encoder_file(
+            opened.checkpoint) else None
+    k = opened.encoder
+    te = opened.checkpoint.metadata.get("te_class")
+    if k.tokenizer == encoders.TOKENIZER_SPIECE:
+        base = opened.checkpoint.metadata.get("base_model_id")
+        tok = (f"tokenizer from {str(base)[:80]}'s {k.tokenizer_file} (downloaded once), or from ComfyUI's own "
+               f"{k.comfy_file_hint} in models/text_encoders")
+    else:
+        tok = "tokenizer shipped with ComfyUI"
+    return f"{k.name} ({te}), run by ComfyUI's own {k.name} class; {tok}"
 
 
 # ----------------------------------------------------------------------------------------------------------------

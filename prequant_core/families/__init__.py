@@ -14,7 +14,7 @@ import importlib
 from typing import Mapping
 
 from ..errors import UnknownFamilyError
-from ._base import (Family, Shapes, base_tail, blocks, count_blocks, first, has_any, normalize_base,
+from ._base import (Family, HostedEncoder, Shapes, base_tail, blocks, count_blocks, first, has_any, normalize_base,
                     schemes_from_suffix)  # noqa: F401 (public names)
 
 # Registration order is detection order (``detect`` takes the first family whose markers match):

@@ -63,6 +63,18 @@ def _has(keys: set, marker) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class HostedEncoder:
+    """A pre-cast text encoder Unsloth hosts for a family (its ``te_prequant_repos`` entry), and how ComfyUI runs
+    it: ``clip_type`` names a ``comfy.sd.CLIPType`` member; ``with_encoders`` the ComfyUI encoder files the family's
+    CLIP takes besides it (FLUX.1: CLIP-L next to its T5-XXL), from ``models/text_encoders``."""
+    component: str  # text_encoder, text_encoder_2, ... (HiDream's text_encoder_4)
+    te_class: str  # the transformers class the file records (``prequant_core.encoders.kinds``)
+    repo: str
+    clip_type: str
+    with_encoders: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str
     title: str
@@ -110,6 +122,8 @@ class Family:
 
     # Repos that also host an int8 ConvRot file (``<Model>-INT8-ConvRot.safetensors``), tried first for int8
     convrot_repos: tuple[str, ...] = ()
+    # Pre-cast text encoders hosted for this family (Load Prequant Text Encoder)
+    text_encoders: tuple[HostedEncoder, ...] = ()
 
     @property
     def hosted(self) -> dict[str, tuple[str, ...]]:

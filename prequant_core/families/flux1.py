@@ -1,7 +1,7 @@
 """FLUX.1 (schnell, dev, Krea-dev): FluxTransformer2DModel -> ComfyUI's Flux / FluxSchnell (ComfyUI's own key map)."""
 from __future__ import annotations
 
-from ._base import Family, Shapes, blocks, first, has_any
+from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -32,6 +32,9 @@ FAMILIES = (
                     "black-forest-labs/FLUX.1-Krea-dev"),
         hosted_repos={"unsloth/FLUX.1-schnell-FP8": ("fp8", "int8"), "unsloth/FLUX.1-dev-FP8": ("fp8", "int8"),
                       "unsloth/FLUX.1-Krea-dev-FP8": ("fp8", "int8"), "unsloth/FLUX.1-schnell-NVFP4": ("nvfp4",)},
+        # T5-XXL, the same bytes in every FLUX.1 release; ComfyUI's FLUX CLIP takes CLIP-L next to it
+        text_encoders=(HostedEncoder("text_encoder_2", "T5EncoderModel", "unsloth/FLUX.1-schnell-FP8", "FLUX",
+                                     with_encoders=("clip_l",)),),
         int8_exclude_extra=(),
         diffusers_markers=(("single_transformer_blocks.0.proj_mlp.weight", "time_text_embed.timestep_embedder.linear_1.weight"),),
         comfy_markers=(("double_blocks.0.img_mod.lin.weight", "img_in.weight", "vector_in.in_layer.weight"),),

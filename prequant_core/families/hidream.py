@@ -1,7 +1,7 @@
 """HiDream-I1 (Full): HiDreamImageTransformer2DModel -> ComfyUI's HiDream, which uses the diffusers names."""
 from __future__ import annotations
 
-from ._base import Family, Shapes, count_blocks
+from ._base import Family, HostedEncoder, Shapes, count_blocks
 
 # HiDream-I1's text-layer schedule (ComfyUI's detection): which Llama-3.1 hidden layer feeds each block.
 HIDREAM_LLAMA_LAYERS = list(range(32)) + [31] * 16
@@ -33,6 +33,7 @@ FAMILIES = (
     Family(
         name="hidream-i1", title="HiDream-I1", diffusers_class="HiDreamImageTransformer2DModel",
         base_repos=("HiDream-ai/HiDream-I1-Full",), hosted_repos={"unsloth/HiDream-I1-Full-FP8": ("fp8", "int8")},
+        text_encoders=(HostedEncoder("text_encoder_4", "LlamaForCausalLM", "unsloth/HiDream-I1-Full-FP8", "HIDREAM"),),
         int8_exclude_extra=(),
         diffusers_markers=(("caption_projection.0.linear.weight", "double_stream_blocks.0.block.attn1.to_q.weight"),),
         comfy_markers=(),  # ComfyUI's HiDream uses the diffusers names

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import mlp_embedder, moves, qkv_rows
-from ._base import Family, Shapes, blocks, first, has_any
+from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -97,6 +97,9 @@ FAMILIES = (
         name="hunyuanimage-2.1", title="HunyuanImage 2.1", diffusers_class="HunyuanImageTransformer2DModel",
         base_repos=("hunyuanvideo-community/HunyuanImage-2.1-Diffusers",),
         hosted_repos={"unsloth/HunyuanImage-2.1-FP8": ("fp8", "int8")},
+        # the Qwen2.5-VL encoder is byte-identical to Qwen-Image's (Unsloth compared every shard): one file serves both
+        text_encoders=(HostedEncoder("text_encoder", "Qwen2_5_VLForConditionalGeneration", "unsloth/Qwen-Image-FP8",
+                                     "HUNYUAN_IMAGE"),),
         int8_exclude_extra=(),
         diffusers_markers=(("time_guidance_embed.timestep_embedder.linear_1.weight",
                             "context_embedder.token_refiner.refiner_blocks.0.attn.to_q.weight"),),

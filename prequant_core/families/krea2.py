@@ -4,12 +4,13 @@ the diffusers loader (prequant_core.diffusers_loader) handle it. No int8 extras:
 family tokens only for qwen-image(-edit), hunyuanvideo-1.5 and ltx-2."""
 from __future__ import annotations
 
-from ._base import Family
+from ._base import Family, HostedEncoder
 
 FAMILIES = (
     Family(
         name="krea-2", title="Krea 2", diffusers_class="Krea2Transformer2DModel",
         base_repos=("krea/Krea-2-Turbo",), hosted_repos={"unsloth/Krea-2-Turbo-FP8": ("fp8", "int8")},
+        text_encoders=(HostedEncoder("text_encoder", "Qwen3ForCausalLM", "unsloth/Krea-2-Turbo-FP8", "LUMINA2"),),
         int8_exclude_extra=(),
         diffusers_markers=(("text_fusion.projector.weight", "time_mod_proj.weight"),), comfy_markers=(),
         comfy_model="Krea2", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",

@@ -1,7 +1,7 @@
 """Qwen-Image (and 2512): QwenImageTransformer2DModel -> ComfyUI's QwenImage, which uses the diffusers names."""
 from __future__ import annotations
 
-from ._base import Family, Shapes, count_blocks
+from ._base import Family, HostedEncoder, Shapes, count_blocks
 
 
 def config(shapes: Shapes) -> dict:
@@ -22,6 +22,8 @@ FAMILIES = (
         # unsloth/Qwen-Image-FP8 held only an int8 transformer in released Unsloth (fp8 added since): int8 first
         hosted_repos={"unsloth/Qwen-Image-FP8": ("int8", "fp8"), "unsloth/Qwen-Image-2512-FP8": ("fp8", "int8"),
                       "unsloth/Qwen-Image-2512-NVFP4": ("nvfp4",)},
+        text_encoders=(HostedEncoder("text_encoder", "Qwen2_5_VLForConditionalGeneration", "unsloth/Qwen-Image-FP8",
+                                     "QWEN_IMAGE"),),
         int8_exclude_extra=("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
         # ComfyUI's Qwen-Image uses the diffusers names: one layout
         diffusers_markers=(("txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"),), comfy_markers=(),

@@ -1,7 +1,7 @@
 """Z-Image (Turbo): ZImageTransformer2DModel -> ComfyUI's ZImage (NextDiT, ComfyUI's own key map)."""
 from __future__ import annotations
 
-from ._base import Family, Shapes, count_blocks, first
+from ._base import Family, HostedEncoder, Shapes, count_blocks, first
 
 
 def config(shapes: Shapes) -> dict:
@@ -23,6 +23,7 @@ FAMILIES = (
     Family(
         name="z-image", title="Z-Image", diffusers_class="ZImageTransformer2DModel",
         base_repos=("Tongyi-MAI/Z-Image-Turbo",), hosted_repos={"unsloth/Z-Image-Turbo-FP8": ("fp8", "int8"), "unsloth/Z-Image-Turbo-NVFP4": ("nvfp4",)},
+        text_encoders=(HostedEncoder("text_encoder", "Qwen3ForCausalLM", "unsloth/Z-Image-Turbo-FP8", "LUMINA2"),),
         int8_exclude_extra=(),
         diffusers_markers=("all_x_embedder.2-1.weight", "layers.0.attention.to_q.weight"),
         # Lumina 2 shares ComfyUI's NextDiT names; Z-Image's modulation Linear is adaLN_modulation.0 (Lumina 2: .1)

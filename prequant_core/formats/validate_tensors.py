@@ -148,6 +148,17 @@ def all_finite(v: torch.Tensor) -> bool:
                                                                                           FINITE_CHUNK))
 
 
+# the byte patterns of NaN / infinity: e4m3fn's NaN is S.1111.111 (it has no infinity), e5m2's NaN and inf S.11111.xx
+_FP8_NONFINITE = {torch.float8_e4m3fn: (0x7F, 0x7F), torch.float8_e5m2: (0x7C, 0x7C)}
+
+
+def fp8_all_finite(v: torch.Tensor) -> bool:
+    """The same for float8 storage (a pre-cast text encoder's layerwise weights), on the raw bytes, in chunks."""
+    mask, bad = _FP8_NONFINITE[v.dtype]
+    flat = v.reshape(-1).view(torch.uint8)
+    return not any(bool(((flat[i:i + FINITE_CHUNK] & mask) == bad).any()) for i in range(0, flat.numel(), FINITE_CHUNK))
+
+
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -164,7 +175,7 @@ def check_plain_tensors(tensors: dict, path: str, *, read_data: bool = True) -> 
                                          path=path, expected="bfloat16 / float16 / float32",
                                          found=str(v.dtype).replace("torch.", ""),
                                          fix="Download or build the file again.")
-        if read_data and v.numel() and v.dtype in PLAIN_DTYPES[:4] and not all_finite(v):
+        if read_data and v.numel() and not (all_finite(v) if v.dtype in PLAIN_DTYPES[:4] else fp8_all_finite(v)):
             raise CorruptCheckpointError(f"Tensor '{k[:80]}' holds NaN or infinite values: every output of the model "
                                          "would be NaN.", path=path, found=f"{v.dtype} {tuple(v.shape)}",
                                          fix="Download or build the file again.")

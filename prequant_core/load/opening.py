@@ -9,8 +9,9 @@ import dataclasses
 import os
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from . import allowlist, memory_check, metadata
+from . import allowlist, encoder_checks, memory_check, metadata
 from .. import families, formats
+from ..families import encoders
 from ..formats import fingerprint, layer_policy
 from ..formats.checkpoint import Checkpoint
 from ..formats.containers import READ_FULL, Light, recognise
@@ -29,6 +30,7 @@ class Opened:
     read_mode: str = READ_FULL
     request: metadata.Request | None = None  # as judged (Info may take the component the file records)
     notes: list[str] = dataclasses.field(default_factory=list)
+    encoder: encoders.EncoderKind | None = None  # a pre-cast text encoder's model (None: a transformer file)
 
 
 @contextlib.contextmanager
@@ -72,6 +74,8 @@ def judge(ckpt: Checkpoint, request: metadata.Request, real: str, *, strict: boo
     """Family, layout and the verdict against ``request``. ``strict`` (a load): an unknown family or a failed verdict
     raises. Lenient (Info / verify): both are reported, and an expert a two-expert family records (Wan 2.2 A14B's
     transformer_2) is judged as what it records."""
+    if encoder_checks.is_encoder_file(ckpt) or encoder_checks.asks_for_encoder(request):
+        return _judge_encoder(ckpt, request, real, strict)
     notes: list[str] = []
     keys = ckpt.tensors.keys()
     req_fam = families.get(request.family) if request.family else None
@@ -103,6 +107,44 @@ def judge(ckpt: Checkpoint, request: metadata.Request, real: str, *, strict: boo
                                   "base_model_id / scheme inputs.")
     notes += list(getattr(verdict, "notes", None) or [])  # accepted but worth saying (e.g. per-tensor twins)
     return Opened(ckpt, fam, layout, verdict, request=request, notes=notes)
+
+
+def _judge_encoder(ckpt: Checkpoint, request: metadata.Request, real: str, strict: bool) -> Opened:
+    """A pre-cast text encoder (or a request for one): its family is what it records or what is asked for; a
+    transformer load of an encoder file is refused by name. Info judges it as the component it records."""
+    m = ckpt.metadata
+    notes: list[str] = []
+    name = request.family or (m.get("family") if isinstance(m.get("family"), str) else None)
+    fam = None
+    if name:
+        try:
+            fam = families.get(name)
+        except UnknownFamilyError:
+            if request.family:
+                raise
+            notes.append(f"family '{str(name)[:40]}' is not one this pack registers")
+    kind = encoders.for_class(m.get("te_class"))
+    comp = m.get("component")
+    if encoder_checks.is_encoder_file(ckpt) and not encoder_checks.asks_for_encoder(request):
+        what = f"{kind.name} " if kind else ""
+        if strict:
+            raise ValidationError(f"This is a pre-cast {what}text encoder ({str(comp)[:40]}), not a transformer; it "
+                                  "was not loaded.", path=real, expected=f"a {request.component} checkpoint",
+                                  found=f"{ckpt.format_tag or 'an untagged file'} recording te_class "
+                                        f"{str(m.get('te_class'))[:60]}",
+                                  fix="Load it with Load Prequant Text Encoder (its CLIP output goes where "
+                                      "CLIPLoader's does).")
+        if encoder_checks.is_encoder_component(comp):
+            request = dataclasses.replace(request, component=comp)
+            notes.append(f"a text encoder ({comp}): load it with Load Prequant Text Encoder")
+    verdict = encoder_checks.validate(ckpt, request)
+    if strict and not verdict.ok:
+        raise ValidationError("The text-encoder file does not match what was asked for; it was not loaded.",
+                              path=real, reasons=verdict.reasons,
+                              fix="Pick the file hosted for this family and component (the node's preset downloads "
+                                  "it), or change the node's family / component / base_model_id inputs.")
+    return Opened(ckpt, fam, "transformers", verdict, request=request, notes=notes + list(verdict.notes),
+                  encoder=kind)
 
 
 def open_checkpoint(path: str, request: metadata.Request | None = None, *, model_dirs: Iterable[str] = (),

@@ -1,0 +1,86 @@
+"""The text encoders this pack runs, one record per encoder model: the transformers classes Unsloth's builder
+records for it (``te_class``), how its keys become the names ComfyUI's own encoder class loads, the keys that tell
+ComfyUI's detection which encoder it is, and where its tokenizer comes from (the pre-cast file holds none).
+
+Data only, like the family records that name these classes (``Family.text_encoders``): ``nodes/comfy_clip.py`` hands the renamed tensors to ComfyUI, which picks its class from the keys."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable
+
+# where the tokenizer comes from
+TOKENIZER_COMFYUI = "comfyui"  # ComfyUI ships it next to its encoder class
+TOKENIZER_SPIECE = "spiece"  # a SentencePiece model, passed to ComfyUI as the ``spiece_model`` tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderKind:
+    name: str  # what a user reads ("Gemma2-2B")
+    te_classes: tuple[str, ...]  # transformers classes whose state dict this is
+    comfy_key: Callable[[str], str | None]  # transformers key -> ComfyUI key; None: not used by ComfyUI (dropped)
+    markers: tuple[str, ...]  # ComfyUI-layout keys that make ComfyUI's detection pick this encoder
+    tokenizer: str = TOKENIZER_COMFYUI
+    tokenizer_file: str | None = None  # the tokenizer's path in the base model's repo (TOKENIZER_SPIECE)
+    comfy_file_hint: str = ""  # ComfyUI's own file of the same encoder (its tokenizer can serve)
+
+    def to_comfy(self, tensors: dict) -> dict:
+        out = {}
+        for k, v in tensors.items():
+            name = self.comfy_key(k)
+            if name is not None:
+                out[name] = v
+        return out
+
+    def missing_markers(self, comfy_keys: Iterable[str]) -> list[str]:
+        keys = set(comfy_keys)
+        return [m for m in self.markers if m not in keys]
+
+
+def _prefixed(prefix: str, drop: tuple[str, ...] = ()) -> Callable[[str], str | None]:
+    def key(k: str) -> str | None:
+        if any(k == d or k.startswith(d + ".") for d in drop):
+            return None
+        return k if k.startswith(prefix) else prefix + k
+    return key
+
+
+def _qwen25_vl(k: str) -> str | None:
+    """transformers >= 4.52 nests the language model and the vision tower under ``model.``; ComfyUI (and older
+    transformers) name them ``model.layers`` / ``visual``."""
+    if k == "lm_head.weight":
+        return None
+    if k.startswith("model.language_model."):
+        return "model." + k[len("model.language_model."):]
+    if k.startswith("model.visual."):
+        return k[len("model."):]
+    return k
+
+
+def _t5(k: str) -> str | None:
+    return None if k == "encoder.embed_tokens.weight" else k  # the tied copy of ``shared``
+
+
+KINDS: tuple[EncoderKind, ...] = (
+    EncoderKind("Gemma2-2B", ("Gemma2Model",), _prefixed("model."),
+                ("model.layers.0.post_feedforward_layernorm.weight",),
+                tokenizer=TOKENIZER_SPIECE, tokenizer_file="tokenizer/tokenizer.model",
+                comfy_file_hint="gemma_2_2b_fp16.safetensors"),
+    EncoderKind("Qwen3-4B", ("Qwen3ForCausalLM", "Qwen3Model"), _prefixed("model.", drop=("lm_head",)),
+                ("model.layers.0.self_attn.q_norm.weight", "model.layers.0.post_attention_layernorm.weight")),
+    EncoderKind("Qwen2.5-VL-7B", ("Qwen2_5_VLForConditionalGeneration",), _qwen25_vl,
+                ("model.layers.0.self_attn.k_proj.bias",)),
+    EncoderKind("T5-XXL", ("T5EncoderModel",), _t5, ("encoder.block.23.layer.1.DenseReluDense.wi_1.weight",)),
+    EncoderKind("Llama-3.1-8B", ("LlamaForCausalLM",), _prefixed("model.", drop=("lm_head",)),
+                ("model.layers.0.post_attention_layernorm.weight",)),
+)
+
+
+def for_class(te_class) -> EncoderKind | None:
+    for k in KINDS:
+        if te_class in k.te_classes:
+            return k
+    return None
+
+
+def known_classes() -> tuple[str, ...]:
+    return tuple(c for k in KINDS for c in k.te_classes)

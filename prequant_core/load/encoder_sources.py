@@ -1,0 +1,88 @@
+"""Where a pre-cast text encoder may come from (Load Prequant Text Encoder): a local file, a Hub repo, or the
+family's hosted repo, with Unsloth's names (``<Model>-<component>-FP8.safetensors``, then ``.pt``; ``<Model>`` is
+the repo name minus its suffix). Pure, like ``sources.plan``: no file and no network is touched."""
+from __future__ import annotations
+
+from .. import families
+from ..errors import HubError
+from . import sources
+from .encoder_checks import COMPONENTS, SCHEMES
+from .sources import Candidate, Candidates, Preset
+
+
+def filenames(repo: str, component: str) -> tuple[str, ...]:
+    model = sources.model_name(repo)
+    return tuple(f"{model}-{component}-{s.upper()}{ext}" for s in SCHEMES for ext in (".safetensors", ".pt"))
+
+
+def presets() -> list[Preset]:
+    """One per family hosting an encoder, e.g. ``Z-Image / text_encoder`` (HunyuanImage 2.1's is Qwen-Image's
+    file)."""
+    return [Preset(f"{fam.title} / {e.component}", e.repo, "fp8", fam.name)
+            for fam in families.FAMILIES.values() for e in fam.text_encoders]
+
+
+def preset_labels() -> list[str]:
+    return [sources.PRESET_NONE] + [p.label for p in presets()]
+
+
+def get_preset(label: str | None) -> Preset | None:
+    if not label or label.strip().lower() == sources.PRESET_NONE:
+        return None
+    for p in presets():
+        if p.label == label:
+            return p
+    raise HubError(f"Unknown text-encoder preset '{label}'.", expected=", ".join(preset_labels()), found=str(label),
+                   fix="Pick a preset from the list (one per family with a hosted text encoder).")
+
+
+def component_for(family: str | None, component: str | None) -> str | None:
+    """The component asked for; ``auto``: the family's hosted encoder's (None without a family: the file says)."""
+    c = (component or "").strip()
+    if c and c != "auto":
+        if c not in COMPONENTS:
+            raise HubError(f"'{c[:40]}' is not a text-encoder component.", expected=", ".join(COMPONENTS),
+                           found=c[:40], fix="Pick a component from the list, or auto.")
+        return c
+    if family:
+        hosted = families.get(family).text_encoders
+        if hosted:
+            return hosted[0].component
+    return None
+
+
+def plan(path: str | None = None, hub_repo: str | None = None, family: str | None = None, component: str | None = None,
+         *, revision: str | None = None, preset: str | None = None) -> Candidates:
+    """Ordered candidates: the local file, the named repo, the preset's or the family's hosted repo."""
+    path = (path or "").strip() or None
+    hub_repo = (hub_repo or "").strip() or None
+    family = None if (family or "").strip().lower() in ("", "auto") else family.strip().lower()
+    revision = sources.normalize_revision(revision)
+    notes: list[str] = []
+    chosen = get_preset(preset)
+    if chosen and (path or hub_repo):
+        notes.append(f"preset '{chosen.label}' not used: a {'local file' if path else 'hub_repo'} is given")
+        chosen = None
+    family = family or (chosen.family if chosen else None)
+    if family:
+        families.get(family)  # an unknown family is an error here, not a silent skip
+    comp = component_for(family, component or (chosen.label.rsplit(" / ", 1)[1] if chosen else None))
+    out: list[Candidate] = []
+    if path:
+        out.append(Candidate("local", "path", scheme="fp8", path=path))
+    repo_origin = [(hub_repo, "hub_repo")] if hub_repo else [(chosen.repo, "preset")] if chosen else []
+    if not repo_origin and family and not path:
+        hosted = [e for e in families.get(family).text_encoders if comp in (None, e.component)]
+        if hosted:
+            repo_origin = [(hosted[0].repo, "family")]
+        else:
+            notes.append(f"family '{family}' has no hosted text encoder"
+                         + (f" named {comp}" if comp else ""))
+    for repo, origin in repo_origin:
+        repo = sources.normalize_repo(repo)
+        if comp is None:
+            raise HubError(f"Which text encoder of {repo} should be downloaded?", expected=", ".join(COMPONENTS),
+                           found="auto", fix="Set the node's component (or its family) so the file name is known.")
+        out.append(Candidate("hub", origin, scheme="fp8", repo=repo, revision=revision,
+                             filenames=filenames(repo, comp)))
+    return Candidates(tuple(out), tuple(notes), family, "fp8")

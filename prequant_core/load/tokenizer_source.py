@@ -1,0 +1,69 @@
+"""The tokenizer of a pre-cast text encoder (the file holds none), where ComfyUI takes it from a state dict
+(Gemma's SentencePiece model as the ``spiece_model`` tensor): a ComfyUI text-encoder file of the same model the user
+already has, else the base model's repo on the Hub, as Unsloth's loader does (downloaded once into the Hugging Face
+cache, offline afterwards)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterable
+
+import torch
+
+from ..errors import CorruptCheckpointError, PrequantError
+from ..families.encoders import EncoderKind
+
+MAX_BYTES = 64 << 20  # a SentencePiece model is a few MB (Gemma's: 4.2 MB)
+SPIECE_KEY = "spiece_model"
+
+
+@dataclasses.dataclass
+class Tokenizer:
+    data: torch.Tensor  # uint8, the model file's bytes
+    source: str  # in words, for the node's status and Info
+
+
+def _checked(raw: bytes, where: str) -> torch.Tensor:
+    if not raw or len(raw) > MAX_BYTES:
+        raise CorruptCheckpointError(f"The tokenizer from {where} is {len(raw)} bytes, not a SentencePiece model.",
+                                     path=where, expected=f"1 byte to {MAX_BYTES >> 20} MiB",
+                                     fix="Use the base model's own tokenizer file.")
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def from_comfy_files(kind: EncoderKind, folders: Iterable[str]) -> Tokenizer | None:
+    """The ``spiece_model`` of a ComfyUI file of this encoder in ``folders`` (its header names the tensor and the
+    encoder's marker keys; only that tensor is read)."""
+    from ..formats.containers.safetensors_container import read_header
+    for d in folders:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for n in names:
+            full = os.path.join(d, n)
+            if not n.endswith(".safetensors") or not os.path.isfile(full):
+                continue
+            try:
+                index, _, _ = read_header(full)
+            except PrequantError:
+                continue
+            if SPIECE_KEY not in index or kind.missing_markers(index):
+                continue
+            entry = index[SPIECE_KEY]
+            if entry.get("dtype") != "U8" or len(entry.get("shape") or ()) != 1:
+                continue
+            from safetensors import safe_open
+            with safe_open(full, framework="pt", device="cpu") as f:
+                t = f.get_tensor(SPIECE_KEY)
+            return Tokenizer(_checked(t.numpy().tobytes(), full), f"the spiece_model of {n} (models/text_encoders)")
+    return None
+
+
+def from_hub(kind: EncoderKind, base_repo: str, *, token: str | None = None, status=None, check=None) -> Tokenizer:
+    from . import hub
+    fetched = hub.download(base_repo, [kind.tokenizer_file], token=token, status=status, check=check)
+    with open(fetched.path, "rb") as f:
+        raw = f.read(MAX_BYTES + 1)
+    how = "downloaded" if fetched.downloaded else "cached"
+    return Tokenizer(_checked(raw, fetched.path), f"{base_repo}/{kind.tokenizer_file} ({how})")

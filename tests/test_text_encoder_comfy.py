@@ -1,0 +1,99 @@
+"""Load Prequant Text Encoder in the real ComfyUI: Unsloth's pre-cast Gemma2-2B (Lumina Image 2.0's encoder, the
+smallest real one; ComfyUI builds each encoder from a fixed config, so it is full size) gives the same conditioning
+as ComfyUI's own CLIPLoader on the same cast weights, bit for bit, with the weights kept float8 in memory.
+
+The encoder's values are deterministic stand-ins generated once per run (tests/unsloth_te_builder.full_size), cast
+and written by the restated Unsloth builder; ComfyUI's file of the same weights is written here as ComfyUI lays its
+text-encoder files out (``model.``-prefixed keys, the SentencePiece tokenizer as a ``spiece_model`` uint8 tensor)."""
+from __future__ import annotations
+
+import gc
+import io
+import os
+
+import pytest
+import torch
+
+import unsloth_te_builder as te_builder
+
+BASE = "Alpha-VLLM/Lumina-Image-2.0"
+UNSLOTH_NAME = "Lumina-Image-2.0-text_encoder-FP8.safetensors"
+COMFY_NAME = "gemma_2_2b_cast_fp8_e4m3fn.safetensors"
+PROMPT = "a watercolor painting of a lighthouse at dawn, soft light"
+
+
+def spiece_model() -> bytes:
+    """A small SentencePiece model with Gemma's special ids (pad 0, eos 1, bos 2, unk 3), trained here."""
+    import sentencepiece as spm
+    words = ("a watercolor painting of the lighthouse at dawn soft light cat dog photo red blue green sky sea "
+             "mountain river city night street portrait landscape").split()
+    lines = [" ".join(words[(i * j) % len(words)] for j in range(1, 9)) for i in range(1, 400)]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=120,
+                                   model_type="bpe", pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def gemma(comfy, models_dir):
+    """(Unsloth's file in models/prequant, ComfyUI's file in models/text_encoders), removed afterwards."""
+    from safetensors.torch import save_file
+    model = te_builder.cast_layerwise(te_builder.full_size("Gemma2Model"))
+    sd = te_builder.state_dict(model)
+    del model
+    meta = te_builder.metadata(te_class="Gemma2Model", base_model_id=BASE, family="lumina-2")
+    ours = os.path.join(models_dir, "prequant", UNSLOTH_NAME)
+    te_builder.save_safetensors(ours, sd, meta)
+    theirs = os.path.join(models_dir, "text_encoders", COMFY_NAME)
+    os.makedirs(os.path.dirname(theirs), exist_ok=True)
+    comfy_sd = {"model." + k: v for k, v in sd.items()}
+    comfy_sd["spiece_model"] = torch.frombuffer(bytearray(spiece_model()), dtype=torch.uint8)
+    save_file(comfy_sd, theirs)
+    del sd, comfy_sd
+    gc.collect()
+    yield ours, theirs
+    for p in (ours, theirs):
+        os.remove(p)
+
+
+def _encode(clip):
+    cond = clip.encode_from_tokens_scheduled(clip.tokenize(PROMPT))
+    return cond[0][0], cond[0][1].get("pooled_output")
+
+
+def test_precast_gemma_matches_cliploader_bit_for_bit(comfy, gemma):
+    nodes, pack = comfy
+    import comfy.model_management as mm
+    ref_clip = nodes.CLIPLoader().load_clip(COMFY_NAME, type="lumina2")[0]
+    ref, ref_pooled = _encode(ref_clip)
+    ref_bytes = ref_clip.patcher.model_size()
+    ref_dtypes = {p.dtype for p in ref_clip.cond_stage_model.parameters()}
+    del ref_clip
+    mm.unload_all_models()
+    gc.collect()
+
+    node = pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]()
+    out = node.load(UNSLOTH_NAME)
+    clip = out["result"][0]
+    got, got_pooled = _encode(clip)
+    assert torch.isfinite(ref).all() and ref.abs().sum() > 0  # a real signal, not NaN == NaN or zeros
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert torch.equal(got, ref)
+    assert (got_pooled is None and ref_pooled is None) or torch.equal(got_pooled, ref_pooled)
+
+    # the Linear weights stay float8: ComfyUI's own load holds them in bf16
+    linears = [m for m in clip.cond_stage_model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.float8_e4m3fn for m in linears)
+    assert torch.float8_e4m3fn not in ref_dtypes
+    assert clip.patcher.model_size() < 0.65 * ref_bytes
+    text = out["ui"]["text"][0]
+    assert "Gemma2-2B" in text and f"the spiece_model of {COMFY_NAME}" in text, text
+
+
+def test_precast_file_refused_for_another_family(comfy, gemma):
+    from prequant_core.errors import ValidationError
+    _, pack = comfy
+    node = pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]()
+    with pytest.raises(ValidationError) as e:
+        node.load(UNSLOTH_NAME, family="z-image")
+    assert "Z-Image's text_encoder is a Qwen3-4B, this file holds a Gemma2-2B" in str(e.value.reasons)

@@ -1,0 +1,168 @@
+"""Unsloth Studio's pre-cast text-encoder builder, restated for tests from its public source (unslothai/unsloth:
+``scripts/build_te_prequant_checkpoint.py``, ``studio/backend/core/inference/diffusion_te_prequant.py`` (tag, metadata,
+validation), ``diffusion_precision._cast_fp8`` (the cast), diffusers' ``hooks/layerwise_casting.py`` (which modules it
+touches), ``scripts/convert_prequant_to_safetensors.py`` (the pickle-free container)).
+
+Written in our own words and independent of this pack: nothing here imports ``prequant_core``.
+
+What it does, as Unsloth's builder does:
+  * the encoder is a real ``transformers`` class in bf16 (``te_class`` is the class name the config's
+    ``architectures`` names);
+  * the cast walks the module tree from the root; a module whose dotted name matches one of the skip patterns
+    (diffusers' defaults ``pos_embed``, ``patch_embed``, ``norm``, ``^proj_in$``, ``^proj_out$``; the encoder's own
+    ``_keep_in_fp32_modules`` as literal substrings, T5's ``wo``; an output projection tied to the input embedding)
+    or is an ``nn.Embedding`` is left alone with everything under it; a Linear / Conv is cast whole (weight and bias)
+    to ``float8_e4m3fn`` with no scale; anything else is walked into;
+  * the saved dict: ``format`` (the v1 tag), ``metadata`` (base_model_id, family, scheme fp8, component, te_class,
+    torch_dtype bfloat16, cast_backend diffusers_layerwise, torch / transformers versions as strings), ``state_dict``
+    (every key of ``encoder.state_dict()``, a tied weight once per key);
+  * ``.safetensors``: the same tensors, header ``unsloth_format`` / ``unsloth_metadata`` (JSON) / ``unsloth_source``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+import torch
+
+TE_FORMAT = "unsloth_prequant_text_encoder_state_dict_v1"
+SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
+CAST_CLASSES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
+                torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+
+
+def tiny_config(te_class: str):
+    """A small config of the real class (dims divisible as the class needs)."""
+    import transformers
+    if te_class == "Gemma2Model":
+        return transformers.Gemma2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    if te_class == "Qwen3ForCausalLM":
+        return transformers.Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                        tie_word_embeddings=True)
+    if te_class == "T5EncoderModel":
+        return transformers.T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                     feed_forward_proj="gated-gelu", is_encoder_decoder=False)
+    if te_class == "LlamaForCausalLM":
+        return transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2)
+    raise ValueError(te_class)
+
+
+def encoder(te_class: str, config=None, seed: int = 0) -> torch.nn.Module:
+    import transformers
+    torch.manual_seed(seed)
+    config = config or tiny_config(te_class)
+    model = getattr(transformers, te_class)(config).to(torch.bfloat16)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    return model.eval()
+
+
+def _skip_patterns(model) -> tuple:
+    skip = tuple(SKIP_PATTERNS) + tuple(re.escape(m) for m in (getattr(model, "_keep_in_fp32_modules", None) or ()))
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    in_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
+        name = next((n for n, m in model.named_modules() if m is out_emb), None)
+        if name:
+            skip += (rf"^{re.escape(name)}$",)
+    return skip
+
+
+def cast_layerwise(model: torch.nn.Module) -> torch.nn.Module:
+    skip = _skip_patterns(model)
+
+    def walk(module, prefix):
+        if isinstance(module, torch.nn.Embedding) or any(re.search(p, prefix) for p in skip):
+            return
+        if isinstance(module, CAST_CLASSES):
+            module.to(dtype=torch.float8_e4m3fn)
+            return
+        for name, child in module.named_children():
+            walk(child, f"{prefix}.{name}" if prefix else name)
+
+    walk(model, "")
+    return model
+
+
+def metadata(*, te_class: str, base_model_id: str, family: str, component: str = "text_encoder") -> dict:
+    import transformers
+    return {"base_model_id": base_model_id, "family": family, "scheme": "fp8", "component": component,
+            "te_class": te_class, "torch_dtype": "bfloat16", "cast_backend": "diffusers_layerwise",
+            "torch_version": str(torch.__version__), "transformers_version": str(transformers.__version__)}
+
+
+def state_dict(model) -> dict:
+    return {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+
+
+def save_pt(path: str, sd: dict, meta: dict) -> str:
+    torch.save({"format": TE_FORMAT, "metadata": meta, "state_dict": sd}, path)
+    return path
+
+
+def save_safetensors(path: str, sd: dict, meta: dict, *, converted_from: str | None = None) -> str:
+    from safetensors.torch import save_file
+    header = {"unsloth_format": TE_FORMAT, "unsloth_metadata": json.dumps(meta)}
+    if converted_from is not None:
+        with open(converted_from, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        header["unsloth_source"] = json.dumps({"file": os.path.basename(converted_from), "sha256": digest,
+                                               "bytes": os.path.getsize(converted_from)})
+    # safetensors refuses shared storage: a tied weight is saved once per key, as torch.save's dict holds it
+    seen: set = set()
+    out = {}
+    for k, v in sd.items():
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.contiguous().clone() if ptr in seen else v.contiguous()
+        seen.add(ptr)
+    save_file(out, path, metadata=header)
+    return path
+
+
+def build_file(path: str, te_class: str, *, base_model_id: str, family: str, component: str = "text_encoder",
+               config=None, seed: int = 0) -> dict:
+    """Builds the cast encoder and writes it (container from the extension). Returns the saved state dict."""
+    model = cast_layerwise(encoder(te_class, config, seed))
+    sd = state_dict(model)
+    meta = metadata(te_class=te_class, base_model_id=base_model_id, family=family, component=component)
+    if path.endswith(".pt"):
+        save_pt(path, sd, meta)
+    else:
+        save_safetensors(path, sd, meta)
+    return sd
+
+
+BANK = 16_777_213
+
+
+def full_size(te_class: str, seed: int = 0) -> torch.nn.Module:
+    """The real-size encoder (the class's default config is the released model's, e.g. Gemma2-2B) with
+    deterministic values instead of trained ones: built on ``meta``, then filled tensor by tensor in bf16, so the
+    float32 initialisation of billions of parameters never runs."""
+    import transformers
+    config = getattr(transformers, te_class.replace("Model", "Config").replace("ForCausalLM", "Config"))()
+    with torch.device("meta"):
+        model = getattr(transformers, te_class)(config)
+    model = model.to(torch.bfloat16).to_empty(device="cpu")
+    # values drawn once (a bank of a prime length) and laid out from a different offset per tensor: as varied as the
+    # test needs, at the cost of a memory copy rather than billions of random draws
+    g = torch.Generator().manual_seed(seed)
+    bank = torch.randn(BANK, generator=g, dtype=torch.float32)
+    banks = {s: torch.cat([bank, bank]).mul_(s).to(torch.bfloat16) for s in (0.02, 0.1, 1.0)}
+    with torch.no_grad():
+        for i, (name, p) in enumerate(model.named_parameters()):
+            values = banks[0.1 if "norm" in name else 1.0 if "embed" in name else 0.02]
+            flat, at = p.view(-1), (i * 7919) % BANK
+            for start in range(0, flat.numel(), BANK):
+                n = min(BANK, flat.numel() - start)
+                flat[start:start + n].copy_(values[at:at + n])
+        for name, b in model.named_buffers():  # rotary inverse frequencies: computed again by the class
+            if b.is_floating_point() and hasattr(model, "rotary_emb") and name.startswith("rotary_emb"):
+                model.rotary_emb.__init__(config=config)
+                break
+    return model.eval()
