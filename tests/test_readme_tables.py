@@ -14,6 +14,14 @@ def test_readme_families_table_is_generated_from_the_registry():
         "README's Families table is stale: run python -m tools.families_table --write"
 
 
+def test_readme_encoders_table_is_generated_from_the_registry():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    block = families_table.readme_block(text, families_table.TE_START, families_table.TE_END)
+    assert block == families_table.encoder_table(), \
+        "README's text-encoder table is stale: run python -m tools.families_table --write"
+    assert "`FLUX.1-schnell-text_encoder_2-FP8.safetensors`" in block and "clip_l (with_encoder)" in block
+
+
 def test_the_table_shows_what_repos_really_hold():
     t = families_table.table()
     qwen = next(line for line in t.splitlines() if "| unsloth/Qwen-Image-FP8 |" in line)

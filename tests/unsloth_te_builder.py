@@ -46,6 +46,12 @@ def tiny_config(te_class: str):
     if te_class == "T5EncoderModel":
         return transformers.T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                                      feed_forward_proj="gated-gelu", is_encoder_decoder=False)
+    if te_class == "Qwen2_5_VLForConditionalGeneration":
+        return transformers.Qwen2_5_VLConfig(
+            text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                               fullatt_block_indexes=[0]))
     if te_class == "LlamaForCausalLM":
         return transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2)

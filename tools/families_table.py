@@ -9,6 +9,11 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- families-table:start -->", "<!-- families-table:end -->"
+TE_START, TE_END = "<!-- encoders-table:start -->", "<!-- encoders-table:end -->"
+# What the suite proves per encoder model: ComfyUI builds each encoder at its real size, so only the smallest
+# (Gemma2-2B) runs through the node in the tests; the others are read, judged and renamed from tiny real configs.
+TE_NODE_TESTED = {"Gemma2-2B": "node on ComfyUI 0.3.75 and 0.12.1 (full size): conditioning equal to CLIPLoader"}
+TE_CORE_TESTED = "files read, judged and renamed (tiny real config); node not run at full size"
 
 # What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.3.75 and 0.12.1, or
 # the diffusers loader only where no testable ComfyUI has the class.
@@ -47,8 +52,28 @@ def table() -> str:
     return "\n".join([START, *rows(), END])
 
 
-def readme_block(text: str) -> str:
-    a, b = text.index(START), text.index(END) + len(END)
+def encoder_rows() -> list[str]:
+    from prequant_core import families
+    from prequant_core.families import encoders
+    from prequant_core.load import encoder_sources
+    out = ["| Family | Text encoder | Hosted file (names tried, in order) | ComfyUI type | Tested here |",
+           "|---|---|---|---|---|"]
+    for fam in families.FAMILIES.values():
+        for e in fam.text_encoders:
+            kind = encoders.for_class(e.te_class)
+            names = " → ".join(f"`{n}`" for n in encoder_sources.filenames(e.repo, e.component))
+            with_ = f" + {', '.join(e.with_encoders)} (with_encoder)" if e.with_encoders else ""
+            out.append(f"| {fam.title} | {kind.name} ({e.component}) | {e.repo}: {names} | "
+                       f"{e.clip_type.lower()}{with_} | {TE_NODE_TESTED.get(kind.name, TE_CORE_TESTED)} |")
+    return out
+
+
+def encoder_table() -> str:
+    return "\n".join([TE_START, *encoder_rows(), TE_END])
+
+
+def readme_block(text: str, start: str = START, end: str = END) -> str:
+    a, b = text.index(start), text.index(end) + len(end)
     return text[a:b]
 
 
@@ -56,10 +81,12 @@ def main(argv: list[str]) -> int:
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     if "--write" in argv:
         text = text.replace(readme_block(text), table())
+        text = text.replace(readme_block(text, TE_START, TE_END), encoder_table())
         with open(os.path.join(ROOT, "README.md"), "w", encoding="utf-8") as f:
             f.write(text)
     else:
         print(table())
+        print(encoder_table())
     return 0
 
 

@@ -1,0 +1,203 @@
+"""Pre-cast text-encoder files (Unsloth's ``unsloth_prequant_text_encoder_state_dict_v1``) through the pack's core:
+read in both containers, judged like Unsloth's loader judges them (tag, scheme, component, base with its
+equivalence groups, te_class) plus the family's own encoder, described by Info and ``info`` / ``verify``, named and
+downloaded from a loopback Hub. Every file comes from tests/unsloth_te_builder.py (Unsloth's builder restated, tiny
+configs of the real transformers classes); ComfyUI is not imported here (tests/test_text_encoder_comfy.py runs the
+node in ComfyUI)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import unsloth_te_builder as te_builder
+from hub_server import HubServer
+from test_hub import hf_env  # noqa: F401 (fixture)
+from prequant_core import report
+from prequant_core.errors import CorruptCheckpointError, ValidationError
+from prequant_core.load.hub_errors import HubNotFoundError
+from prequant_core.families import encoders
+from prequant_core.load import encoder_sources, opening, pipeline, tokenizer_source
+from prequant_core.load.metadata import Request
+
+Z_BASE = "Tongyi-MAI/Z-Image-Turbo"
+CLASSES = ("Gemma2Model", "Qwen3ForCausalLM", "T5EncoderModel", "LlamaForCausalLM", "Qwen2_5_VLForConditionalGeneration")
+
+
+def build(tmp_path, te_class="Qwen3ForCausalLM", ext="safetensors", *, base=Z_BASE, family="z-image",
+          component="text_encoder", name=None):
+    path = str(tmp_path / (name or f"{te_class}-{component}.{ext}"))
+    te_builder.build_file(path, te_class, base_model_id=base, family=family, component=component)
+    return path
+
+
+def judge(path, **req):
+    req.setdefault("component", "text_encoder")
+    return opening.open_checkpoint(path, Request(**req), model_dirs=[os.path.dirname(path)])
+
+
+@pytest.mark.parametrize("ext", ["safetensors", "pt"])
+@pytest.mark.parametrize("te_class", CLASSES)
+def test_both_containers_read_with_float8_weights_kept(tmp_path, te_class, ext):
+    path = build(tmp_path, te_class, ext)
+    opened = judge(path, scheme="fp8")
+    assert opened.verdict.ok, opened.verdict.reasons
+    assert opened.encoder is encoders.for_class(te_class)
+    saved = te_builder.state_dict(te_builder.cast_layerwise(te_builder.encoder(te_class)))
+    got = opened.checkpoint.tensors
+    assert set(got) == set(saved)
+    assert all(torch.equal(got[k].view(torch.uint8), saved[k].view(torch.uint8)) if saved[k].element_size() == 1
+               else torch.equal(got[k], saved[k]) for k in saved)
+    assert any(v.dtype == torch.float8_e4m3fn for v in got.values())
+    comfy = opened.encoder.to_comfy(got)
+    assert "lm_head.weight" not in comfy and "encoder.embed_tokens.weight" not in comfy
+    if te_class in ("Gemma2Model", "Qwen3ForCausalLM", "LlamaForCausalLM"):
+        assert all(k.startswith("model.") for k in comfy)
+    if te_class.startswith("Qwen2_5_VL"):  # ComfyUI's names: model.layers.* and visual.*
+        assert "model.layers.0.self_attn.k_proj.bias" in comfy and "visual.patch_embed.proj.weight" in comfy
+        assert not any(k.startswith(("model.language_model.", "model.visual.")) for k in comfy)
+
+
+def test_converted_safetensors_with_source_record_reads(tmp_path):
+    pt = build(tmp_path, ext="pt")
+    ck = torch.load(pt, weights_only=True)
+    st = str(tmp_path / "converted.safetensors")
+    te_builder.save_safetensors(st, ck["state_dict"], ck["metadata"], converted_from=pt)
+    assert judge(st, base_model_id=Z_BASE).verdict.ok
+
+
+def test_equivalent_base_is_accepted_with_a_note(tmp_path):
+    path = build(tmp_path)
+    opened = judge(path, base_model_id="Tongyi-MAI/Z-Image")
+    assert opened.verdict.ok
+    assert any("byte-identical" in n for n in opened.notes)
+    t5 = build(tmp_path, "T5EncoderModel", base="black-forest-labs/FLUX.1-schnell", family="flux.1",
+               component="text_encoder_2")
+    assert judge(t5, component="text_encoder_2", base_model_id="black-forest-labs/FLUX.1-dev").verdict.ok
+
+
+@pytest.mark.parametrize("request_kw,reason", [
+    ({"base_model_id": "Qwen/Qwen-Image"}, "base model is 'Tongyi-MAI/Z-Image-Turbo', requested 'Qwen/Qwen-Image'"),
+    ({"component": "text_encoder_2"}, "component is 'text_encoder', requested 'text_encoder_2'"),
+    ({"family": "lumina-2"}, "Lumina Image 2.0's text_encoder is a Gemma2-2B, this file holds a Qwen3-4B"),
+    ({"scheme": "int8"}, "requested 'int8'"),
+])
+def test_refusals_name_what_was_found_and_asked(tmp_path, request_kw, reason):
+    path = build(tmp_path)
+    with pytest.raises(ValidationError) as e:
+        judge(path, **request_kw)
+    assert any(reason in r for r in e.value.reasons), e.value.reasons
+    assert e.value.path == os.path.realpath(path)
+
+
+def test_a_transformer_file_is_refused_by_the_encoder_loader_and_the_other_way_round(tmp_path):
+    import unsloth_builder
+    dit = str(tmp_path / "Z-Image-Turbo-FP8.safetensors")
+    unsloth_builder.build_file("z-image", "fp8", dit)
+    with pytest.raises(ValidationError) as e:
+        judge(dit)
+    assert "a transformer checkpoint" in str(e.value.reasons) and "Load Prequant Transformer" in str(e.value.reasons)
+    te = build(tmp_path)
+    with pytest.raises(ValidationError) as e:
+        judge(te, component="transformer")
+    assert "Load Prequant Text Encoder" in e.value.fix and "Qwen3-4B" in e.value.message
+
+
+def test_a_file_recording_an_unknown_class_or_no_base_is_refused(tmp_path):
+    sd = te_builder.state_dict(te_builder.cast_layerwise(te_builder.encoder("Qwen3ForCausalLM")))
+    meta = te_builder.metadata(te_class="Qwen3ForCausalLM", base_model_id=Z_BASE, family="z-image")
+    p = te_builder.save_pt(str(tmp_path / "a.pt"), sd, {**meta, "te_class": "MysteryModel"})
+    with pytest.raises(ValidationError) as e:
+        judge(p)
+    assert "te_class 'MysteryModel' is not an encoder this pack can hand to ComfyUI" in str(e.value.reasons)
+    p = te_builder.save_pt(str(tmp_path / "b.pt"), sd, {k: v for k, v in meta.items() if k != "base_model_id"})
+    with pytest.raises(ValidationError) as e:
+        judge(p, base_model_id=Z_BASE)
+    assert "records no base_model_id" in str(e.value.reasons)
+
+
+def test_a_nan_float8_code_is_refused_before_anything_is_built(tmp_path):
+    sd = te_builder.state_dict(te_builder.cast_layerwise(te_builder.encoder("Qwen3ForCausalLM")))
+    key = "model.layers.0.mlp.up_proj.weight"
+    bad = sd[key].clone()
+    bad.view(torch.uint8)[3, 5] = 0x7F  # e4m3fn NaN
+    sd[key] = bad
+    p = te_builder.save_safetensors(str(tmp_path / "nan.safetensors"), sd,
+                                    te_builder.metadata(te_class="Qwen3ForCausalLM", base_model_id=Z_BASE,
+                                                        family="z-image"))
+    with pytest.raises(CorruptCheckpointError) as e:
+        judge(p)
+    assert key in e.value.message and "NaN" in e.value.message
+
+
+def test_info_and_verify_describe_an_encoder_file(tmp_path, capsys):
+    from prequant_core import cli
+    path = build(tmp_path, "Gemma2Model", base="Alpha-VLLM/Lumina-Image-2.0", family="lumina-2")
+    r = report.info(path)
+    assert r.valid and r.read_mode == "header"
+    assert r.encoder.startswith("Gemma2-2B (Gemma2Model)") and "Alpha-VLLM/Lumina-Image-2.0's tokenizer" in r.encoder
+    n8 = sum(1 for k in r.to_dict()["rows"] if k[0] == "Text encoder")
+    assert n8 == 1
+    assert r.quantized_count > 0 and r.dense_equivalent_bytes > r.total_bytes  # float8 against its bf16 size
+    assert any("Load Prequant Text Encoder" in n for n in r.notes)
+    assert cli.main(["verify", path, "--base", "Alpha-VLLM/Lumina-Image-2.0", "--scheme", "fp8"]) == 0
+    assert cli.main(["verify", path, "--base", "Tongyi-MAI/Z-Image-Turbo", "--scheme", "fp8"]) == 1
+    out = capsys.readouterr().out
+    assert "INVALID" in out and "base model is 'Alpha-VLLM/Lumina-Image-2.0'" in out
+    assert cli.main(["info", path, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["encoder"].startswith("Gemma2-2B") and d["component"] == "text_encoder"
+
+
+def test_hub_names_follow_unsloths_and_presets_cover_every_hosted_encoder():
+    assert encoder_sources.filenames("unsloth/FLUX.1-schnell-FP8", "text_encoder_2") == (
+        "FLUX.1-schnell-text_encoder_2-FP8.safetensors", "FLUX.1-schnell-text_encoder_2-FP8.pt")
+    p = encoder_sources.plan(family="hunyuanimage-2.1")
+    assert [c.repo for c in p] == ["unsloth/Qwen-Image-FP8"]  # Qwen-Image's encoder serves HunyuanImage 2.1
+    assert p.candidates[0].filenames[0] == "Qwen-Image-text_encoder-FP8.safetensors"
+    labels = encoder_sources.preset_labels()
+    assert "Z-Image / text_encoder" in labels and "FLUX.1 / text_encoder_2" in labels
+    assert encoder_sources.plan(preset="FLUX.1 / text_encoder_2").candidates[0].filenames[0] == \
+        "FLUX.1-schnell-text_encoder_2-FP8.safetensors"
+    with pytest.raises(Exception) as e:
+        encoder_sources.plan(hub_repo="someone/Thing-FP8")
+    assert "Which text encoder" in str(e.value)
+
+
+@pytest.fixture
+def hub(hf_env, monkeypatch):  # noqa: F811
+    with HubServer(chunk=64 * 1024) as s:
+        monkeypatch.setenv("HF_ENDPOINT", s.url)
+        yield s
+
+
+def test_the_family_download_takes_the_pt_when_the_repo_has_no_safetensors(hub, tmp_path):
+    pt = build(tmp_path, ext="pt", name="Z-Image-Turbo-text_encoder-FP8.pt")
+    hub.commit("unsloth/Z-Image-Turbo-FP8", {"Z-Image-Turbo-text_encoder-FP8.pt": pt})
+    dest = tmp_path / "prequant"
+    dest.mkdir()
+    src = encoder_sources.plan(family="z-image")
+    routed = pipeline.run(src, Request(scheme="fp8", family="z-image", component="text_encoder"),
+                          download_dir=str(dest), model_dirs=[str(dest)])
+    assert routed.route.opened.encoder.name == "Qwen3-4B"
+    assert routed.located.fetched.filename == "Z-Image-Turbo-text_encoder-FP8.pt"
+    asked = [r["filename"] for r in hub.requests("HEAD")]
+    assert asked.index("Z-Image-Turbo-text_encoder-FP8.safetensors") < asked.index("Z-Image-Turbo-text_encoder-FP8.pt")
+    with pytest.raises(HubNotFoundError):
+        pipeline.run(encoder_sources.plan(family="lumina-2"), Request(scheme="fp8", family="lumina-2",
+                                                                       component="text_encoder"),
+                     download_dir=str(dest), model_dirs=[str(dest)])
+
+
+def test_the_tokenizer_comes_from_the_base_repo_once(hub, tmp_path):
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(b"\x0a\x05hello" * 10)
+    hub.commit("Alpha-VLLM/Lumina-Image-2.0", {"tokenizer/tokenizer.model": str(model)})
+    kind = encoders.for_class("Gemma2Model")
+    first = tokenizer_source.from_hub(kind, "Alpha-VLLM/Lumina-Image-2.0")
+    again = tokenizer_source.from_hub(kind, "Alpha-VLLM/Lumina-Image-2.0")
+    assert bytes(first.data.numpy()) == model.read_bytes()
+    assert "downloaded" in first.source and "cached" in again.source
+    assert len(hub.body_gets("tokenizer/tokenizer.model")) == 1
