@@ -397,7 +397,8 @@ def _encoder_text(opened: opening.Opened) -> str | None:
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
         "info", help="describe a checkpoint without loading its weights",
-        description="Describe a pre-quantized checkpoint: format tag, container, scheme, family, base model, "
+        description="Describe a pre-quantized checkpoint (or a pre-cast text encoder): format tag, container, "
+                    "scheme, family, base model, "
                     "quantized / dense tensor counts and sizes, the saving against the dense model, recorded "
                     "versions and filter settings, and whether the file is self-consistent. Reads only the "
                     "header (.safetensors) or the pickle index (.pt, memory-mapped); weights are read only with "
@@ -413,7 +414,8 @@ def add_cli(subparsers) -> None:
     v = subparsers.add_parser(
         "verify", help="check that a checkpoint matches a base model and scheme",
         description="Check a checkpoint against the base model and scheme you mean to load it as, with the "
-                    "same rules as the ComfyUI loader. Exit status: 0 valid, 1 invalid (every reason is "
+                    "same rules as the ComfyUI loader (a text-encoder file: as Load Prequant Text Encoder, against "
+                    "the component it records). Exit status: 0 valid, 1 invalid (every reason is "
                     "printed), 2 on error (missing, unreadable or unsafe file, unknown scheme or family).")
     v.add_argument("file", metavar="FILE", help="a .safetensors or .pt checkpoint")
     v.add_argument("--base", required=True, metavar="ID",

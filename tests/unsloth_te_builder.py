@@ -146,12 +146,24 @@ def build_file(path: str, te_class: str, *, base_model_id: str, family: str, com
 BANK = 16_777_213
 
 
-def full_size(te_class: str, seed: int = 0) -> torch.nn.Module:
-    """The real-size encoder (the class's default config is the released model's, e.g. Gemma2-2B) with
-    deterministic values instead of trained ones: built on ``meta``, then filled tensor by tensor in bf16, so the
-    float32 initialisation of billions of parameters never runs."""
+def full_config(te_class: str):
+    """The released encoder's config: Gemma2-2B (Lumina Image 2.0), Qwen3-4B (Z-Image, Krea 2)."""
     import transformers
-    config = getattr(transformers, te_class.replace("Model", "Config").replace("ForCausalLM", "Config"))()
+    if te_class == "Gemma2Model":
+        return transformers.Gemma2Config()  # the class's defaults are gemma-2-2b's
+    if te_class == "Qwen3ForCausalLM":
+        return transformers.Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+                                        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                                        head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
+                                        rms_norm_eps=1e-6, tie_word_embeddings=True)
+    raise ValueError(te_class)
+
+
+def full_size(te_class: str, seed: int = 0) -> torch.nn.Module:
+    """The real-size encoder with deterministic values instead of trained ones: built on ``meta``, then filled
+    tensor by tensor in bf16, so the float32 initialisation of billions of parameters never runs."""
+    import transformers
+    config = full_config(te_class)
     with torch.device("meta"):
         model = getattr(transformers, te_class)(config)
     model = model.to(torch.bfloat16).to_empty(device="cpu")
@@ -167,6 +179,8 @@ def full_size(te_class: str, seed: int = 0) -> torch.nn.Module:
             for start in range(0, flat.numel(), BANK):
                 n = min(BANK, flat.numel() - start)
                 flat[start:start + n].copy_(values[at:at + n])
+        if hasattr(model, "tie_weights"):
+            model.tie_weights()
         for name, b in model.named_buffers():  # rotary inverse frequencies: computed again by the class
             if b.is_floating_point() and hasattr(model, "rotary_emb") and name.startswith("rotary_emb"):
                 model.rotary_emb.__init__(config=config)
