@@ -13,7 +13,6 @@ comfy-fp8's (``torch.equal``).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import platform

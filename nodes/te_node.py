@@ -22,7 +22,7 @@ from .status import NodeStatus
 
 log = logging.getLogger("prequant")
 AUTO = "auto"
-ALIASES = ["text encoder", "clip", "fp8", "pre-quantized", "prequant", "unsloth", "t5", "gemma", "qwen", "llama"]
+ALIASES = ["text encoder", "clip", "fp8", "quantized", "pre-quantized", "prequant", "unsloth", "t5", "gemma", "qwen", "llama"]
 
 
 def _family_choices() -> list[str]:
@@ -65,7 +65,7 @@ class PrequantLoadTextEncoder:
                        "Load CLIP's CLIP would go (CLIP Text Encode, LoRA loaders).",)
     FUNCTION = "load"
     SEARCH_ALIASES = ALIASES
-    DESCRIPTION = ("Loads a pre-cast fp8 text encoder (Unsloth's *-text_encoder*-FP8 files, .safetensors or .pt) into "
+    DESCRIPTION = ("Loads a pre-cast (pre-quantized) fp8 text encoder (Unsloth's *-text_encoder*-FP8 files, .safetensors or .pt) into "
                    "ComfyUI's own encoder class without the dense download or a dense copy in memory: about half the "
                    "memory of the bf16 encoder, the same conditioning as Load CLIP on the same cast weights. "
                    "Encoders: " + ", ".join(k.name for k in encoders.KINDS) + ". Takes a file from models/prequant or "

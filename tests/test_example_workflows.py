@@ -382,13 +382,18 @@ def test_every_input_and_output_has_a_tooltip_and_the_nodes_can_be_found(server,
         assert len(info.get("output_tooltips") or []) == len(info["output"]), f"{name}: output tooltips"
         assert all(len(t) > 20 for t in info["output_tooltips"]), name
         assert len(info["description"]) > 60, name
-        for word in ("int8", "fp8", "quantized", "unsloth"):
+        # the text-encoder loader: Unsloth hosts fp8 encoders only
+        words = ("fp8", "quantized", "unsloth", "text encoder") if name == "PrequantLoadTextEncoder" else \
+            ("int8", "fp8", "quantized", "unsloth")
+        for word in words:
             assert word in info["description"].lower(), f"{name}: '{word}' is not in its description"
     # the aliases ComfyUI's node search reads (V1 SEARCH_ALIASES; newer ComfyUI serves them as search_aliases)
     _, pack = comfy
     for cls in (pack.nodes.load_node.PrequantLoadTransformer, pack.nodes.build_node.PrequantBuildCheckpoint,
                 pack.nodes.info_node.PrequantInfo):
         assert {"int8", "fp8", "quantized", "unsloth"} <= set(cls.SEARCH_ALIASES), cls.__name__
+    assert {"fp8", "quantized", "unsloth", "text encoder", "clip"} <= \
+        set(pack.nodes.te_node.PrequantLoadTextEncoder.SEARCH_ALIASES)
 
 
 def test_the_list_check_is_replaced_not_dropped(env, server):
