@@ -43,6 +43,21 @@ def _prefix(model: torch.nn.Module, names: set, sd: dict) -> str:
     return best
 
 
+def _fill_unprovided(model: torch.nn.Module, prefix: str) -> None:
+    """What a ComfyUI encoder file does not provide under ``prefix`` (e.g. a CLIP-L file without text_projection):
+    CLIPLoader leaves those tensors as allocated, so they are allocated here too (zeros rather than whatever memory
+    held)."""
+    for name, t in list(model.state_dict(keep_vars=True).items()):
+        if name.startswith(prefix) and t.is_meta:
+            mod_name, _, attr = name.rpartition(".")
+            sub = model.get_submodule(mod_name) if mod_name else model
+            real = torch.zeros(t.shape, dtype=t.dtype)
+            if attr in sub._parameters:
+                sub._parameters[attr] = torch.nn.Parameter(real, requires_grad=False)
+            else:
+                sub._buffers[attr] = real
+
+
 def _assign(model: torch.nn.Module, sd: dict, path: str | None, strict: bool) -> None:
     entries = dict(model.state_dict(keep_vars=True))
     names = set(entries)
@@ -71,6 +86,8 @@ def _assign(model: torch.nn.Module, sd: dict, path: str | None, strict: bool) ->
             sub._parameters[attr] = torch.nn.Parameter(v if keep else v.to(ref.dtype), requires_grad=False)
         else:
             sub._buffers[attr] = v
+    if not strict:
+        _fill_unprovided(model, prefix)
 
 
 def build_clip(state_dicts: list[dict], clip_type_name: str, *, strict: list[bool], path: str | None = None):

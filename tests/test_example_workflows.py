@@ -35,7 +35,8 @@ LOADER = "PrequantLoadTransformer"
 MODEL_EXTS = (".safetensors", ".pt", ".pth", ".ckpt", ".gguf", ".sft", ".bin")
 # The model folder each stock loader in the workflows reads its files from
 LOADER_DIRS = {"CLIPLoader": "text_encoders", "DualCLIPLoader": "text_encoders", "TripleCLIPLoader": "text_encoders",
-               "QuadrupleCLIPLoader": "text_encoders", "VAELoader": "vae", "UNETLoader": "diffusion_models"}
+               "QuadrupleCLIPLoader": "text_encoders", "VAELoader": "vae", "UNETLoader": "diffusion_models",
+               "PrequantLoadTextEncoder": "text_encoders"}  # its with_encoder: ComfyUI's CLIP-L for FLUX.1
 OFFICIAL_URL = re.compile(r"^https://huggingface\.co/(Comfy-Org|comfyanonymous)/[^/]+/resolve/main/(.+/)?([^/]+)$")
 NOTES = ("Note", "MarkdownNote")
 

@@ -156,6 +156,14 @@ def full_config(te_class: str):
                                         num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                                         head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
                                         rms_norm_eps=1e-6, tie_word_embeddings=True)
+    if te_class == "T5EncoderModel":  # google/t5-v1_1-xxl, FLUX.1's text_encoder_2
+        return transformers.T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
+                                     num_heads=64, feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
+                                     tie_word_embeddings=False, is_encoder_decoder=False)
+    if te_class == "CLIPTextModelWithProjection":  # CLIP-L's text tower (FLUX.1's text_encoder)
+        return transformers.CLIPTextConfig(vocab_size=49408, hidden_size=768, intermediate_size=3072,
+                                           num_hidden_layers=12, num_attention_heads=12, projection_dim=768,
+                                           max_position_embeddings=77, hidden_act="quick_gelu")
     raise ValueError(te_class)
 
 

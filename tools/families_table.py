@@ -12,7 +12,11 @@ START, END = "<!-- families-table:start -->", "<!-- families-table:end -->"
 TE_START, TE_END = "<!-- encoders-table:start -->", "<!-- encoders-table:end -->"
 # What the suite proves per encoder model: ComfyUI builds each encoder at its real size, so only the smallest
 # (Gemma2-2B) runs through the node in the tests; the others are read, judged and renamed from tiny real configs.
-TE_NODE_TESTED = {"Gemma2-2B": "node on ComfyUI 0.3.75 and 0.12.1 (full size): conditioning equal to CLIPLoader"}
+TE_NODE_TESTED = {"Gemma2-2B": "node on ComfyUI 0.3.75 and 0.12.1 (full size): conditioning equal to CLIPLoader",
+                  "Qwen3-4B": "files (tiny real config); node at full size in bench/bench_text_encoder.py: "
+                              "conditioning equal to CLIPLoader",
+                  "T5-XXL": "files (tiny real config); node at full size with CLIP-L in bench/bench_text_encoder.py: "
+                            "conditioning and pooled output equal to DualCLIPLoader"}
 TE_CORE_TESTED = "files read, judged and renamed (tiny real config); node not run at full size"
 
 # What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.3.75 and 0.12.1, or
