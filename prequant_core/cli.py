@@ -14,12 +14,14 @@ from .errors import PrequantError
 
 def parser() -> argparse.ArgumentParser:
     from . import build, report
+    from .build import text_encoder
     p = argparse.ArgumentParser(prog="python -m prequant_core",
-                                description="Inspect, verify and build pre-quantized (torchao int8 / fp8) diffusion "
-                                            "transformer checkpoints.")
+                                description="Inspect, verify and build pre-quantized (torchao int8 / fp8 / nvfp4 / "
+                                            "mxfp8) diffusion transformer checkpoints and pre-cast fp8 text "
+                                            "encoders.")
     p.add_argument("--version", action="version", version=f"prequant_core {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (report, build):
+    for module in (report, build, text_encoder):
         if hasattr(module, "add_cli"):
             module.add_cli(sub)
     return p

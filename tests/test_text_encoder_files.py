@@ -201,3 +201,63 @@ def test_the_tokenizer_comes_from_the_base_repo_once(hub, tmp_path):
     assert bytes(first.data.numpy()) == model.read_bytes()
     assert "downloaded" in first.source and "cached" in again.source
     assert len(hub.body_gets("tokenizer/tokenizer.model")) == 1
+
+
+def _comfy_layout(te_class: str, sd: dict) -> dict:
+    """ComfyUI's own text-encoder files, restated: the language model's keys under ``model.``, no lm_head, T5 under
+    its own names without the tied embed copy, Qwen2.5-VL's tower as ``visual.``."""
+    out = {}
+    for k, v in sd.items():
+        if k in ("lm_head.weight", "encoder.embed_tokens.weight"):
+            continue
+        if te_class == "T5EncoderModel":
+            out[k] = v
+        elif k.startswith("model.language_model."):
+            out["model." + k[len("model.language_model."):]] = v
+        elif k.startswith("model.visual."):
+            out[k[len("model."):]] = v
+        else:
+            out[k if k.startswith("model.") else "model." + k] = v
+    return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("te_class,family,component", [
+    ("Gemma2Model", "lumina-2", "text_encoder"), ("Qwen3ForCausalLM", "z-image", "text_encoder"),
+    ("T5EncoderModel", "flux.1", "text_encoder_2")])
+def test_the_builder_writes_what_unsloths_builder_writes_from_comfyuis_dense_file(tmp_path, te_class, family,
+                                                                                  component):
+    """A dense ComfyUI encoder file in, the pack's builder out: the same tensors, bit for bit, and the same metadata
+    as Unsloth's builder casting the same dense encoder; the node's reader accepts it."""
+    from safetensors.torch import save_file
+    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core import families as fams
+    base = fams.get(family).base_repos[0]
+    model = te_builder.encoder(te_class)
+    dense = str(tmp_path / "dense.safetensors")
+    save_file(_comfy_layout(te_class, te_builder.state_dict(model)), dense)
+    theirs = te_builder.state_dict(te_builder.cast_layerwise(model))
+    out = build_text_encoder(dense, str(tmp_path / "ours.safetensors"), family=family)
+    opened = judge(out, component=component, base_model_id=base, family=family)
+    assert opened.verdict.ok, opened.verdict.reasons
+    ours = opened.checkpoint.tensors
+    assert set(ours) == set(theirs)
+    for k, v in theirs.items():
+        assert ours[k].dtype == v.dtype, k
+        assert torch.equal(ours[k].view(torch.uint8), v.view(torch.uint8)) if v.element_size() == 1 else \
+            torch.equal(ours[k], v), k
+    want = te_builder.metadata(te_class=te_class, base_model_id=base, family=family, component=component)
+    got = opened.checkpoint.metadata
+    assert {k: got.get(k) for k in want} == want
+    assert opened.checkpoint.format_tag == te_builder.TE_FORMAT
+
+
+def test_the_builder_refuses_an_untied_model_without_its_lm_head(tmp_path):
+    from safetensors.torch import save_file
+    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core.errors import BuildError
+    dense = str(tmp_path / "llama.safetensors")
+    save_file(_comfy_layout("LlamaForCausalLM", te_builder.state_dict(te_builder.encoder("LlamaForCausalLM"))), dense)
+    with pytest.raises(BuildError) as e:
+        build_text_encoder(dense, str(tmp_path / "out.safetensors"), family="hidream-i1")
+    assert "lm_head.weight" in e.value.message
+    assert not os.path.exists(tmp_path / "out.safetensors")

@@ -22,6 +22,14 @@ class EncoderKind:
     tokenizer: str = TOKENIZER_COMFYUI
     tokenizer_file: str | None = None  # the tokenizer's path in the base model's repo (TOKENIZER_SPIECE)
     comfy_file_hint: str = ""  # ComfyUI's own file of the same encoder (its tokenizer can serve)
+    # building one (prequant_core/build/text_encoder.py): ComfyUI key -> transformers key; copies the class's state
+    # dict holds of a tied weight {key: the key it repeats}; the class's Embedding modules (never cast) and the
+    # modules it keeps in float32 (``_keep_in_fp32_modules``, T5's ``wo``: never cast either)
+    from_comfy: Callable[[str], str] = str
+    tied: tuple[tuple[str, str], ...] = ()
+    embeddings: tuple[str, ...] = ("embed_tokens",)
+    keep_dense: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # what the class's strict load needs that ComfyUI's files drop (an untied lm_head)
 
     def to_comfy(self, tensors: dict) -> dict:
         out = {}
@@ -56,6 +64,18 @@ def _qwen25_vl(k: str) -> str | None:
     return k
 
 
+def _unprefixed(prefix: str) -> Callable[[str], str]:
+    return lambda k: k[len(prefix):] if k.startswith(prefix) else k
+
+
+def _qwen25_vl_back(k: str) -> str:
+    if k.startswith("model.") and not k.startswith("model.language_model."):
+        return "model.language_model." + k[len("model."):]
+    if k.startswith("visual."):
+        return "model." + k
+    return k
+
+
 def _t5(k: str) -> str | None:
     return None if k == "encoder.embed_tokens.weight" else k  # the tied copy of ``shared``
 
@@ -64,14 +84,17 @@ KINDS: tuple[EncoderKind, ...] = (
     EncoderKind("Gemma2-2B", ("Gemma2Model",), _prefixed("model."),
                 ("model.layers.0.post_feedforward_layernorm.weight",),
                 tokenizer=TOKENIZER_SPIECE, tokenizer_file="tokenizer/tokenizer.model",
-                comfy_file_hint="gemma_2_2b_fp16.safetensors"),
+                comfy_file_hint="gemma_2_2b_fp16.safetensors", from_comfy=_unprefixed("model.")),
     EncoderKind("Qwen3-4B", ("Qwen3ForCausalLM", "Qwen3Model"), _prefixed("model.", drop=("lm_head",)),
-                ("model.layers.0.self_attn.q_norm.weight", "model.layers.0.post_attention_layernorm.weight")),
+                ("model.layers.0.self_attn.q_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
+                tied=(("lm_head.weight", "model.embed_tokens.weight"),)),
     EncoderKind("Qwen2.5-VL-7B", ("Qwen2_5_VLForConditionalGeneration",), _qwen25_vl,
-                ("model.layers.0.self_attn.k_proj.bias",)),
-    EncoderKind("T5-XXL", ("T5EncoderModel",), _t5, ("encoder.block.23.layer.1.DenseReluDense.wi_1.weight",)),
+                ("model.layers.0.self_attn.k_proj.bias",), from_comfy=_qwen25_vl_back, needs=("lm_head.weight",)),
+    EncoderKind("T5-XXL", ("T5EncoderModel",), _t5, ("encoder.block.23.layer.1.DenseReluDense.wi_1.weight",),
+                tied=(("encoder.embed_tokens.weight", "shared.weight"),),
+                embeddings=("shared", "embed_tokens", "relative_attention_bias"), keep_dense=("wo",)),
     EncoderKind("Llama-3.1-8B", ("LlamaForCausalLM",), _prefixed("model.", drop=("lm_head",)),
-                ("model.layers.0.post_attention_layernorm.weight",)),
+                ("model.layers.0.post_attention_layernorm.weight",), needs=("lm_head.weight",)),
 )
 
 

@@ -11,6 +11,9 @@ FORMAT_V1 = "unsloth_prequant_transformer_state_dict_v1"
 FORMAT_V2 = "unsloth_prequant_transformer_state_dict_v2"
 FORMAT_V3 = "unsloth_prequant_transformer_state_dict_v3"
 KNOWN_FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT_V3)  # v2: ConvRot rotation, v3: NVFP4 layer policy (layer_policy)
+# Unsloth's pre-cast text encoders: every Linear stored float8_e4m3fn, no scale (diffusers' layerwise casting)
+TEXT_ENCODER_FORMAT_V1 = "unsloth_prequant_text_encoder_state_dict_v1"
+LAYERWISE_CAST = "diffusers_layerwise"  # the metadata's cast_backend
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..schemes import qtensor, rotation
-from .checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
+from .checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, LAYERWISE_CAST, TEXT_ENCODER_FORMAT_V1, Checkpoint
 from ..safe_text import escape
 
 POLICY_KIND = "unsloth_nvfp4_layer_policy_v1"
@@ -75,6 +75,8 @@ def _names(v, field: str, reasons: list[str]) -> list[str] | None:
 
 
 def expected_tag(meta: dict) -> str:
+    if meta.get("cast_backend") == LAYERWISE_CAST:
+        return TEXT_ENCODER_FORMAT_V1
     if meta.get("nvfp4_policy") is not None:
         return FORMAT_V3
     if meta.get("activation_rotation"):

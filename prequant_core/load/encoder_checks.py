@@ -8,15 +8,15 @@ import torch
 from .. import families
 from ..families import HostedEncoder, base_tail, normalize_base
 from ..families import encoders as kinds
-from ..formats.checkpoint import KNOWN_FORMATS
+from ..formats.checkpoint import KNOWN_FORMATS, LAYERWISE_CAST, TEXT_ENCODER_FORMAT_V1
 from ..schemes import qtensor
 from .metadata import Request, Verdict, base_matches
 
-FORMAT_V1 = "unsloth_prequant_text_encoder_state_dict_v1"
+FORMAT_V1 = TEXT_ENCODER_FORMAT_V1
 FORMATS = (FORMAT_V1,)
 SCHEMES = ("fp8",)  # v1 hosts the layerwise fp8 storage cast only
 STORAGE_DTYPE = torch.float8_e4m3fn
-CAST_BACKEND = "diffusers_layerwise"
+CAST_BACKEND = LAYERWISE_CAST
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4")
 ANY_COMPONENT = "auto"  # the text-encoder loader with no component or family given: whichever the file records
 

@@ -1,0 +1,146 @@
+"""Pre-cast text encoders in Unsloth's format (``unsloth_prequant_text_encoder_state_dict_v1``) from a dense encoder
+file: ComfyUI's own (e.g. ``qwen_3_4b.safetensors``) or one with the transformers class's names. The cast is the one
+Unsloth's builder applies through diffusers' layerwise casting: every Linear / Conv module's weight and bias stored as
+``float8_e4m3fn`` with no scale, except modules whose dotted name matches diffusers' skip patterns (``pos_embed``,
+``patch_embed``, ``norm``, ``^proj_in$``, ``^proj_out$``), the encoder's float32-kept modules, its Embeddings and an
+output projection tied to the input embedding. Read one tensor at a time; written atomically."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+import torch
+
+from .. import families
+from ..errors import BuildError
+from ..families import encoders
+from ..formats.checkpoint import LAYERWISE_CAST
+from ..load.dense_sources import SafetensorsSource
+from ..load.encoder_checks import COMPONENTS, STORAGE_DTYPE
+from . import writers
+
+SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
+
+
+def _module(key: str) -> str:
+    return key.rsplit(".", 1)[0] if "." in key else ""
+
+
+def cast_keys(kind: encoders.EncoderKind, shapes: Mapping[str, tuple]) -> set[str]:
+    """The keys (transformers names) the layerwise cast stores as float8: a module's weight and bias when the module
+    is a Linear / Conv (its weight has 2 or more dimensions) that no skip rule names."""
+    tied_out = {_module(k) for k, _ in kind.tied if k.startswith("lm_head")}
+    skip = SKIP_PATTERNS + tuple(re.escape(m) for m in kind.keep_dense) + tuple(f"^{re.escape(m)}$" for m in tied_out)
+    out = set()
+    for k, shape in shapes.items():
+        mod, _, attr = k.rpartition(".")
+        if attr not in ("weight", "bias"):
+            continue
+        if any(re.search(p, mod) for p in skip) or mod.rsplit(".", 1)[-1] in kind.embeddings:
+            continue
+        weight = shapes.get(f"{mod}.weight")
+        if weight is not None and len(weight) >= 2:
+            out.add(k)
+    return out
+
+
+def _encoder_for(family: str, component: str | None) -> tuple[families.Family, families.HostedEncoder]:
+    fam = families.get(family)
+    for e in fam.text_encoders:
+        if component in (None, "auto", e.component):
+            return fam, e
+    raise BuildError(f"{fam.title} has no hosted text encoder" + (f" named {component}" if component else "") + ".",
+                     expected=", ".join(e.component for e in fam.text_encoders) or "a family with one",
+                     found=str(component), fix="Pick the family's encoder component, or another family.")
+
+
+def build_text_encoder(input_path: str, dest: str, *, family: str, component: str | None = None,
+                       base_model_id: str | None = None, container: str = "safetensors", overwrite: bool = False,
+                       progress=None) -> str:
+    fam, hosted = _encoder_for(family, component)
+    kind = encoders.for_class(hosted.te_class)
+    src = SafetensorsSource([os.path.abspath(input_path)])
+    infos = src.infos()
+    comfy_names = not kind.missing_markers(infos)
+    rename = kind.from_comfy if comfy_names else str
+    shapes = {rename(k): tuple(i.shape) for k, i in infos.items() if k not in ("spiece_model", "tekken_model")}
+    for copy, of in kind.tied:
+        if copy not in shapes and of in shapes:
+            shapes[copy] = shapes[of]
+    lacking = [k for k in kind.needs if k not in shapes]
+    if lacking:
+        raise BuildError(f"The input has no {', '.join(lacking)}, which Unsloth's loader needs for a {kind.name} "
+                         f"({hosted.te_class}); nothing was written.", path=input_path,
+                         expected="the encoder's full state dict (the transformers checkpoint's weights)",
+                         found=f"{len(shapes)} tensors without {', '.join(lacking)} (ComfyUI's files drop it)",
+                         fix="Build from the model repo's own text-encoder weights (e.g. a merged shard file).")
+    to_cast = cast_keys(kind, shapes)
+    out: dict = {}
+    total = len(infos)
+    for i, (k, t) in enumerate(src.items()):
+        if k in ("spiece_model", "tekken_model"):
+            continue
+        name = rename(k)
+        if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise BuildError(f"Tensor '{k[:80]}' is {str(t.dtype).replace('torch.', '')}: the input must be a dense "
+                             "(bf16 / fp16 / fp32) encoder.", path=input_path, fix="Use the dense encoder file.")
+        t = t.to(torch.bfloat16)  # Unsloth's builder loads the encoder in bf16 before casting
+        out[name] = t.to(STORAGE_DTYPE) if name in to_cast else t
+        if progress:
+            progress("cast", i + 1, total, name)
+    for copy, of in kind.tied:
+        if copy not in out and of in out:
+            out[copy] = out[of]
+    meta = {"base_model_id": base_model_id or fam.base_repos[0], "family": fam.name, "scheme": "fp8",
+            "component": hosted.component, "te_class": hosted.te_class, "torch_dtype": "bfloat16",
+            "cast_backend": LAYERWISE_CAST, "torch_version": str(torch.__version__)}
+    try:
+        import transformers
+        meta["transformers_version"] = str(transformers.__version__)
+    except ImportError:
+        pass
+    return writers.write_checkpoint(dest, out, meta, container=container, overwrite=overwrite, progress=progress)
+
+
+def default_filename(family: str, component: str | None, container: str) -> str:
+    from ..load import encoder_sources
+    _, hosted = _encoder_for(family, component)
+    ext = ".pt" if container == "pt" else ".safetensors"
+    return next(n for n in encoder_sources.filenames(hosted.repo, hosted.component) if n.endswith(ext))
+
+
+def _cli(args) -> int:
+    container = args.container
+    dest = args.output or default_filename(args.family, args.component, container)
+    if os.path.isdir(dest):
+        dest = os.path.join(dest, default_filename(args.family, args.component, container))
+    path = build_text_encoder(args.input, dest, family=args.family, component=args.component,
+                              base_model_id=args.base_model_id, container=container, overwrite=args.overwrite)
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.0f} MiB)")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "build-text-encoder", help="make a pre-cast fp8 text encoder (Unsloth's format) from a dense one",
+        description="Cast a dense text encoder the way Unsloth's builder does (every Linear weight stored as "
+                    "float8_e4m3fn, no scale; embeddings and norms kept bf16) and write it in Unsloth's pre-cast "
+                    "format, which Load Prequant Text Encoder loads at about half the memory. The input is ComfyUI's "
+                    "own encoder file (e.g. qwen_3_4b.safetensors) or one with the transformers class's names. Exit "
+                    "status: 0 written, 2 refused (nothing written).")
+    p.add_argument("--input", "-i", required=True, metavar="PATH", help="the dense encoder (.safetensors)")
+    p.add_argument("--family", required=True, choices=sorted(n for n, f in families.FAMILIES.items()
+                                                             if f.text_encoders),
+                   help="the model the encoder belongs to (picks the encoder class and the file name)")
+    p.add_argument("--component", default=None, choices=COMPONENTS,
+                   help="which encoder of the model (default: the family's hosted one)")
+    p.add_argument("--base-model-id", default=None, metavar="REPO",
+                   help="base model recorded in the metadata (default: the family's first base repo)")
+    p.add_argument("--output", "-o", default=None, metavar="PATH",
+                   help="output file or folder (default: Unsloth's name, e.g. Z-Image-Turbo-text_encoder-FP8"
+                        ".safetensors, in the current folder)")
+    p.add_argument("--container", choices=("safetensors", "pt"), default="safetensors",
+                   help="file format (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file (default: refuse)")
+    p.set_defaults(func=_cli)
