@@ -2,6 +2,7 @@
 pipeline as the transformer loader (plan -> locate -> open and judge -> build)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -108,6 +109,16 @@ class PrequantLoadTextEncoder:
         }
 
     @classmethod
+    def VALIDATE_INPUTS(cls, text_encoder):
+        """Replaces ComfyUI's list check for ``text_encoder`` only: a shared workflow may name a file this user does
+        not have yet, which ``load`` downloads when the node's preset / hub_repo / family serve that very name."""
+        if text_encoder is None or text_encoder in paths.NONE_CHOICES or text_encoder in paths.encoder_choices():
+            return True
+        if not isinstance(text_encoder, str) or os.path.splitext(text_encoder)[1].lower() not in paths.EXTENSIONS:
+            return f"'{str(text_encoder)[:80]}' is not a .safetensors or .pt file name"
+        return True
+
+    @classmethod
     def IS_CHANGED(cls, text_encoder, path="", **kw):
         target = (path or "").strip() or paths.find_encoder(text_encoder)
         if not target:
@@ -123,13 +134,19 @@ class PrequantLoadTextEncoder:
              component=AUTO, base_model_id="", revision="", path="", unique_id=None):
         status = NodeStatus(unique_id)
         local = (path or "").strip() or paths.find_encoder(text_encoder)
-        if not local and text_encoder and text_encoder not in paths.NONE_CHOICES and not (hub_repo or "").strip() \
-                and preset in (None, "", "none") and family in (None, "", AUTO):
-            raise ValidationError(f"The text encoder '{text_encoder}' is not in models/prequant or "
-                                  "models/text_encoders.", expected="a listed file, or a preset / hub_repo / family",
-                                  found=text_encoder, fix="Pick a listed file, or set the preset so the node downloads "
-                                                          "the hosted encoder.")
+        missing = None if local or not text_encoder or text_encoder in paths.NONE_CHOICES else text_encoder
         src = encoder_sources.plan(local, hub_repo, family, component, revision=revision, preset=preset)
+        if missing:  # a listed name this user does not have: only a source serving that very file may stand in
+            want = os.path.basename(missing.replace("\\", "/"))
+            served = [c for c in src if c.kind == "hub" and want in c.filenames]
+            if not served:
+                raise ValidationError(f"The text encoder '{missing}' is not in models/prequant or "
+                                      "models/text_encoders, and nothing the node names serves that file.",
+                                      expected="a listed file, or a preset / hub_repo / family hosting it",
+                                      found=missing, fix="Put the file into ComfyUI/models/prequant/, or set the "
+                                                         "preset of the family it belongs to.")
+            src = dataclasses.replace(src, candidates=tuple(dataclasses.replace(c, filenames=(want,))
+                                                            for c in served))
         comp = encoder_sources.component_for(src.family, component) or encoder_checks.ANY_COMPONENT
         req = Request(scheme="fp8", base_model_id=(base_model_id or "").strip() or None, family=src.family,
                       component=comp)

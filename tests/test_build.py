@@ -347,6 +347,20 @@ def stock_comfy_model(path):
     return comfy.model_patcher.ModelPatcher(model, load_device=load_device, offload_device=offload_device)
 
 
+def test_an_unused_skeleton_tensor_holding_garbage_does_not_stop_a_build(comfy, dense_files, reference):
+    """ComfyUI leaves a skeleton entry the file does not provide as allocated memory (Z-Image's norm_final, unused
+    by its forward): whatever it holds, even NaN, is not the dense input's, so the build neither reads nor refuses
+    it, and the output matches load-time quantization of the original weights."""
+    model = stock_comfy_model(dense_files["comfyui"])
+    with torch.no_grad():
+        model.model.diffusion_model.norm_final.weight.fill_(float("nan"))
+    res = run_build_node(comfy, model=model, scheme="int8", filename="garbage-unused.safetensors", overwrite=True)
+    ck = formats.read(res["result"][0])
+    ref, ref_meta = reference("int8")
+    assert ck.metadata["fingerprint"]["modules"] == ref_meta["fingerprint"]["modules"]
+    assert "norm_final.weight" not in ck.tensors
+
+
 def test_node_builds_from_a_stock_comfyui_model(comfy, dense_files, reference):
     """MODEL loaded by ComfyUI's own code from a ComfyUI-layout dense file -> node -> loader -> same sampler output
     as load-time quantization of the original diffusers weights."""

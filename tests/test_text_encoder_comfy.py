@@ -97,3 +97,15 @@ def test_precast_file_refused_for_another_family(comfy, gemma):
     with pytest.raises(ValidationError) as e:
         node.load(UNSLOTH_NAME, family="z-image")
     assert "Z-Image's text_encoder is a Qwen3-4B, this file holds a Gemma2-2B" in str(e.value.reasons)
+
+
+def test_a_named_file_the_user_lacks_is_refused_by_name_unless_a_source_serves_it(comfy):
+    from prequant_core.errors import ValidationError
+    _, pack = comfy
+    cls = pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]
+    assert cls.VALIDATE_INPUTS("someone-text_encoder-FP8.safetensors") is True  # reaches load(), not "not in list"
+    assert "not a .safetensors or .pt" in cls.VALIDATE_INPUTS("notes.txt")
+    with pytest.raises(ValidationError) as e:
+        cls().load("my-own-text_encoder-FP8.safetensors", family="z-image")  # the family's file has another name
+    assert "'my-own-text_encoder-FP8.safetensors'" in e.value.message and "nothing the node names serves" in \
+        e.value.message

@@ -47,6 +47,9 @@ class Source:
     """Dense tensors in a fixed order, each read when iterated and not kept by the source."""
     path: str | None = None
     hints: dict  # {"transformer_class": ..., "family": ...} where the input names them
+    # names the consumer does not use (a ComfyUI skeleton entry the family leaves unfilled, e.g. Z-Image's
+    # norm_final): skipped unread and unchecked, as a model built from a file holds whatever memory held there
+    unused: frozenset = frozenset()
 
     def infos(self) -> dict[str, TensorInfo]:
         raise NotImplementedError
@@ -79,6 +82,8 @@ class MemorySource(Source):
 
     def items(self):
         for k, v in self.tensors.items():
+            if k in self.unused:
+                continue
             v = v.detach().to("cpu")
             check_dense(k, v, self.path)
             yield k, v
@@ -137,6 +142,8 @@ class SafetensorsSource(Source):
         handles: dict[int, object] = {}
         try:
             for k, e in self.entries.items():
+                if k in self.unused:
+                    continue
                 f = handles.get(e.file)
                 if f is None:
                     f = handles[e.file] = open(self.files[e.file], "rb", buffering=0)
@@ -178,6 +185,7 @@ class RemappedSource(Source):
         for parts in self.plan.values():
             parts.sort(key=lambda p: p[1][0] if p[1] else 0)
         check_unmapped(base_infos, set(self.plan), ignore, base.path)
+        base.unused = frozenset(n for n in base_infos if n not in self.plan)  # only ignored names, checked above
         self._infos: dict[str, TensorInfo] = {}
         for name, info in base_infos.items():
             for dk, sl, _ in self.plan.get(name, ()):
