@@ -604,7 +604,7 @@ def _run_hub_workflow(hub, base, env):
         prompt = to_api(wf, server.get("/object_info"), {
             "Load Prequant Transformer": {"checkpoint": none_choice, "hub_repo": REPO, "scheme": "int8",
                                           "base_model_id": "", "family": "auto"},
-            "CLIPLoader": {"clip_name": tiny_assets.CLIP_NAME, "type": "stable_diffusion"},
+            "PrequantLoadTextEncoder": tiny_assets.text_encoder_stand_in(),
             "VAELoader": {"vae_name": tiny_assets.VAE_NAME},
             "EmptySD3LatentImage": {"width": 128, "height": 128},
             "KSampler": {"steps": 2},

@@ -47,7 +47,7 @@ def prompt_for(server, checkpoint="Z-Image-Turbo-FP8.safetensors", scheme="fp8",
         wf = json.load(f)
     return to_api(wf, server.get("/object_info"), {
         "Load Prequant Transformer": {"checkpoint": checkpoint, "scheme": scheme, **loader},
-        "CLIPLoader": {"clip_name": tiny_assets.CLIP_NAME, "type": "stable_diffusion"},
+        "PrequantLoadTextEncoder": tiny_assets.text_encoder_stand_in(),
         "VAELoader": {"vae_name": tiny_assets.VAE_NAME},
         "EmptySD3LatentImage": {"width": 128, "height": 128},
         "KSampler": {"steps": 2},

@@ -76,7 +76,7 @@ def test_gated_download_with_env_token_then_save_image_leaks_the_token_nowhere(t
             assert "hf_token" not in info["PrequantLoadTransformer"]["input"]["optional"]
             # the workflow as shipped; only the text encoder, VAE and size are swapped for test-size ones
             prompt = to_api(wf, info, {
-                "CLIPLoader": {"clip_name": tiny_assets.CLIP_NAME, "type": "stable_diffusion"},
+                "PrequantLoadTextEncoder": tiny_assets.text_encoder_stand_in(),
                 "VAELoader": {"vae_name": tiny_assets.VAE_NAME},
                 "EmptySD3LatentImage": {"width": 128, "height": 128},
                 "KSampler": {"steps": 2},

@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         print(f"[demo] ComfyUI {server.get('/system_stats')['system']['comfyui_version']} serving on {server.url}")
         overrides = {
             "Load Prequant Transformer": {"checkpoint": ckpt_name, "scheme": args.scheme},
-            "CLIPLoader": {"clip_name": names["clip"], "type": "stable_diffusion"},
+            "PrequantLoadTextEncoder": tiny_assets.text_encoder_stand_in(names["clip"]),
             "VAELoader": {"vae_name": names["vae"]},
             "EmptySD3LatentImage": {"width": args.size, "height": args.size},
             "KSampler": {"steps": args.steps},
@@ -179,8 +179,9 @@ NEXT_STEPS = """
 [demo] Next, with internet, the same workflow on the real model (Z-Image-Turbo, 6B; about 6.3 GB as {scheme}):
 [demo]   1. put this folder into ComfyUI/custom_nodes/ and `pip install -r requirements.txt` (never touches torch)
 [demo]   2. start ComfyUI and drag in example_workflows/z_image_turbo_prequant.json
-[demo]   3. Queue: the loader fetches unsloth/Z-Image-Turbo-FP8 ({scheme} file) from the Hugging Face Hub on first use;
-[demo]      the workflow lists its text encoder and VAE with download links (ComfyUI offers them when missing)
+[demo]   3. Queue: the loaders fetch unsloth/Z-Image-Turbo-FP8's {scheme} transformer and its fp8 text encoder from the
+[demo]      Hugging Face Hub on first use; the workflow lists its VAE with a download link (ComfyUI offers it)
+[demo]   (here the text-encoder loader stood in as CLIPLoader on a tiny CLIP-L: Qwen3-4B has no test-size form)
 [demo]   Inspect any file first:  python -m prequant_core info FILE   (or the Prequant Info node)"""
 
 

@@ -14,6 +14,12 @@ VAE_NAME = "tiny_taef1.safetensors"
 CAP_FEAT_DIM = 768  # CLIP-L hidden size: the tiny Z-Image's caption embedder takes this width
 
 
+def text_encoder_stand_in(clip_name: str = CLIP_NAME) -> dict:
+    """A workflow override that swaps the shipped text-encoder loader (a 4B-parameter Qwen3 whose ComfyUI class has
+    fixed dims) for CLIPLoader on the tiny CLIP-L: the graph keeps its wiring, the CLIP output is the same type."""
+    return {"class_type": "CLIPLoader", "clip_name": clip_name, "type": "stable_diffusion"}
+
+
 def write_clip(path: str, seed: int = 11) -> str:
     import comfy.sd1_clip
     from safetensors.torch import save_file

@@ -54,7 +54,9 @@ def check(workflow: dict, object_info: dict) -> list[str]:
 
 
 def to_api(workflow: dict, object_info: dict, overrides: dict | None = None) -> dict:
-    """``overrides``: {node title or type: {input name: value}} applied after conversion."""
+    """``overrides``: {node title or type: {input name: value}} applied after conversion. A ``class_type`` among the
+    values swaps the node for another of the same output (the test-size CLIPLoader standing in for a loader whose
+    full-size file cannot exist here): its widget values are dropped, its links kept."""
     problems = check(workflow, object_info)
     if problems:
         raise WorkflowError("; ".join(problems))
@@ -86,5 +88,10 @@ def to_api(workflow: dict, object_info: dict, overrides: dict | None = None) -> 
         if not hits:
             raise WorkflowError(f"override for '{key}' matches no node")
         for p in hits:
+            vals = dict(vals)
+            swap = vals.pop("class_type", None)
+            if swap and swap != p["class_type"]:
+                p["class_type"] = swap
+                p["inputs"] = {k: v for k, v in p["inputs"].items() if isinstance(v, list)}
             p["inputs"].update(vals)
     return prompt
