@@ -184,15 +184,16 @@ class PrequantBuildCheckpoint:
                            "per-block formats, written as .pt (set container to pt); they run natively on Blackwell "
                            "GPUs and dequantize at matmul time elsewhere."}),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Recorded in the file so loaders can check it "
-                                  "(e.g. Tongyi-MAI/Z-Image-Turbo). Empty: the family's base model."}),
+                                  "(e.g. Tongyi-MAI/Z-Image-Turbo). Empty: the family's base model.", "advanced": True}),
                 "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO, "tooltip": "The model family "
-                           "(auto: detected from the weights' keys and shapes)."}),
+                           "(auto: detected from the weights' keys and shapes).", "advanced": True}),
                 "filename": ("STRING", {"default": "", "tooltip": "File name inside models/prequant. Empty: "
                              "<Model>-<SCHEME>.<ext> from base_model_id."}),
-                # Expert inputs last (web/prequant.js maps workflows saved with the earlier order by name).
+                # Expert inputs last and folded as advanced (web/prequant.js maps workflows saved with the earlier
+                # order by name).
                 "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 1, "max": 65536,
                                          "tooltip": "Only Linear layers with in and out features >= this are "
-                                                    "quantized."}),
+                                                    "quantized.", "advanced": True}),
                 "container": (list(core.OUTPUTS), {"default": "safetensors", "tooltip": "safetensors: no pickle, "
                               "safe to share. pt: torch.save container. comfyui-native: ComfyUI's own quantized "
                               "layout, written to models/diffusion_models: the stock Load Diffusion Model loads it "
@@ -205,7 +206,8 @@ class PrequantBuildCheckpoint:
                 "model": ("MODEL", {"tooltip": "A dense MODEL from any loader (not one loaded pre-quantized)."}),
                 "component": ("STRING", {"default": "transformer", "tooltip": "Which transformer of the model this "
                               "is, recorded in the file and checked by the loader: transformer, or transformer_2 for "
-                              "the low-noise expert of Wan 2.2 A14B (the default file name then gets -transformer_2)."}),
+                              "the low-noise expert of Wan 2.2 A14B (the default file name then gets -transformer_2).",
+                              "advanced": True}),
             },
         }
 

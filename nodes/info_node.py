@@ -29,8 +29,9 @@ class PrequantInfo:
     DESCRIPTION = (f"Shows what a pre-quantized ({describe.schemes_text()}; " + describe.containers_text() + ") "
                    "checkpoint is "
                    "without loading it: format, scheme, family, base model, quantized and dense sizes, the saving, "
-                   "recorded versions, and whether it matches the base model and scheme you give. Reads only the "
-                   "file's header / index.")
+                   "recorded versions, and whether it matches the base model and scheme you give, with the reasons "
+                   "when it would not load. Reads the file's header / index (a ComfyUI-native file whole, to check "
+                   "its scales).")
 
     @classmethod
     def INPUT_TYPES(cls):

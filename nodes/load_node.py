@@ -136,34 +136,37 @@ class PrequantLoadTransformer:
                            "rows at matmul time."}),
                 "family": ([AUTO] + sorted(families.FAMILIES), {"default": AUTO, "tooltip": "The model family "
                            "(auto: read from the file). With a scheme and no file or repo, downloads the family's "
-                           "hosted file."}),
+                           "hosted file.", "advanced": True}),
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Refuse the file unless it was built from this "
                                   "base (e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough). For a family "
-                                  "with several hosted repos it also picks the variant to download."}),
+                                  "with several hosted repos it also picks the variant to download.", "advanced": True}),
                 "policy": (list(route.POLICIES), {"default": route.PREQUANT_ONLY, "tooltip": "What to do "
                            "when the pre-quantized file is missing or refused: fail with the reasons, or quantize "
-                           "the dense fallback at load time (same scheme and rules, same output), or always do that."}),
+                           "the dense fallback at load time (same scheme and rules, same output), or always do that.",
+                           "advanced": True}),
                 "dense_fallback": (paths.dense_choices(), {"default": paths.NO_DENSE, "tooltip": "A dense (bf16) "
                                    "transformer .safetensors from models/diffusion_models, quantized while it is read "
-                                   "(never whole in memory) when the policy allows."}),
-                # Expert inputs last.
+                                   "(never whole in memory) when the policy allows.", "advanced": True}),
+                # Folded as advanced inputs (the front end's "Show Advanced"); kept in this order, so workflows
+                # saved with every value shown still load.
                 "download_to": ([DOWNLOAD_TO_MODELS, DOWNLOAD_TO_HF_CACHE], {"default": DOWNLOAD_TO_MODELS,
                                 "tooltip": "Where a Hub download is stored: models/prequant (the first folder "
                                 "ComfyUI lists for it, so extra_model_paths.yaml is honoured; the file then shows in "
                                 "the checkpoint list and later runs need no network), or the shared Hugging Face "
-                                "cache (HF_HOME / HF_HUB_CACHE), reused by other tools."}),
+                                "cache (HF_HOME / HF_HUB_CACHE), reused by other tools.", "advanced": True}),
                 "revision": ("STRING", {"default": "", "tooltip": "Branch, tag or commit to download (empty: the "
                              "default branch). Applies when the file is downloaded; a file already in models/prequant "
-                             "is used as it is."}),
+                             "is used as it is.", "advanced": True}),
                 "min_features": ("INT", {"default": schemes.DEFAULT_MIN_FEATURES, "min": 0, "max": 65536,
                                          "tooltip": "Only Linears with in and out features >= this are quantized. A "
                                          "pre-quantized file built with another value is refused; the dense "
-                                         "fallback quantizes with it."}),
+                                         "fallback quantizes with it.", "advanced": True}),
                 "path": paths.path_input(),
                 "component": (list(families.all_components()), {"default": "transformer", "tooltip": "Which "
                               "transformer of the model: transformer, or the second expert of a two-expert model "
                               "(Wan 2.2 A14B: transformer = high noise, transformer_2 = low noise). Picks that "
-                              "expert's file from a Hub repo, and a file recording another component is refused."}),
+                              "expert's file from a Hub repo, and a file recording another component is refused.",
+                              "advanced": True}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},  # where the status lines go (nodes/status.py)
         }

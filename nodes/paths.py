@@ -161,9 +161,10 @@ def checkpoint_input(tooltip: str = "", none: str = NONE_CHOICE) -> tuple:
                                               "models/diffusion_models)."})
 
 
-def path_input(use: str = "") -> tuple:
+def path_input(use: str = "", advanced: bool = True) -> tuple:
     return ("STRING", {"default": "", "tooltip": f"Explicit file path instead of the list{use}. Outside the model "
-                                                 "folders it must lie under PREQUANT_ALLOW_LOCAL_PATH."})
+                                                 "folders it must lie under PREQUANT_ALLOW_LOCAL_PATH.",
+                       "advanced": advanced})
 
 
 # --- Load Prequant Text Encoder -------------------------------------------------------------------------------------

@@ -17,13 +17,11 @@ Fingerprint verification hashes every quantized weight, so it reads the data; it
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any, Iterable, Iterator, Mapping
 
 
-from . import families, schemes
 from .formats import fingerprint, layer_policy
 from .load import encoder_checks, metadata, opening
 from .schemes import qtensor
@@ -336,6 +334,13 @@ def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) 
         else:
             d_count += 1
             d_bytes += stored
+    if ck.container == "comfyui-native":
+        # its scales are decoded into the in-memory layout (a per-tensor fp8 scale repeated per row): the header's
+        # offsets say what the file holds, and every byte not an unquantized tensor's belongs to a quantized layer
+        from .load.memory_check import declared_bytes
+        declared = declared_bytes(fh)
+        if declared is not None and declared >= d_bytes:
+            q_bytes = declared - d_bytes
     found = sorted(s for s in ck.schemes_found() if s)
 
     fp = md.get("fingerprint")
@@ -389,64 +394,3 @@ def _encoder_text(opened: opening.Opened) -> str | None:
     else:
         tok = "tokenizer shipped with ComfyUI"
     return f"{k.name} ({te}), run by ComfyUI's own {k.name} class; {tok}"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Command line: python -m prequant_core info FILE / verify FILE --base ID --scheme S
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser(
-        "info", help="describe a checkpoint without loading its weights",
-        description="Describe a pre-quantized checkpoint (or a pre-cast text encoder): format tag, container, "
-                    "scheme, family, base model, "
-                    "quantized / dense tensor counts and sizes, the saving against the dense model, recorded "
-                    "versions and filter settings, and whether the file is self-consistent. Reads only the "
-                    "header (.safetensors) or the pickle index (.pt, memory-mapped); weights are read only with "
-                    "--verify-fingerprint. Exit status: 0 when the file could be read (whatever its verdict), "
-                    "2 on error.")
-    p.add_argument("file", metavar="FILE", help="a .safetensors or .pt checkpoint")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of a table")
-    p.add_argument("--verify-fingerprint", action="store_true",
-                   help="also hash every quantized weight and compare with the recorded fingerprint "
-                        "(reads the whole file)")
-    p.set_defaults(func=_cmd_info)
-
-    v = subparsers.add_parser(
-        "verify", help="check that a checkpoint matches a base model and scheme",
-        description="Check a checkpoint against the base model and scheme you mean to load it as, with the "
-                    "same rules as the ComfyUI loader (a text-encoder file: as Load Prequant Text Encoder, against "
-                    "the component it records). Exit status: 0 valid, 1 invalid (every reason is "
-                    "printed), 2 on error (missing, unreadable or unsafe file, unknown scheme or family).")
-    v.add_argument("file", metavar="FILE", help="a .safetensors or .pt checkpoint")
-    v.add_argument("--base", required=True, metavar="ID",
-                   help="base model id, e.g. Tongyi-MAI/Z-Image-Turbo (the last path part, any case, also matches)")
-    v.add_argument("--scheme", required=True, metavar="S",
-                   help="quantization scheme: " + ", ".join(schemes.SCHEMES))
-    v.add_argument("--min-features", type=int, default=None, metavar="N",
-                   help="require this min_features setting (only Linears with in and out features >= N quantized)")
-    v.add_argument("--family", default=None, metavar="F",
-                   help=f"require this model family ({', '.join(sorted(families.FAMILIES))})")
-    v.add_argument("--verify-fingerprint", action="store_true",
-                   help="also hash every quantized weight against the recorded fingerprint (reads the whole file)")
-    v.add_argument("--json", action="store_true", help="print the full report as JSON instead of the verdict")
-    v.set_defaults(func=_cmd_verify)
-
-
-def _cmd_info(args) -> int:
-    r = info(args.file, verify_fingerprint=args.verify_fingerprint)
-    print(json.dumps(r.to_dict(), indent=2, sort_keys=True, allow_nan=False) if args.json else r.to_text())
-    return 0
-
-
-def _cmd_verify(args) -> int:
-    req = metadata.Request(scheme=args.scheme, base_model_id=args.base, min_features=args.min_features,
-                           family=args.family)
-    r = info(args.file, req, verify_fingerprint=args.verify_fingerprint)
-    if args.json:
-        print(json.dumps(r.to_dict(), indent=2, sort_keys=True, allow_nan=False))
-    else:
-        print(f"{escape(r.file)}: {escape(r.verdict_line())}")
-        for reason in r.reasons:
-            print(f"  - {escape(reason)}")
-    return 0 if r.valid else 1
-

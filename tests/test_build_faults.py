@@ -365,7 +365,7 @@ def test_sigkill_cli_at_an_arbitrary_moment(dense_file, tmp_path):
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for line in p.stderr:
-            if line.startswith("[write "):
+            if line.startswith("quantizing "):  # piped, each stage prints one line when done: writing begins
                 os.kill(p.pid, signal.SIGKILL)
                 break
         p.wait(60)

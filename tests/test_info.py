@@ -419,8 +419,9 @@ def test_cli_info_and_verify(prequant_files, capsys, tmp_path):
 
     assert cli.main(["verify", str(tmp_path / "missing.pt"), "--base", BASE_ID, "--scheme", "fp8"]) == 2
     assert "error: Checkpoint file not found" in capsys.readouterr().err
-    assert cli.main(["verify", path, "--base", BASE_ID, "--scheme", "int3"]) == 2
-    assert "Unknown quantization scheme" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # an argument error, answered before anything is read
+        cli.main(["verify", path, "--base", BASE_ID, "--scheme", "int3"])
+    assert e.value.code == 2 and "unknown quantization scheme 'int3'" in capsys.readouterr().err
 
     for cmd, options in (("info", ["FILE", "--json", "--verify-fingerprint"]),
                          ("verify", ["FILE", "--base", "--scheme", "--min-features", "--family",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import sys
 import time
 from typing import Callable, Mapping
@@ -300,7 +299,7 @@ def build_from_tensors(dest: str, dense: Mapping, *, family: Family, scheme: str
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Command line: python -m prequant_core build
+# ComfyUI's key maps for the command line (prequant_core/cli/build_commands.py)
 # ----------------------------------------------------------------------------------------------------------------
 
 def comfy_key_map_from(comfy_dir: str) -> Callable[[Family, dict], Mapping]:
@@ -322,121 +321,3 @@ def comfy_key_map_from(comfy_dir: str) -> Callable[[Family, dict], Mapping]:
                              path=comfy_dir, fix="Update ComfyUI.")
         return fn(fam.config_from_shapes(shapes))
     return provider
-
-
-class TerminalProgress:
-    """One line per step when piped; a single updating line on a terminal."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-
-    def __call__(self, stage: str, done: int, total: int, key: str) -> None:
-        line = f"[{stage} {done}/{total}] {key}".rstrip()
-        if self.tty:
-            width = shutil.get_terminal_size((100, 20)).columns - 1
-            self.stream.write("\r" + line[:width].ljust(width))
-            if done == total:
-                self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-
-def _cli_native(args, family: str | None) -> int:
-    """``build --container comfyui-native``: from a dense .safetensors or from a pre-quantized file this pack reads
-    (an Unsloth file turned into one stock ComfyUI loads); diffusers names are mapped to ComfyUI's with the family's
-    own map, or ComfyUI's (``--comfyui DIR``)."""
-    from ..families import keymap
-    tensors, md, scheme_default = read_native_input(args.input)
-    fam, layout = (families.get(family), None) if family else families.detect(list(tensors), md, args.input)
-    layout = layout or fam.layout_of(tensors) or "diffusers"
-    scheme = args.scheme or scheme_default or "int8"
-    if layout == "diffusers" and fam.comfy_key_map is not None:
-        shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-        if callable(fam.comfy_key_map):
-            km = fam.comfy_key_map(fam.config_from_shapes(shapes, args.input))
-        elif args.comfyui:
-            km = comfy_key_map_from(args.comfyui)(fam, shapes)
-        else:
-            raise BuildError(f"{fam.title} files in diffusers' layout need ComfyUI's key map for ComfyUI-native "
-                             "output.", path=args.input, fix="Add --comfyui DIR (your ComfyUI folder).")
-        tensors = keymap.to_comfy_layout(tensors, km, path=args.input)
-    output = args.output
-    if output is None or os.path.isdir(output):
-        output = os.path.join(output or os.getcwd(), default_filename(
-            args.base_model_id or md.get("base_model_id") or fam.base_repos[0], scheme, NATIVE, args.component))
-    res = build_comfy_native(tensors, output, scheme=scheme, family=fam,
-                             base_model_id=args.base_model_id or md.get("base_model_id"), min_features=args.min_features,
-                             overwrite=args.overwrite, progress=None if args.quiet else TerminalProgress(),
-                             input_layout=layout)
-    print(res.summary())
-    print(res.path)
-    return 0
-
-
-def _cli_build(args) -> int:
-    family = None if args.family == "auto" else args.family
-    if args.container == NATIVE:
-        return _cli_native(args, family)
-    if args.scheme is None:
-        args.scheme = "int8"
-    output = args.output
-    container = args.container
-    if output is None or os.path.isdir(output):
-        folder = output or os.getcwd()
-        if family:
-            fam = families.get(family)
-        else:
-            fam = open_input(args.input, key_map=None if not args.comfyui else comfy_key_map_from(args.comfyui)).family
-        c = container_for(os.path.join(folder, "x"), container, schemes.normalize(args.scheme))
-        output = os.path.join(folder, default_filename(args.base_model_id or fam.base_repos[0], args.scheme, c,
-                                                       args.component))
-    res = build(args.input, output, scheme=args.scheme, family=family, base_model_id=args.base_model_id,
-                min_features=args.min_features, container=None if container == "auto" else container,
-                overwrite=args.overwrite, key_map=comfy_key_map_from(args.comfyui) if args.comfyui else None,
-                progress=None if args.quiet else TerminalProgress(), component=args.component)
-    print(res.summary())
-    print(res.path)
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser(
-        "build", help="make a pre-quantized checkpoint from a dense model",
-        description="Quantize a dense diffusion transformer (torchao int8 / fp8, per-row) and write a pre-quantized "
-                    "checkpoint with diffusers key names and full metadata. Reads one tensor at a time (peak memory "
-                    "about the quantized size plus one layer) and writes atomically. Exit status: 0 written, 2 refused "
-                    "(nothing written).")
-    p.add_argument("--input", "-i", required=True, metavar="PATH",
-                   help="dense weights: a .safetensors file (diffusers or ComfyUI key layout) or a diffusers folder "
-                        "(model root with transformer/config.json, or the transformer folder; sharded weights with "
-                        "an index json are fine)")
-    p.add_argument("--output", "-o", metavar="PATH", default=None,
-                   help="output file, or an existing folder to write <Model>-<SCHEME>.<ext> into "
-                        "(default: that name in the current folder)")
-    p.add_argument("--scheme", choices=schemes.SCHEMES, default=None,
-                   help="quantization scheme (default: int8; for comfyui-native output from a pre-quantized input, "
-                        "the input's scheme)")
-    p.add_argument("--min-features", type=int, default=schemes.DEFAULT_MIN_FEATURES, metavar="N",
-                   help="quantize only Linear layers whose in and out features are both >= N (default: %(default)s)")
-    p.add_argument("--base-model-id", default=None, metavar="REPO",
-                   help="base model recorded in the metadata (default: the family's base repo, e.g. "
-                        "Tongyi-MAI/Z-Image-Turbo)")
-    p.add_argument("--family", choices=["auto"] + sorted(families.FAMILIES), default="auto",
-                   help="model family (default: %(default)s, from config.json or the tensor names)")
-    p.add_argument("--container", choices=["auto"] + list(OUTPUTS), default="auto",
-                   help="file format: safetensors (safe, no pickle) or pt (torch.save); comfyui-native: ComfyUI's own "
-                        "quantized layout, which ComfyUI's stock Load Diffusion Model reads (fp8 from ComfyUI 0.3.68, "
-                        "nvfp4 0.8.0, mxfp8 0.18.0, int8 0.27.0), made from a dense file or from a pre-quantized one "
-                        "(e.g. an Unsloth file); default auto: from the output extension, else safetensors")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--component", default="transformer", metavar="NAME",
-                   help="which transformer of the model the input is, recorded in the metadata (default: "
-                        "%(default)s; transformer_2 for the low-noise expert of Wan 2.2 A14B)"),
-    p.add_argument("--comfyui", metavar="DIR", default=None,
-                   help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names (only "
-                        "needed for ComfyUI-layout files), or diffusers names to ComfyUI's for comfyui-native output")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
-    p.set_defaults(func=_cli_build)
-

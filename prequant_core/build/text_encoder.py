@@ -17,7 +17,7 @@ from ..errors import BuildError
 from ..families import encoders
 from ..formats.checkpoint import LAYERWISE_CAST
 from ..load.dense_sources import SafetensorsSource
-from ..load.encoder_checks import COMPONENTS, STORAGE_DTYPE
+from ..load.encoder_checks import STORAGE_DTYPE
 from . import writers
 
 SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
@@ -108,39 +108,3 @@ def default_filename(family: str, component: str | None, container: str) -> str:
     _, hosted = _encoder_for(family, component)
     ext = ".pt" if container == "pt" else ".safetensors"
     return next(n for n in encoder_sources.filenames(hosted.repo, hosted.component) if n.endswith(ext))
-
-
-def _cli(args) -> int:
-    container = args.container
-    dest = args.output or default_filename(args.family, args.component, container)
-    if os.path.isdir(dest):
-        dest = os.path.join(dest, default_filename(args.family, args.component, container))
-    path = build_text_encoder(args.input, dest, family=args.family, component=args.component,
-                              base_model_id=args.base_model_id, container=container, overwrite=args.overwrite)
-    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.0f} MiB)")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser(
-        "build-text-encoder", help="make a pre-cast fp8 text encoder (Unsloth's format) from a dense one",
-        description="Cast a dense text encoder the way Unsloth's builder does (every Linear weight stored as "
-                    "float8_e4m3fn, no scale; embeddings and norms kept bf16) and write it in Unsloth's pre-cast "
-                    "format, which Load Prequant Text Encoder loads at about half the memory. The input is ComfyUI's "
-                    "own encoder file (e.g. qwen_3_4b.safetensors) or one with the transformers class's names. Exit "
-                    "status: 0 written, 2 refused (nothing written).")
-    p.add_argument("--input", "-i", required=True, metavar="PATH", help="the dense encoder (.safetensors)")
-    p.add_argument("--family", required=True, choices=sorted(n for n, f in families.FAMILIES.items()
-                                                             if f.text_encoders),
-                   help="the model the encoder belongs to (picks the encoder class and the file name)")
-    p.add_argument("--component", default=None, choices=COMPONENTS,
-                   help="which encoder of the model (default: the family's hosted one)")
-    p.add_argument("--base-model-id", default=None, metavar="REPO",
-                   help="base model recorded in the metadata (default: the family's first base repo)")
-    p.add_argument("--output", "-o", default=None, metavar="PATH",
-                   help="output file or folder (default: Unsloth's name, e.g. Z-Image-Turbo-text_encoder-FP8"
-                        ".safetensors, in the current folder)")
-    p.add_argument("--container", choices=("safetensors", "pt"), default="safetensors",
-                   help="file format (default: %(default)s)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file (default: refuse)")
-    p.set_defaults(func=_cli)

@@ -25,8 +25,13 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from . import pages
-from ..schemes import qtensor
 from ..errors import CorruptCheckpointError
+
+
+def _qtensor():
+    # imported on first use: the family registry stays importable without torch (the command line's --help)
+    from ..schemes import qtensor
+    return qtensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +99,7 @@ def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None) -> 
                                              f"(a part such as to_q/to_k/to_v is absent).", path=path)
             pos += v.shape[0]
         try:
-            out[name] = qtensor.cat_rows([v for _, _, v in parts])
+            out[name] = _qtensor().cat_rows([v for _, _, v in parts])
         except ValueError as e:
             raise CorruptCheckpointError(f"Cannot fuse '{name}': {e}.", path=path) from None
         pages.release(_plain_parts(v for _, _, v in parts))
@@ -103,8 +108,8 @@ def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None) -> 
 
 def _plain_parts(weights):
     for w in weights:
-        if qtensor.is_quantized(w):
-            yield from qtensor.parts(w)[0]
+        if _qtensor().is_quantized(w):
+            yield from _qtensor().parts(w)[0]
         else:
             yield w
 
@@ -115,7 +120,7 @@ def to_diffusers(tensors: Mapping, key_map: Mapping) -> dict:
     for dk, target in key_map.items():
         t = parse_target(dk, target)
         if t.name in tensors:
-            out[dk] = tensors[t.name] if t.rows is None else qtensor.slice_rows(tensors[t.name], *t.rows)
+            out[dk] = tensors[t.name] if t.rows is None else _qtensor().slice_rows(tensors[t.name], *t.rows)
     return out
 
 
@@ -129,7 +134,7 @@ def swap_halves(t):
     if n % 2:
         raise ValueError(f"cannot swap the halves of {n} rows")
     h = n // 2
-    return qtensor.cat_rows([qtensor.slice_rows(t, h, h), qtensor.slice_rows(t, 0, h)])
+    return _qtensor().cat_rows([_qtensor().slice_rows(t, h, h), _qtensor().slice_rows(t, 0, h)])
 
 
 ROW_PERMUTATIONS: dict[str, Callable] = {

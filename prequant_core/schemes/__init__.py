@@ -8,10 +8,10 @@ import dataclasses
 import torch
 
 from ..errors import ValidationError
+from ..scheme_names import DEFAULT_MIN_FEATURES, spelling  # noqa: F401 (public name)
 from . import qtensor, registry
-from .record import WEIGHT_ONLY_TAIL, Scheme
+from .record import WEIGHT_ONLY_TAIL, Scheme  # noqa: F401 (public names)
 
-DEFAULT_MIN_FEATURES = 512
 
 
 def __getattr__(attr):
@@ -36,9 +36,7 @@ class SchemeRules:
 
 
 def normalize(scheme: str) -> str:
-    s = str(scheme).strip().lower().replace("_", "-")
-    if s.endswith("-wo") or s.endswith("wo") and s[:-2] in {x.name for x in registry.all_schemes()}:
-        s = s[:-2].rstrip("-") + WEIGHT_ONLY_TAIL
+    s = spelling(scheme, {x.name for x in registry.all_schemes()})
     if registry.lookup(s) is not None:
         return s
     raise ValidationError(f"Unknown quantization scheme '{scheme}'.", expected=" / ".join(registry.names()),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 
 import torch
 
@@ -226,6 +227,10 @@ class Codec:
         raise NotImplementedError
 
     def owns(self, t) -> bool:
+        # no torchao tensor exists before torchao is imported: a file of plain tensors (a pre-cast text encoder)
+        # is described without paying torchao's import
+        if "torchao" not in sys.modules:
+            return False
         return isinstance(t, self.tensor_type())
 
     def dynamic(self, t) -> bool:

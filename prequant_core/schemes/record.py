@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-WEIGHT_ONLY_TAIL = "-weight-only"
+from ..scheme_names import WEIGHT_ONLY_TAIL  # noqa: F401 (public name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from ...schemes import qtensor
 from ..checkpoint import COMFY_PREFIX, Checkpoint
 from ..layer_policy import expected_tag
 from ...errors import BuildError, CorruptCheckpointError
-from .. import plain_data, torchao_json
+from .. import plain_data
 from ..file_handle import opened
 from . import READ_HEADER, Container, Light
 from ...units import human_bytes
@@ -169,6 +169,7 @@ def assemble(path: str, index: dict, meta: dict, get, *, read_data: bool = True)
                 stored[keys[i][len(prefix):]] = keys[i]
                 i += 1
             if stored:
+                from .. import torchao_json  # imports torchao: only a file holding torchao tensors pays for it
                 try:
                     t = torchao_json.decode_weight(entry, {p: get(k) for p, k in stored.items()})
                 except torchao_json.DecodeError as e:
