@@ -290,6 +290,11 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         loader = next(n for n in wf["nodes"] if n["type"] == "PrequantLoadTransformer")
         shown = next(n for n in r["nodes"] if n["type"] == "PrequantLoadTransformer")["widgets"]
         assert list(shown) == order and list(shown.values()) == loader["widgets_values"], (f, shown)
+        # the inputs marked advanced reach the front end; this one (ComfyUI 0.3.75's) still draws them all, as
+        # before (tests/test_browser_fold.py: a newer one folds them)
+        drawn = {n["type"]: n for n in r["nodes"]}
+        assert set(drawn[LOADER_TYPE]["advanced"]) == set(order) - set(DEFAULT_SHOWN[LOADER_TYPE]), f
+        assert drawn[LOADER_TYPE]["shown"] == order, f
         assert [n for n in r["nodes"] if n["type"] == "MarkdownNote"], f
 
     for name in ("hostile saved result", "hostile saved rows"):
@@ -304,12 +309,19 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         assert shown == expected, (name, shown)
         if name in ("info", "info without a file", "build"):
             assert list(shown) == list(expected), "expert inputs are last on the node now"
+        node_type = r["nodes"][0]["type"]
+        assert set(r["nodes"][0]["advanced"]) == set(shown) - set(DEFAULT_SHOWN[node_type]), name
         for blob in (r["saved"], r["prompt"], r["promptWorkflow"]):
             assert TOKEN not in blob, f"{name}: the old hf_token value survives in what the front end saves/queues"
         assert "hf_token" not in r["prompt"]
 
 
 # --- what a user sees: every shipped workflow laid out, run, kept -----------------------------------------------
+
+LOADER_TYPE = "PrequantLoadTransformer"
+DEFAULT_SHOWN = {LOADER_TYPE: ["checkpoint", "preset", "hub_repo", "scheme"],
+                 "PrequantBuildCheckpoint": ["dense_file", "scheme", "filename", "container", "overwrite"],
+                 "PrequantInfo": ["checkpoint", "base_model_id", "scheme", "verify_fingerprint"]}
 
 SHIPPED_FILE = "Z-Image-Turbo-FP8.safetensors"  # the name z_image_turbo_prequant.json ships with
 ARTIFACTS = os.path.join(SCREENSHOT_COPY, "workflows")

@@ -36,6 +36,10 @@ await run(cfg, context, result, async () => {
         id: n.id, type: n.type, comfyClass: n.comfyClass ?? null, hasErrors: !!n.has_errors,
         registered: !!window.LiteGraph?.registered_node_types?.[n.type] || !!n.constructor?.nodeData || !!n.isVirtualNode,
         widgets: Object.fromEntries((n.widgets ?? []).filter((w) => w.serialize !== false).map((w) => [w.name, w.value])),
+        // what the node draws by default: the front end folds inputs marked advanced ("Show Advanced" unfolds)
+        shown: (n.widgets ?? []).filter((w) => w.serialize !== false && !w.hidden
+          && (typeof n.isWidgetVisible === "function" ? n.isWidgetVisible(w) : true)).map((w) => w.name),
+        advanced: (n.widgets ?? []).filter((w) => w.advanced || w.options?.advanced).map((w) => w.name),
       }));
       const p = await app.graphToPrompt();
       return {
