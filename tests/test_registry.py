@@ -81,6 +81,10 @@ def test_registry_reads_every_field(tmp_path):
     tool, proj = cfg["tool_comfy"], cfg["project"]
     assert tool["publisher_id"] and tool["display_name"] and tool["icon"].startswith("https://"), tool
     assert proj["name"] and proj["version"] and proj["description"] and proj["urls"]["repository"], proj
+    # what the Registry and ComfyUI Manager list names every scheme and the text encoders (issue 37: "int8 / fp8" only)
+    from prequant_core.schemes import registry as scheme_registry
+    assert all(s.suffix.lstrip("-").lower() in proj["description"].lower() for s in scheme_registry.all_schemes())
+    assert "text encoders" in proj["description"], proj["description"]
     assert proj["supported_comfyui_version"].startswith(">="), proj
     assert {"Microsoft :: Windows", "POSIX :: Linux", "MacOS"} <= set(proj["supported_os"]), proj
     assert {"GPU :: NVIDIA CUDA", "GPU :: AMD ROCm", "GPU :: Apple Metal"} <= set(proj["supported_accelerators"])
