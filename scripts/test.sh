@@ -18,7 +18,7 @@ CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_
             tests/test_hostile_files.py tests/test_block_formats.py tests/test_unsloth_parity.py tests/test_bad_input.py
             tests/test_core_tier.py tests/test_int8_cpu.py tests/test_registry.py tests/test_comfy_native.py
             tests/test_pages.py tests/test_format_registry.py tests/test_readme_tables.py tests/test_scheme_registry.py
-            tests/test_harness.py tests/test_text_encoder_files.py tests/test_cli.py)
+            tests/test_harness.py tests/test_text_encoder_files.py tests/test_cli.py tests/test_comfy_twins.py)
 # The ComfyUI tier's heaviest files; every other tests/test_*.py follows them.
 COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conformance_comfy.py
              tests/test_diffusers_loader.py tests/test_concurrency.py tests/test_hub.py tests/test_build.py
@@ -27,12 +27,12 @@ COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conf
 # The extras a test file needs beyond the dev venv (scripts/setup_test_extras.sh names them).
 extras_of() {
   case "$(basename "${1%%::*}")" in
-    test_browser.py) echo browser ;;
+    test_browser.py | test_browser_fold.py) echo browser ;;
     test_load_trace.py) echo strace ;;
     test_fuzz.py | test_legacy_formats.py) echo torchao014 ;;
     test_registry.py) echo comfy-cli ;;
     test_diffusers_loader.py | test_families.py | test_unsloth_conformance.py) echo diffusers042 ;;
-    test_comfy_native.py | test_comfy_native_comfy.py) echo comfy-kitchen ;;
+    test_comfy_native.py | test_comfy_native_comfy.py | test_comfy_twins.py) echo comfy-kitchen ;;
   esac
 }
 

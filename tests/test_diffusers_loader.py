@@ -156,8 +156,9 @@ def test_comfyui_layout_file_is_refused(comfy, prequant_files, tmp_path):
     assert "ComfyUI's key names" in str(e.value) and os.path.basename(path) in str(e.value)
 
 
-def test_hub_fallback_chain_into_the_diffusers_class(hub, hf_env, flux_files):  # noqa: F811
+def test_hub_fallback_chain_into_the_diffusers_class(hub, hf_env, flux_files, monkeypatch):  # noqa: F811
     """No source: the family's hosted repo for the base's variant, the same names in the same order as the node."""
+    monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
     hub.commit("unsloth/FLUX.1-dev-FP8", {"transformer_int8.pt": flux_files["pt"]})
     r = diffusers_loader.load("FluxTransformer2DModel", flux_files["base"], None, scheme="int8",
                               base_model_id="black-forest-labs/FLUX.1-dev")

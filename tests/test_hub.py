@@ -34,7 +34,8 @@ def sha256(path: str) -> str:
 
 # --- the pure planner ---------------------------------------------------------------------------------------------
 
-def test_filename_chain_and_model_name():
+def test_filename_chain_and_model_name(monkeypatch):
+    monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
     from prequant_core.load import sources
     assert sources.filenames(REPO, "int8") == (PRIMARY, PT, LEGACY)
     assert sources.filenames(REPO, "FP8") == ("Z-Image-Turbo-FP8.safetensors", "Z-Image-Turbo-FP8.pt",
@@ -80,6 +81,7 @@ def test_plan_order_and_inputs():
 
 
 def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
+    monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
     from prequant_core import families
     from prequant_core.load import sources
     from prequant_core.errors import HubError
@@ -98,9 +100,10 @@ def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
     assert "Thing-dev / int8" in sources.preset_labels()
 
 
-def test_a_repos_schemes_come_from_unsloths_table_not_its_suffix():
+def test_a_repos_schemes_come_from_unsloths_table_not_its_suffix(monkeypatch):
     """unsloth/Qwen-Image-FP8 holds an int8 transformer (released Unsloth: only that); -MXFP8 / -NVFP4 repos resolve
     with scheme auto; a repo no family knows falls back to its suffix."""
+    monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
     from prequant_core import families
     from prequant_core.load import sources
     assert sources.repo_schemes("unsloth/Qwen-Image-FP8") == ("int8", "fp8")
@@ -334,7 +337,8 @@ def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, m
     assert len(hub.log) == n  # not a single request
 
 
-def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, files):
+def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, files, monkeypatch):
+    monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
     from prequant_core.load import hub as h, sources
     repo = "unsloth/Qwen-Image-FP8"
     hub.commit(repo, {"Qwen-Image-INT8.safetensors": files["int8.safetensors"]})

@@ -65,7 +65,8 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
     assert schemes.normalize("Q8TOY") == "q8toy" and "q8toy" in schemes.SCHEMES
     assert families.schemes_from_suffix(REPO) == ("q8toy",) and sources.schemes_for_repo(REPO) == ("q8toy",)
     assert sources.model_name(REPO) == "Z-Image-Turbo"
-    assert sources.filenames(REPO, "q8toy") == ("Z-Image-Turbo-Q8TOY.safetensors", "Z-Image-Turbo-Q8TOY.pt")
+    assert sources.filenames(REPO, "q8toy") == ("Z-Image-Turbo-Q8TOY.safetensors", "Z-Image-Turbo-Q8TOY.pt",
+                                               "Z-Image-Turbo-Q8TOY-ComfyUI.safetensors")  # a twin trails
     assert "q8toy" in containers.writes_schemes(containers.by_name("safetensors"))
     assert build.default_filename(BASE, "q8toy", "safetensors") == "Z-Image-Turbo-Q8TOY.safetensors"
 

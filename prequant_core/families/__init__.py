@@ -78,6 +78,12 @@ def hosted_schemes(repo: str) -> tuple[str, ...]:
     return schemes_from_suffix(repo)
 
 
+def video_hosted(repo: str) -> bool:
+    """Whether a video family hosts ``repo`` (its files have no ComfyUI-format twins)."""
+    low = str(repo).strip().lower()
+    return any(r.lower() == low for fam in FAMILIES.values() if fam.video for r in fam.hosted)
+
+
 def convrot_hosted(repo: str) -> bool:
     low = str(repo).strip().lower()
     return any(r.lower() == low for fam in FAMILIES.values() for r in fam.convrot_repos)

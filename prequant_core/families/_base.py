@@ -124,6 +124,8 @@ class Family:
     convrot_repos: tuple[str, ...] = ()
     # Pre-cast text encoders hosted for this family (Load Prequant Text Encoder)
     text_encoders: tuple[HostedEncoder, ...] = ()
+    # A video model: Unsloth hosts no ComfyUI-format twin (``<stem>-ComfyUI.safetensors``) of its files
+    video: bool = False
 
     @property
     def hosted(self) -> dict[str, tuple[str, ...]]:

@@ -39,6 +39,7 @@ def hunyuan_video15_to_diffusers(cfg: Mapping) -> dict:
 
 FAMILIES = (
     Family(
+        video=True,
         name="hunyuanvideo-1.5", title="HunyuanVideo 1.5", diffusers_class="HunyuanVideo15Transformer3DModel",
         base_repos=("hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
                     "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v"),

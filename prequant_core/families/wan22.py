@@ -60,6 +60,7 @@ def wan_to_diffusers(cfg: Mapping) -> dict:
 
 FAMILIES = (
     Family(
+        video=True,
         name="wan2.2-ti2v-5b", title="Wan 2.2 TI2V-5B", diffusers_class="WanTransformer3DModel",
         base_repos=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), hosted_repos={"unsloth/Wan2.2-TI2V-5B-NVFP4": ("nvfp4",)},
         int8_exclude_extra=(),
@@ -71,6 +72,7 @@ FAMILIES = (
         hub_filenames={"unsloth/Wan2.2-TI2V-5B-NVFP4": {"nvfp4": "Wan2.2-TI2V-5B-NVFP4.pt"}},
     ),
     Family(
+        video=True,
         name="wan2.2-t2v-a14b", title="Wan 2.2 T2V-A14B", diffusers_class="WanTransformer3DModel",
         base_repos=("Wan-AI/Wan2.2-T2V-A14B-Diffusers",), hosted_repos={"unsloth/Wan2.2-T2V-A14B-NVFP4": ("nvfp4",)},
         int8_exclude_extra=(),

@@ -133,7 +133,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
 
     say = status or (lambda text: None)
     limits = Limits.from_env()
-    names = list(filenames)
+    names = sources.prefer_cached_twins(list(filenames), lambda n: cached_file(repo, [n], rev, cache) is not None)
     attempt = 0
     while names:
         out = fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried)

@@ -158,14 +158,89 @@ def filenames(repo: str, scheme: str, component: str = "transformer", base_model
     model = model_name(repo)
     declared = families.declared_filenames(repo, s, component, base_model_id)
     if component != "transformer":
-        return tuple(dict.fromkeys([*declared, f"{model}-{component}-{s.upper()}.safetensors",
-                                    f"{model}-{component}-{s.upper()}.pt", f"{component}_{s}.pt"]))
-    convrot = [f"{model}-INT8-ConvRot.safetensors"] if s == "int8" and families.convrot_hosted(repo) else []
-    names = [*convrot, *declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
-    rec, weight_only = schemes.get(s)
-    if rec.legacy_pt and not weight_only:  # old releases: transformer_<scheme>.pt
-        names.append(f"transformer_{s}.pt")
-    return tuple(dict.fromkeys(names))
+        names = [*declared, f"{model}-{component}-{s.upper()}.safetensors", f"{model}-{component}-{s.upper()}.pt",
+                 f"{component}_{s}.pt"]
+    else:
+        convrot = [f"{model}-INT8-ConvRot.safetensors"] if s == "int8" and families.convrot_hosted(repo) else []
+        names = [*convrot, *declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
+        rec, weight_only = schemes.get(s)
+        if rec.legacy_pt and not weight_only:  # old releases: transformer_<scheme>.pt
+            names.append(f"transformer_{s}.pt")
+    names = list(dict.fromkeys(names))
+    if comfy_twins_enabled() and not families.video_hosted(repo):
+        names = with_comfy_twins(names, lead=s in TWIN_LEADS)
+    return tuple(names)
+
+
+# --- ComfyUI-format twins ------------------------------------------------------------------------------------------
+# Next to ``<stem>.safetensors`` / ``.pt`` Unsloth may host ``<stem>-ComfyUI.safetensors``: the same weights in
+# ComfyUI's own quantized layout (read by formats/containers/comfy_native.py), for its image families. An int8 twin
+# holds the artifact's weights bit for bit, so it leads the artifact's names (the one file stock ComfyUI loads too is
+# the default download); an fp8 twin has one scale per tensor, a coarser rounding of the per-row file, so it trails.
+TWIN_TAG = "-ComfyUI"
+TWIN_SUFFIX = TWIN_TAG + ".safetensors"
+TWIN_ENV = "UNSLOTH_DIFFUSION_PREQUANT_COMFY"  # 0 / off / false / no: never ask for a twin
+TWIN_LEADS = frozenset({"int8"})
+_ARTIFACT_SUFFIXES = (".safetensors", ".pt", ".pth")
+
+
+def comfy_twins_enabled() -> bool:
+    return os.environ.get(TWIN_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+
+
+def is_comfy_twin(name: str) -> bool:
+    return str(name).endswith(TWIN_SUFFIX)
+
+
+def artifact_stem(name: str) -> str | None:
+    """``<stem>`` of a hosted ``<stem>.safetensors`` / ``.pt`` / ``-ComfyUI.safetensors``; None for the legacy
+    ``transformer_<scheme>.pt`` names (and the experts' ``transformer_2_<scheme>.pt``), which have no twin."""
+    name = str(name)
+    if "/" in name or name.startswith("transformer_"):
+        return None
+    if is_comfy_twin(name):
+        return name[: -len(TWIN_SUFFIX)] or None
+    for suffix in _ARTIFACT_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)] or None
+    return None
+
+
+def prefer_cached_twins(names: list[str], cached: Callable[[str], bool]) -> list[str]:
+    """Never a second copy of one artifact: an uncached twin steps behind its artifact's cached container, and a
+    cached twin ahead of its uncached containers (Unsloth's cached-file rule for twins)."""
+    out = list(names)
+    for twin in [n for n in out if is_comfy_twin(n)]:
+        stem = artifact_stem(twin)
+        others = [n for n in out if n != twin and artifact_stem(n) == stem]
+        if not others:
+            continue
+        if cached(twin):
+            if not any(cached(n) for n in others) and out.index(twin) > out.index(others[0]):
+                out.remove(twin)
+                out.insert(out.index(others[0]), twin)
+        elif any(cached(n) for n in others) and out.index(twin) < out.index(others[-1]):
+            out.remove(twin)
+            out.insert(out.index(others[-1]) + 1, twin)
+    return out
+
+
+def with_comfy_twins(names: list[str], *, lead: bool) -> list[str]:
+    """``names`` with each artifact's twin added: right before the artifact's first name (``lead``), else right
+    after its last one. Order kept, no duplicates."""
+    out: list[str] = []
+    for i, name in enumerate(names):
+        stem = artifact_stem(name)
+        twin = None if stem is None or is_comfy_twin(name) else stem + TWIN_SUFFIX
+        if twin and twin not in names and twin not in out:
+            if lead:
+                out.append(twin)
+            elif not any(artifact_stem(n) == stem for n in names[i + 1:]):
+                out.extend(n for n in (name, twin) if n not in out)
+                continue
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def schemes_for_repo(repo: str) -> tuple[str, ...]:

@@ -22,6 +22,8 @@ granularity, and Prequant Info says which ComfyUI release reads the file nativel
 """
 from __future__ import annotations
 
+import json
+
 import torch
 
 from ..checkpoint import COMFY_PREFIX, Checkpoint
@@ -194,7 +196,46 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
     for scheme, grans in granularity.items():
         field = _schemes.get(scheme)[0].granularity_field
         metadata[field] = "per_tensor" if grans == {"per_tensor"} else "per_row" if grans == {"per_row"} else "mixed"
+    metadata.update(_conversion_record(meta, metadata.get("scheme"), path))
     return Checkpoint(path=path, container="comfyui-native", format_tag=None, metadata=metadata, tensors=tensors)
+
+
+CONVERSION_RECORD = "unsloth_comfy_conversion"  # Unsloth's converter records the source here; ComfyUI ignores it
+
+
+def _conversion_record(meta: dict, scheme: str | None, path: str) -> dict:
+    """The fields of Unsloth's conversion record (a ``-ComfyUI`` twin) the loader judges like any file's own: its
+    base model (checked against the requested base, with the usual rule) and family; a record naming another
+    scheme than the layers hold, or one that is not a JSON object of strings, is refused."""
+    raw = (meta or {}).get(CONVERSION_RECORD)
+    if raw is None:
+        return {}
+    try:
+        rec = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        rec = None
+    if not isinstance(rec, dict):
+        raise CorruptCheckpointError(f"The header's '{CONVERSION_RECORD}' record is not a JSON object.", path=path,
+                                     fix="Download the file again from its repo.")
+    out = {}
+    for key in ("base_model_id", "family"):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, str):
+            raise CorruptCheckpointError(f"The '{CONVERSION_RECORD}' record's '{key}' is not a string.", path=path,
+                                         found=type(v).__name__, fix="Download the file again from its repo.")
+        if v:
+            out[key] = v[:300]
+    recorded = rec.get("scheme")
+    try:
+        recorded = _schemes.normalize(recorded) if isinstance(recorded, str) else None
+    except ValidationError:
+        recorded = None
+    if recorded and scheme and not _schemes.same_kind(recorded, scheme):
+        raise CorruptCheckpointError(f"The '{CONVERSION_RECORD}' record says {recorded!r}, but its layers "
+                                     f"hold {scheme}.", path=path, fix="Download the file again from its repo.")
+    if out:
+        out["comfy_conversion_record"] = True
+    return out
 
 
 def native_since(counts: dict) -> str | None:

@@ -1,0 +1,143 @@
+"""Unsloth's ComfyUI-format twins in the Hub name chain (issue 36): ``<stem>-ComfyUI.safetensors`` asked where
+Unsloth's resolver asks for it (int8: before its artifact's names; fp8: after them, before the legacy name; image
+families only; ``UNSLOTH_DIFFUSION_PREQUANT_COMFY`` off drops every twin), and a twin from a loopback Hub loaded
+through the ComfyUI-native reader with its ``unsloth_comfy_conversion`` record judged. The twin is written by the
+restated ComfyUI quantizer (tests/comfy_quantizer.py) from a tiny real Qwen-Image, whose ComfyUI layout is diffusers'
+own key names."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import comfy_quantizer as cq
+import unsloth_builder as ub
+from hub_server import HubServer
+from test_hub import hf_env  # noqa: F401 (fixture)
+from prequant_core.errors import CorruptCheckpointError, ValidationError
+from prequant_core.load import pipeline, sources
+from prequant_core.load.hub_errors import HubNotFoundError
+from prequant_core.load.metadata import Request
+
+REPO = "unsloth/Qwen-Image-FP8"
+BASE = "Qwen/Qwen-Image"
+
+
+def test_the_chain_asks_for_twins_where_unsloth_does(monkeypatch):
+    monkeypatch.delenv(sources.TWIN_ENV, raising=False)
+    assert sources.filenames("unsloth/Z-Image-Turbo-FP8", "int8") == (
+        "Z-Image-Turbo-INT8-ComfyUI.safetensors", "Z-Image-Turbo-INT8.safetensors", "Z-Image-Turbo-INT8.pt",
+        "transformer_int8.pt")
+    assert sources.filenames("unsloth/Z-Image-Turbo-FP8", "fp8") == (
+        "Z-Image-Turbo-FP8.safetensors", "Z-Image-Turbo-FP8.pt", "Z-Image-Turbo-FP8-ComfyUI.safetensors",
+        "transformer_fp8.pt")
+    # every artifact gets its twin: the ConvRot build too, each ahead of its own names
+    assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8")[:4] == (
+        "Qwen-Image-2.1-INT8-ConvRot-ComfyUI.safetensors", "Qwen-Image-2.1-INT8-ConvRot.safetensors",
+        "Qwen-Image-2.1-INT8-ComfyUI.safetensors", "Qwen-Image-2.1-INT8.safetensors")
+    # video families: none (Unsloth loads their experts otherwise); legacy names never have one
+    for repo, scheme in (("unsloth/Wan2.2-TI2V-5B-NVFP4", "nvfp4"),):
+        assert not any(sources.is_comfy_twin(n) for n in sources.filenames(repo, scheme))
+    assert sources.artifact_stem("transformer_fp8.pt") is None
+    for off in ("0", "off", "False", " no "):
+        monkeypatch.setenv(sources.TWIN_ENV, off)
+        assert not any(sources.is_comfy_twin(n) for s in ("int8", "fp8")
+                       for n in sources.filenames("unsloth/Z-Image-Turbo-FP8", s)), off
+    monkeypatch.setenv(sources.TWIN_ENV, "1")
+    assert sources.filenames("unsloth/Z-Image-Turbo-FP8", "int8")[0].endswith("-ComfyUI.safetensors")
+
+
+def test_a_cached_container_is_never_downloaded_twice():
+    chain = ["M-INT8-ComfyUI.safetensors", "M-INT8.safetensors", "M-INT8.pt", "transformer_int8.pt"]
+    # the artifact's .pt is cached: the uncached twin steps behind it
+    assert sources.prefer_cached_twins(chain, lambda n: n == "M-INT8.pt") == [
+        "M-INT8.safetensors", "M-INT8.pt", "M-INT8-ComfyUI.safetensors", "transformer_int8.pt"]
+    fp8 = ["M-FP8.safetensors", "M-FP8.pt", "M-FP8-ComfyUI.safetensors", "transformer_fp8.pt"]
+    # a cached fp8 twin goes first when no container of its artifact is cached
+    assert sources.prefer_cached_twins(fp8, lambda n: n == "M-FP8-ComfyUI.safetensors")[0] == fp8[2]
+    assert sources.prefer_cached_twins(fp8, lambda n: False) == fp8
+    assert sources.prefer_cached_twins(chain, lambda n: False) == chain
+
+
+def _twin(path, scheme: str, record: dict | None = None):
+    """A Qwen-Image twin as ComfyUI's quantizer writes it: its Linears int8_tensorwise / float8_e4m3fn."""
+    sd = {k: v.to(torch.bfloat16) for k, v in ub.tiny_model("qwen-image").state_dict().items()}
+    fmt = "int8_tensorwise" if scheme == "int8" else "float8_e4m3fn"
+    layers = {k[: -len(".weight")]: (fmt, {}) for k, v in sd.items()
+              if k.startswith("transformer_blocks.") and k.endswith(".weight") and v.ndim == 2
+              and "norm" not in k and "mod" not in k}
+    cq.write(str(path), sd, layers)
+    if record is not None:
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+        with safe_open(str(path), "pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            meta = dict(f.metadata() or {})
+        meta["unsloth_comfy_conversion"] = json.dumps(record)
+        save_file(tensors, str(path), metadata=meta)
+    return len(layers)
+
+
+@pytest.fixture
+def hub(hf_env, monkeypatch):  # noqa: F811
+    monkeypatch.delenv(sources.TWIN_ENV, raising=False)
+    with HubServer(chunk=64 * 1024) as s:
+        monkeypatch.setenv("HF_ENDPOINT", s.url)
+        yield s
+
+
+def _load(tmp_path, scheme: str, base: str = BASE):
+    dest = tmp_path / "prequant"
+    dest.mkdir(exist_ok=True)
+    return pipeline.run(sources.plan(hub_repo=REPO, scheme=scheme), Request(scheme=scheme, base_model_id=base),
+                        download_dir=str(dest), model_dirs=[str(dest)])
+
+
+def test_a_repo_holding_only_the_twin_loads_it(hub, tmp_path):
+    twin = tmp_path / "Qwen-Image-INT8-ComfyUI.safetensors"
+    n = _twin(twin, "int8", {"base_model_id": BASE, "scheme": "int8", "family": "qwen-image"})
+    hub.commit(REPO, {twin.name: str(twin)})
+    routed = _load(tmp_path, "int8")
+    assert routed.located.fetched.filename == twin.name
+    ck = routed.route.opened.checkpoint
+    assert ck.container == "comfyui-native" and len(ck.quantized_keys) == n
+    assert ck.metadata["base_model_id"] == BASE and routed.route.opened.family.name == "qwen-image"
+    asked = [r["filename"] for r in hub.requests("HEAD")]
+    assert asked[0] == twin.name, asked  # int8: the twin leads the chain
+
+
+def test_fp8_asks_for_the_artifact_first_and_the_twin_after(hub, tmp_path):
+    twin = tmp_path / "Qwen-Image-FP8-ComfyUI.safetensors"
+    _twin(twin, "fp8")
+    hub.commit(REPO, {twin.name: str(twin)})
+    routed = _load(tmp_path, "fp8")
+    asked = [r["filename"] for r in hub.requests("HEAD")]
+    assert routed.located.fetched.filename == twin.name
+    assert asked.index("Qwen-Image-FP8.safetensors") < asked.index("Qwen-Image-FP8.pt") < asked.index(twin.name)
+    assert "transformer_fp8.pt" not in asked  # found before the legacy name
+
+
+def test_the_switch_off_never_asks_for_a_twin(hub, tmp_path, monkeypatch):
+    twin = tmp_path / "Qwen-Image-INT8-ComfyUI.safetensors"
+    _twin(twin, "int8")
+    hub.commit(REPO, {twin.name: str(twin)})
+    monkeypatch.setenv(sources.TWIN_ENV, "0")
+    with pytest.raises(HubNotFoundError):
+        _load(tmp_path, "int8")
+    assert twin.name not in [r["filename"] for r in hub.requests("HEAD")]
+
+
+def test_the_conversion_record_is_judged(hub, tmp_path):
+    twin = tmp_path / "Qwen-Image-INT8-ComfyUI.safetensors"
+    _twin(twin, "int8", {"base_model_id": "Tongyi-MAI/Z-Image-Turbo", "scheme": "int8"})
+    hub.commit(REPO, {twin.name: str(twin)})
+    with pytest.raises(ValidationError) as e:  # built from another base than the one asked for
+        _load(tmp_path, "int8")
+    assert "Qwen/Qwen-Image" in str(e.value) and "Z-Image-Turbo" in str(e.value)
+    bad = tmp_path / "bad" / "Qwen-Image-INT8-ComfyUI.safetensors"
+    bad.parent.mkdir()
+    _twin(bad, "int8", {"base_model_id": BASE, "scheme": "fp8"})
+    from prequant_core import formats
+    with pytest.raises(CorruptCheckpointError, match="record says 'fp8', but its layers hold int8"):
+        formats.read(str(bad))
