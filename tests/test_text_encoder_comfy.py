@@ -36,22 +36,42 @@ def spiece_model() -> bytes:
 
 @pytest.fixture(scope="module")
 def gemma(comfy, models_dir):
-    """(Unsloth's file in models/prequant, ComfyUI's file in models/text_encoders), removed afterwards."""
+    """ComfyUI's CLIPLoader on ComfyUI's file of the cast weights (its conditioning, pooled output, size and dtypes),
+    then Unsloth's file of the same weights in models/prequant; removed afterwards.
+
+    The two full-size files (3.2 GB each) never sit on disk together: CI's disk once ran out with both there while
+    the other worker and the 0.12.1 build wrote theirs. Once CLIPLoader has read ComfyUI's file, the file is
+    rewritten as its tokenizer and the marker keys alone: that is all the pack's loader reads from it (the
+    ``spiece_model`` tensor, found by the header's keys), and the weights it would ignore are not needed on disk."""
     from safetensors.torch import save_file
+    nodes, _ = comfy
+    import comfy.model_management as mm
+    from prequant_core.families import encoders
     model = te_builder.cast_layerwise(te_builder.full_size("Gemma2Model"))
     sd = te_builder.state_dict(model)
     del model
-    meta = te_builder.metadata(te_class="Gemma2Model", base_model_id=BASE, family="lumina-2")
-    ours = os.path.join(models_dir, "prequant", UNSLOTH_NAME)
-    te_builder.save_safetensors(ours, sd, meta)
     theirs = os.path.join(models_dir, "text_encoders", COMFY_NAME)
     os.makedirs(os.path.dirname(theirs), exist_ok=True)
     comfy_sd = {"model." + k: v for k, v in sd.items()}
     comfy_sd["spiece_model"] = torch.frombuffer(bytearray(spiece_model()), dtype=torch.uint8)
     save_file(comfy_sd, theirs)
-    del sd, comfy_sd
+    ref_clip = nodes.CLIPLoader().load_clip(COMFY_NAME, type="lumina2")[0]
+    ref = dict(zip(("cond", "pooled"), _encode(ref_clip)), bytes=ref_clip.patcher.model_size(),
+               dtypes={p.dtype for p in ref_clip.cond_stage_model.parameters()})
+    del ref_clip
+    mm.unload_all_models()
     gc.collect()
-    yield ours, theirs
+    markers = encoders.for_class("Gemma2Model").markers
+    save_file({k: comfy_sd[k].clone() for k in (*markers, "spiece_model")}, theirs + ".tmp")
+    os.replace(theirs + ".tmp", theirs)
+    del comfy_sd
+    gc.collect()
+    meta = te_builder.metadata(te_class="Gemma2Model", base_model_id=BASE, family="lumina-2")
+    ours = os.path.join(models_dir, "prequant", UNSLOTH_NAME)
+    te_builder.save_safetensors(ours, sd, meta)
+    del sd
+    gc.collect()
+    yield ours, ref
     for p in (ours, theirs):
         os.remove(p)
 
@@ -62,16 +82,9 @@ def _encode(clip):
 
 
 def test_precast_gemma_matches_cliploader_bit_for_bit(comfy, gemma):
-    nodes, pack = comfy
-    import comfy.model_management as mm
-    ref_clip = nodes.CLIPLoader().load_clip(COMFY_NAME, type="lumina2")[0]
-    ref, ref_pooled = _encode(ref_clip)
-    ref_bytes = ref_clip.patcher.model_size()
-    ref_dtypes = {p.dtype for p in ref_clip.cond_stage_model.parameters()}
-    del ref_clip
-    mm.unload_all_models()
-    gc.collect()
-
+    _, pack = comfy
+    _, r = gemma
+    ref, ref_pooled = r["cond"], r["pooled"]
     node = pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]()
     out = node.load(UNSLOTH_NAME)
     clip = out["result"][0]
@@ -84,8 +97,8 @@ def test_precast_gemma_matches_cliploader_bit_for_bit(comfy, gemma):
     # the Linear weights stay float8: ComfyUI's own load holds them in bf16
     linears = [m for m in clip.cond_stage_model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.dtype == torch.float8_e4m3fn for m in linears)
-    assert torch.float8_e4m3fn not in ref_dtypes
-    assert clip.patcher.model_size() < 0.65 * ref_bytes
+    assert torch.float8_e4m3fn not in r["dtypes"]
+    assert clip.patcher.model_size() < 0.65 * r["bytes"]
     text = out["ui"]["text"][0]
     assert "Gemma2-2B" in text and f"the spiece_model of {COMFY_NAME}" in text, text
 

@@ -6,14 +6,17 @@ tensor's own parts (the torchao v1 wrappers) or the part's raw bytes as stored (
 element). Plain weights are listed in ``skipped``, in state-dict order; biases and root tensors appear nowhere.
 
 Verification has Unsloth's three modes (``full``, ``sample``: the keys whose md5's first byte is a multiple of 8,
-count not compared, ``off``) and remembers a full pass per file (real path + size + mtime + the recorded digests),
-so a verified 10 GB file is hashed once, not on every load.
+count not compared, ``off``) and remembers a full pass per file (real path, device, inode, size, mtime, ctime and the
+recorded digests), so a verified 10 GB file is hashed once, not on every load. The record is a hint, never trusted
+beyond "skip the hash": whatever else sits at its path costs a re-hash, nothing more.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
+import tempfile
 from typing import Iterable, Mapping
 
 import torch
@@ -184,9 +187,15 @@ def verified_dir(env: Mapping[str, str] | None = None) -> str:
     return os.path.join(base, "comfyui-prequant", "verified")
 
 
+MARKER_MAX_BYTES = 4096  # a stamp is ~250 bytes; anything bigger at the marker's path is not one of ours
+
+
 def _stamp(real: str, st: os.stat_result, fp: dict) -> dict:
+    # device + inode + ctime as well as size + mtime: a file swapped for another of the same size with its mtime put
+    # back (os.utime) still has a new inode or ctime, which no unprivileged writer can set back
     mods = fp.get("modules") if isinstance(fp, dict) else None
-    return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+    return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "dev": st.st_dev, "ino": st.st_ino,
             "fingerprint": hashlib.md5(json.dumps(mods, sort_keys=True, default=str).encode()).hexdigest()}
 
 
@@ -194,23 +203,58 @@ def _marker(folder: str, real: str) -> str:
     return os.path.join(folder, hashlib.md5(real.encode("utf-8", "surrogateescape")).hexdigest() + ".json")
 
 
-def remembered(real: str, st: os.stat_result, fp: dict, folder: str | None = None) -> bool:
-    """True if a full pass of this very file (same path, size, mtime and recorded digests) was recorded."""
+def _read_marker(path: str) -> bytes | None:
+    """The marker's bytes, or None for anything but a small regular file of this user's: the cache folder may be
+    shared, so a FIFO (open would block the prompt worker), a link to /dev/zero or a huge sparse file (read until
+    MemoryError) at the marker's path only costs a re-hash."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        with open(_marker(folder or verified_dir(), real), encoding="utf-8") as f:
-            return json.load(f) == _stamp(real, st, fp)
-    except (OSError, ValueError):
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MARKER_MAX_BYTES:
+            return None
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            return None
+        return os.read(fd, MARKER_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def remembered(real: str, st: os.stat_result, fp: dict, folder: str | None = None) -> bool:
+    """True if a full pass of this very file (same path, device, inode, size, mtime, ctime and recorded digests)
+    was recorded. Whatever else sits at the marker's path means "not remembered": the file is hashed again."""
+    raw = _read_marker(_marker(folder or verified_dir(), real))
+    if raw is None or len(raw) > MARKER_MAX_BYTES:
+        return False
+    try:
+        return json.loads(raw.decode("utf-8")) == _stamp(real, st, fp)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False
 
 
 def remember(real: str, st: os.stat_result, fp: dict, folder: str | None = None) -> None:
-    """Record a full pass (best effort: a read-only cache folder only costs the next load a re-hash)."""
+    """Record a full pass (best effort: a read-only cache folder only costs the next load a re-hash). The stamp is
+    written to a fresh temp file (O_EXCL, random name: a link planted at a guessable name is never followed) and
+    renamed over the marker, which replaces whatever was there, a link included, without writing through it."""
     folder = folder or verified_dir()
+    tmp = None
     try:
-        os.makedirs(folder, exist_ok=True)
-        tmp = _marker(folder, real) + f".{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".stamp-", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(_stamp(real, st, fp), f)
         os.replace(tmp, _marker(folder, real))
+        tmp = None
     except OSError:
         pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

@@ -190,7 +190,7 @@ def inspect(path, request: metadata.Request | None, build: Callable[[Opened, Lig
 
 def check_fingerprint(ckpt: Checkpoint, real: str, st: os.stat_result | None, mode: str | None = None) -> None:
     """Unsloth's check of the recorded ``md5-packed-v1`` digests against the weights, before any weight is placed.
-    A full pass is remembered for this file (real path, size, mtime), so it is hashed once, not on every load."""
+    A full pass is remembered for this very file (path, inode, size, mtime, ctime), so it is hashed once, not on every load."""
     fp = ckpt.metadata.get("fingerprint")
     mode = mode or fingerprint.mode_from_env()
     if not fp or mode == "off":
