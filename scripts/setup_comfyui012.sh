@@ -15,7 +15,7 @@ for cand in "${PREQUANT_SHARED:-}" "$root/../shared" "${origin:+$origin/../share
 done
 # the test runner's pins (from requirements-dev.txt): a change of them re-installs just these
 pins=$(grep -E '^(pytest|pytest-xdist|execnet|hypothesis)==' "$root/requirements-dev.txt")
-stamp="$dest/venv/.prequant-tests-$(echo "$pins" | sha256sum | cut -c1-16)"
+stamp="$dest/venv/.prequant-tests-$(echo "$pins soundfile-bundled" | sha256sum | cut -c1-16)"  # bump the words to redo the steps below
 if [ ! -f "$stamp" ]; then
   if [ ! -f "$dest/venv/.ready" ]; then
     [ -n "$shared" ] || { echo "[setup] ../shared/comfyui-0.12/setup.sh (the ComfyUI 0.12.1 archive) is missing: looked" \
@@ -43,7 +43,14 @@ if [ ! -f "$stamp" ]; then
   fi
   # shellcheck disable=SC2086
   pipq "$dest/venv/bin/pip" install -q $pins -c "$dest/constraints.txt"
-  "$dest/venv/bin/python" -c "import pytest, xdist, hypothesis, torch, torchao, comfy
+  # ComfyUI 0.12.1's requirements name both soundfile and the old PySoundFile, which ship the same soundfile.py: when
+  # PySoundFile's lands last (pip's order varies with what is cached) the module looks for a system libsndfile and
+  # transformers' text-encoder imports fail. soundfile's own copy, with its bundled library, is put back.
+  if ! "$dest/venv/bin/python" -c "import soundfile" 2>/dev/null; then
+    sf="$("$dest/venv/bin/python" -c 'from importlib.metadata import version; print(version("soundfile"))')"
+    pipq "$dest/venv/bin/pip" install -q --no-deps --force-reinstall "soundfile==$sf"
+  fi
+  "$dest/venv/bin/python" -c "import pytest, xdist, hypothesis, torch, torchao, comfy, soundfile
 assert comfy.__version__ == '0.12.1' and torch.__version__.startswith('2.14.1'), (comfy.__version__, torch.__version__)"
   rm -f "$dest"/venv/.prequant-tests*
   touch "$stamp"

@@ -6,14 +6,16 @@ mode, endpoint), ``hub_local`` (origin folders, the operator mirror), ``hub_tran
 
 Where files land: with ``dest_dir`` (what the loader node passes by default: the first folder ComfyUI lists for
 ``prequant``) the file is stored in its origin folder there, ``<dest>/<owner>/<repo>/`` (``<repo>@<revision>`` for a
-pinned revision: ``origin_dir``), through the client's local-folder mode and a hidden staging folder, so it is
+pinned revision: ``origin_dir``), through the client's local-folder mode and a hidden staging folder per file
+(``staging_dir``; a lock beside it makes a second process wait for a file another one is fetching), so it is
 resumable and never half-written there; later loads find it there without any request, and a file of the same name
 from another repo never stands in for it. Without ``dest_dir``, in the standard Hugging Face cache (``HF_HUB_CACHE``,
 default ``~/.cache/huggingface/hub``) exactly as ``hf_hub_download`` puts them there, shared with other tools.
 
 Rules (see ``sources`` for where the names come from):
 
-- An operator mirror (``UNSLOTH_DIFFUSION_PREQUANT_MIRROR``) is searched before any request.
+- An operator mirror (``UNSLOTH_DIFFUSION_PREQUANT_MIRROR``) is searched before any request (for a pinned revision,
+  only a copy whose ``unsloth_source`` records that revision counts).
 - Names are tried in order; the next name is tried ONLY when the Hub says this file is not in the repo
   (``EntryNotFoundError``: HTTP 404 with ``X-Error-Code: EntryNotFound``). Any other answer (5xx, connection refused,
   401/403, unknown revision or repo) stops at once with a typed ``HubError`` naming the repo, the revision, every name
@@ -51,8 +53,8 @@ from .hub_cache import (cache_dir, cached_file, client_constants, endpoint, is_c
                         pinned_commit_hit, storage_folder)
 from .hub_errors import (HubAuthError, HubDownloadError, HubNotFoundError, HubOfflineError,  # noqa: F401
                          HubUnavailableError, raise_for, reasons_of, where)
-from .hub_local import MIRROR_ENV, local_file, mirror_file, origin_dir  # noqa: F401
-from .hub_transfer import STAGING_DIR, Fetched, Limits, discard_partial, fetch_in_child, file_size  # noqa: F401
+from .hub_local import MIRROR_ENV, STAGING_DIR, local_file, mirror_file, origin_dir  # noqa: F401
+from .hub_transfer import Fetched, Limits, discard_partial, fetch_in_child, file_size  # noqa: F401
 
 log = logging.getLogger("prequant")
 
@@ -99,7 +101,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                 progress(file_size(p) or 0, file_size(p) or 0)
             return Fetched(p, repo, rev, fn, None, file_size(p) or 0, False, os.path.dirname(p), tried)
 
-    hit = mirror_file(repo, filenames)
+    hit = mirror_file(repo, filenames, revision=rev)
     if hit:
         fn, p, root = hit
         log.info("[prequant] using %s (%s/%s from the operator mirror %s)", p, repo, fn, root)
@@ -204,7 +206,7 @@ def locate(plan: sources.Candidates | Iterable[sources.Candidate], *, model_dirs
     def available(c):
         return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs],
                                                             c.revision)) \
-            or mirror_file(c.repo, c.filenames) is not None
+            or mirror_file(c.repo, c.filenames, revision=c.revision) is not None
 
     u = sources.usable(hub_cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=available, env=env)
     chosen = u.usable[0] if u.usable else hub_cands[0]

@@ -6,8 +6,8 @@ parent (``hub.py``) watches the partial file, stops the child on Cancel, on a st
 finish, and never waits on it unboundedly. A killed child leaves the client's partial file, so the next run resumes.
 
 Protocol, one JSON object per line. Parent -> child (stdin): the request ``{"repo", "names", "revision", "cache_dir",
-"endpoint", "local_dir", "etag_timeout", "token"}`` (the token travels here, never in argv or the environment of
-the process table), then ``go`` or ``stop`` after each ``meta``. Child -> parent (stdout):
+"endpoint", "local_dirs", "etag_timeout", "token"}`` (``local_dirs``: each name's own staging folder, empty for the
+HF cache; the token travels here, never in argv or the environment of the process table), then ``go`` or ``stop`` after each ``meta``. Child -> parent (stdout):
 ``{"event": "entry", "name", "detail"}`` (not in the repo: the next name follows), ``{"event": "meta", "name",
 "size", "etag", "commit"}``, ``{"event": "done", "name", "path"}``, ``{"event": "error", "name", "kind", "detail"}``.
 The child exits when its stdin closes (the parent is gone).
@@ -71,7 +71,8 @@ def main() -> int:
             return 0
         try:
             path = hf_hub_download(req["repo"], fn, revision=req["revision"], cache_dir=req["cache_dir"], token=token,
-                                   endpoint=req["endpoint"], local_dir=req.get("local_dir"))
+                                   endpoint=req["endpoint"],
+                                   local_dir=(req.get("local_dirs") or {}).get(fn))
         except Exception as e:  # noqa: BLE001
             kind, detail = classify(e)
             _say({"event": "error", "name": fn, "kind": "entry" if kind == "entry" else kind, "detail": detail})

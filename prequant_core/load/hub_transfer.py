@@ -14,7 +14,7 @@ from typing import Mapping
 from . import sources
 from .hub_cache import storage_folder
 from .hub_errors import HubDownloadError, HubUnavailableError, reasons_of, where
-from .hub_local import origin_dir
+from .hub_local import STAGING_DIR, local_file, origin_dir, staging_dir  # noqa: F401
 
 log = logging.getLogger("prequant")
 
@@ -155,12 +155,11 @@ def _free_bytes(folder: str) -> int | None:
 def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried) -> _Outcome:
     """Ask the child for the first of ``names`` that exists and download it, watching every wait."""
     from huggingface_hub import constants
-    from huggingface_hub.file_download import repo_folder_name
-    staging = os.path.join(dest_dir, STAGING_DIR, repo_folder_name(repo_id=repo, repo_type="model")) if dest_dir \
-        else None
+    staging = {fn: staging_dir(dest_dir, repo, rev, fn) for fn in names} if dest_dir else {}
     req = {"repo": repo, "names": list(names), "revision": rev, "cache_dir": cache, "endpoint": ep,
-           "local_dir": staging, "etag_timeout": float(constants.HF_HUB_ETAG_TIMEOUT), "token": token}
+           "local_dirs": staging, "etag_timeout": float(constants.HF_HUB_ETAG_TIMEOUT), "token": token}
     child = _Child(req)
+    lock = None
     try:
         ready = _wait_line(child, CHILD_START_S, check, progress)
         if not ready or ready.get("event") != "ready":
@@ -188,9 +187,78 @@ def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check
                 return _Outcome(msg.get("kind", "other"), msg.get("name") or pending[0],
                                 msg.get("detail") or f"the download process ended ({msg.get('code')})")
             if ev == "meta":
-                return _transfer(child, msg, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried)
+                fn = msg["name"]
+                if fn in staging:
+                    # another process downloading this very file: wait for it, then take its result
+                    lock = _StagingLock(staging[fn])
+                    lock.acquire(check, lambda: say(f"waiting for another download of {fn} to finish"))
+                    hit = local_file(repo, [fn], [dest_dir], rev)
+                    if hit:
+                        child.send("stop")
+                        lock.release(remove=True)
+                        _prune(staging[fn])
+                        log.info("[prequant] %s/%s was downloaded by another process meanwhile: using %s",
+                                 repo, fn, hit[1])
+                        size = file_size(hit[1]) or 0
+                        if progress:
+                            progress(size, size)
+                        return _Outcome("done", fn, fetched=Fetched(hit[1], repo, rev, fn, msg.get("commit"), size,
+                                                                    False, os.path.dirname(hit[1]), list(tried)))
+                return _transfer(child, msg, repo, rev, cache, staging.get(fn), dest_dir, progress, check, say,
+                                 limits, tried, lock)
     finally:
         child.kill()
+        if lock is not None:
+            lock.release()
+
+
+class _StagingLock:
+    """One download of a file at a time across processes (an advisory lock next to its staging folder, polled so
+    that Cancel is honoured while waiting). Where the platform has no ``fcntl`` it is a no-op: the client's own
+    lock inside the staging folder still keeps two writers apart."""
+
+    def __init__(self, staging: str):
+        self.path = staging + ".lock"
+        self.fd = None
+
+    def acquire(self, check, waiting) -> None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            return
+        told = False
+        while True:
+            try:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except FileNotFoundError:  # another process's finished download pruned the folder in between
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                if not told:
+                    waiting()
+                    told = True
+                if check:
+                    check()
+                time.sleep(POLL_S)
+                continue
+            if os.path.exists(self.path) and os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                self.fd = fd  # locked the file that is still there (not one a finished download just removed)
+                return
+            os.close(fd)
+
+    def release(self, remove: bool = False) -> None:
+        if self.fd is None:
+            return
+        if remove:
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
+        os.close(self.fd)
+        self.fd = None
 
 
 def _wait_line(child, timeout, check, progress, keep=None):
@@ -204,7 +272,8 @@ def _wait_line(child, timeout, check, progress, keep=None):
             return msg
 
 
-def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried) -> _Outcome:
+def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried,
+              lock=None) -> _Outcome:
     fn, total, etag = meta["name"], int(meta.get("size") or 0), (meta.get("etag") or "")
     if staging:
         partial = _partial_in(staging)
@@ -256,6 +325,9 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
                 path = msg["path"]
                 if staging:
                     path = _move_into(path, fn, repo, rev, final_dir, staging)
+                    if lock is not None:
+                        lock.release(remove=True)  # the file is in place: a waiter finds it there
+                    _prune(staging)
                 downloaded = not cached_before
                 if downloaded:
                     log.info("[prequant] downloaded %s/%s (%d bytes%s)", repo, fn, total,
@@ -298,11 +370,9 @@ def human_size(n: int) -> str:
     return human_bytes(max(int(n), 0))
 
 
-STAGING_DIR = ".prequant-download"  # hidden folder inside the destination: partial downloads, resumed from there
-
-
 def _partial_in(staging: str):
-    """The client's partial file for a download into ``staging`` (it names it after the etag), found when asked."""
+    """The client's partial file for this one download (it names it after the etag, inside the file's own staging
+    folder), found when asked."""
     def find():
         best = None
         for root, _, names in os.walk(staging):
@@ -325,13 +395,18 @@ def _move_into(staged: str, fn: str, repo: str, rev: str, final_dir: str, stagin
     except OSError as e:
         raise HubDownloadError(f"Could not move the downloaded {fn} to {final} ({type(e).__name__}: {e}).",
                                path=final, fix="Check permissions and free space in the folder.") from e
-    shutil.rmtree(staging, ignore_errors=True)  # the client's metadata for the file just moved out
-    try:
-        os.rmdir(os.path.dirname(staging))  # and the staging folder itself once no other download is in it
-    except OSError:
-        pass
+    shutil.rmtree(staging, ignore_errors=True)  # this file's staging folder: the client's metadata for it
     log.info("[prequant] stored %s/%s as %s", repo, fn, final)
     return final
+
+
+def _prune(staging: str) -> None:
+    """The repo's and the destination's staging folders go once no other download (or its lock) is in them."""
+    for d in (os.path.dirname(staging), os.path.dirname(os.path.dirname(staging))):
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
 
 
 def discard_partial(path) -> None:
