@@ -186,6 +186,15 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
     config = _config(cls, str(base), subfolder, None, token)  # ``revision`` pins the pre-quantized source, not the base
     with accelerate.init_empty_weights():  # parameters on meta; buffers computed for real on the CPU
         model = cls.from_config(config)
+    if fam.diffusers_prepare is not None:
+        try:
+            if fam.diffusers_prepare(model, ck.metadata):  # the file's weights are another form of the class
+                notes.append(f"{fam.title}: the skeleton reshaped to the form the file records "
+                             f"({', '.join(f'{k} {ck.metadata[k]}' for k in ('adaln_form', 'curve_dim', 'curve_grid') if k in ck.metadata)})")
+        except ValueError as e:
+            raise CorruptCheckpointError(f"The file records a form of {fam.title} that {cls.__name__} from base "
+                                         f"'{base}' cannot take ({e}).", path=ck.path,
+                                         fix="Check that base and file are the same model.") from None
     try:
         model.load_state_dict(ck.tensors, strict=True, assign=True)
     except RuntimeError as e:

@@ -72,6 +72,9 @@ class Report:
     reasons: list[str]
     notes: list[str]
     encoder: str | None = None  # a pre-cast text encoder: its model, ComfyUI class and tokenizer, in words
+    # a file the loader downloaded: its repo (and revision), the names the loader asks that repo for, in order, and
+    # the one this file is (``sources.hub_origin``)
+    hub: dict | None = None
 
     @property
     def file(self) -> str:
@@ -142,6 +145,7 @@ class Report:
             ["Component", opt(self.component)],
             *([["Layers", self.layers]] if self.layers else []),
             *([["Text encoder", self.encoder]] if self.encoder else []),
+            *([["Hub source", self._hub_text()]] if self.hub else []),
             ["Quantized tensors", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)} "
                                   + ("(float8 storage, no scale: layerwise cast)" if self.encoder else
                                      "(codes + scales)")],
@@ -155,6 +159,12 @@ class Report:
             ["Fingerprint", fp],
         ]
         return [[k, escape(v)] for k, v in rows]  # names and values come from the file: no control characters
+
+    def _hub_text(self) -> str:
+        h = self.hub
+        at = f"@{h['revision']}" if h.get("revision") else ""
+        names = " → ".join(f"{n} (this file)" if n == h["served"] else n for n in h["names"])
+        return f"{h['repo']}{at}, where the loader asks for {self.scheme} in this order: {names}"
 
     def to_dict(self) -> dict:
         d = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -360,6 +370,7 @@ def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) 
         reasons += _plain_value_reasons(light, fh)
 
     scheme = md.get("scheme") if md.get("scheme") is not None else (",".join(found) or None)
+    hub = _hub_origin(path, scheme, md)
     return Report(
         path=os.path.abspath(path), file_size=fh.size, container=ck.container, read_mode=light.read_mode,
         format_tag=ck.format_tag, scheme=scheme, schemes_found=found,
@@ -375,7 +386,16 @@ def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) 
                            len(fp["modules"]) if isinstance(fp.get("modules"), (dict, list)) else None)
         if fp_present else None,
         fingerprint_verified=fp_verified, fingerprint_reasons=fp_reasons, request=_request_dict(request),
-        valid=not reasons, reasons=reasons, notes=notes, encoder=_encoder_text(opened))
+        valid=not reasons, reasons=reasons, notes=notes, encoder=_encoder_text(opened), hub=hub)
+
+
+def _hub_origin(path: str, scheme, md: Mapping) -> dict | None:
+    if not isinstance(scheme, str) or "," in scheme:
+        return None
+    comp = md.get("component") if isinstance(md.get("component"), str) else None
+    base = md.get("base_model_id") if isinstance(md.get("base_model_id"), str) else None
+    from .load import sources
+    return sources.hub_origin(path, scheme, comp, base)
 
 
 def _encoder_text(opened: opening.Opened) -> str | None:

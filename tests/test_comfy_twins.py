@@ -15,6 +15,7 @@ import comfy_quantizer as cq
 import unsloth_builder as ub
 from hub_server import HubServer
 from test_hub import hf_env  # noqa: F401 (fixture)
+from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.load import pipeline, sources
 from prequant_core.load.hub_errors import HubNotFoundError
@@ -46,6 +47,18 @@ def test_the_chain_asks_for_twins_where_unsloth_does(monkeypatch):
                        for n in sources.filenames("unsloth/Z-Image-Turbo-FP8", s)), off
     monkeypatch.setenv(sources.TWIN_ENV, "1")
     assert sources.filenames("unsloth/Z-Image-Turbo-FP8", "int8")[0].endswith("-ComfyUI.safetensors")
+
+
+def test_where_a_stored_file_came_from_is_read_off_its_folders():
+    o = sources.hub_origin("/m/prequant/unsloth/Qwen-Image-FP8@v2/Qwen-Image-FP8-transformer_fp8.pt", "fp8")
+    assert o is None  # not a name the chain has (the legacy name's local form is <Model>-transformer_fp8.pt)
+    o = sources.hub_origin("/m/prequant/unsloth/Qwen-Image-FP8@v2/Qwen-Image-transformer_fp8.pt", "fp8")
+    assert o["repo"] == REPO and o["revision"] == "v2" and o["served"] == "transformer_fp8.pt"
+    cache = "/h/hub/models--unsloth--Qwen-Image-FP8/snapshots/" + "a" * 40 + "/Qwen-Image-FP8.pt"
+    assert sources.hub_origin(cache, "fp8")["served"] == "Qwen-Image-FP8.pt"
+    assert sources.hub_origin(cache, "fp8")["revision"] == "a" * 40
+    assert sources.hub_origin("/anywhere/else/Qwen-Image-FP8.pt", "int8") is None
+    assert sources.hub_origin("/m/prequant/my/own/Qwen-Image-FP8.pt", None) is None
 
 
 def test_a_cached_container_is_never_downloaded_twice():
@@ -105,6 +118,13 @@ def test_a_repo_holding_only_the_twin_loads_it(hub, tmp_path):
     assert ck.metadata["base_model_id"] == BASE and routed.route.opened.family.name == "qwen-image"
     asked = [r["filename"] for r in hub.requests("HEAD")]
     assert asked[0] == twin.name, asked  # int8: the twin leads the chain
+    # Info on the stored file: the repo it came from, the names asked in order, and which one this is
+    r = report.info(routed.located.path, {"scheme": "int8", "base_model_id": BASE})
+    chain = list(sources.filenames(REPO, "int8"))
+    assert r.valid and r.hub == {"repo": REPO, "revision": None, "names": chain, "served": twin.name}, r.hub
+    row = dict(r.rows())["Hub source"]
+    assert row.startswith(f"{REPO}, where the loader asks for int8 in this order: {twin.name} (this file) → "), row
+    assert row.endswith("transformer_int8.pt") and r.to_dict()["hub"]["served"] == twin.name
 
 
 def test_fp8_asks_for_the_artifact_first_and_the_twin_after(hub, tmp_path):

@@ -27,7 +27,7 @@ DOWNLOAD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from prequant_co
 
 
 @pytest.fixture
-def hub(hf_env, monkeypatch):
+def hub(hf_env, monkeypatch):  # noqa: F811 - shared fixtures
     with HubServer(chunk=64 * 1024) as s:
         monkeypatch.setenv("HF_ENDPOINT", s.url)
         yield s
@@ -37,7 +37,7 @@ def partials(d) -> list[str]:
     return [f for f in cache_files(d) if f.endswith(".incomplete")]
 
 
-def test_a_cancelled_partial_survives_another_files_download_and_resumes(hub, hf_env, files, tmp_path):
+def test_a_cancelled_partial_survives_another_files_download_and_resumes(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
     from prequant_core.load import hub as h
 
     class Interrupted(Exception):
@@ -80,7 +80,7 @@ def _finish(proc):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_two_processes_downloading_two_files_of_one_repo_both_finish(hub, hf_env, files, tmp_path):
+def test_two_processes_downloading_two_files_of_one_repo_both_finish(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"], FP8: files["int8.pt"]})
     dest = tmp_path / "prequant"
     hub.slow[(REPO, FP8)] = 0.002  # the FP8 file finishes last: the first to finish used to remove its staging
@@ -92,7 +92,7 @@ def test_two_processes_downloading_two_files_of_one_repo_both_finish(hub, hf_env
     assert sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)  # staging gone once both are done
 
 
-def test_two_processes_downloading_one_file_transfer_it_once(hub, hf_env, files, tmp_path):
+def test_two_processes_downloading_one_file_transfer_it_once(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
     dest = tmp_path / "prequant"
     hub.slow[(REPO, PRIMARY)] = 0.002
@@ -109,7 +109,7 @@ def test_two_processes_downloading_one_file_transfer_it_once(hub, hf_env, files,
     assert sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)
 
 
-def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, hf_env, files, tmp_path):
+def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
     from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: files["int8.safetensors"]}, ref="feature/x")
     hub.commit(REPO, {PRIMARY: files["int8.pt"]}, ref="feature--x")
@@ -123,7 +123,7 @@ def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, 
     assert again == [slash.path, dash.path] and len(hub.body_gets()) == gets  # found again, no request
 
 
-def test_a_long_repo_and_revision_store_and_are_found_again(hub, hf_env, files, tmp_path):
+def test_a_long_repo_and_revision_store_and_are_found_again(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
     from prequant_core.load import hub as h
     repo = "unsloth/" + "Z" * (96 - len("unsloth/"))
     rev = "r" * 200
@@ -149,7 +149,7 @@ def _mirror_copy(root, revision):
     return p
 
 
-def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record(hub, hf_env, files, tmp_path,
+def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record(hub, hf_env, files, tmp_path,  # noqa: F811 - shared fixtures
                                                                                    monkeypatch):
     from prequant_core.load import hub as h
     old = hub.commit(REPO, {PRIMARY: files["int8.pt"]}, ref=None)

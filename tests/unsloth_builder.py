@@ -64,6 +64,8 @@ FAMILIES = {
     "qwen-image": ("QwenImageTransformer2DModel", "Qwen/Qwen-Image"),
     "qwen-image-2.1": ("QwenImage21Transformer2DModel", "Qwen/Qwen-Image-2.1"),
     "krea-2": ("Krea2Transformer2DModel", "krea/Krea-2-Turbo"),
+    "ltx-2": ("LTX2VideoTransformer3DModel", "Lightricks/LTX-2.3"),
+    "minimax-h3": ("MiniMaxH3Transformer3DModel", "MiniMaxAI/MiniMax-H3"),
     "lumina-2": ("Lumina2Transformer2DModel", "Alpha-VLLM/Lumina-Image-2.0"),
     "hidream-i1": ("HiDreamImageTransformer2DModel", "HiDream-ai/HiDream-I1-Full"),
     "hunyuanimage-2.1": ("HunyuanImageTransformer2DModel", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers"),
@@ -374,6 +376,10 @@ def build(model: torch.nn.Module, family: str, kind: str, paths, *, base_model_i
         quantize(model, scheme, keep, granularity=fp8_granularity)
         fast_accum = None
     sd = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    if "time_embedder.table" in sd:  # MiniMax-H3 in its pruned adaLN form: the builder records the form it baked in
+        grid, dim = sd["time_embedder.table"].shape
+        extra.update({"adaln_form": "curve", "curve_dim": int(dim), "curve_grid": int(grid),
+                      "adaln_out_dtype": "bfloat16"})
     meta = metadata(family=family, scheme=scheme, sd=sd, base_model_id=base, component=component, version=version,
                     exclude=exclude, fast_accum=fast_accum, extra=extra, fp8_granularity=fp8_granularity)
     pickled = None

@@ -22,8 +22,11 @@ TE_CORE_TESTED = "files read, judged and renamed (tiny real config); node not ru
 # What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.3.75 and 0.12.1, or
 # the diffusers loader only where no testable ComfyUI has the class.
 NODE_TESTED = "node + diffusers loader, every kind (CPU, tiny)"
-STATUS = {"krea-2": "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI 0.38.1+",
-          "qwen-image-2.1": "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI 0.38.1+"}
+DIFFUSERS_ONLY_TESTED = "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI {min_comfy}+"
+
+
+def _status(fam) -> str:
+    return NODE_TESTED if fam.unet_config is not None else DIFFUSERS_ONLY_TESTED.format(min_comfy=fam.min_comfy)
 
 
 def _names(repo: str, scheme: str, component: str) -> str:
@@ -38,7 +41,7 @@ def rows() -> list[str]:
            "ComfyUI class | Tested here |", "|---|---|---|---|---|---|"]
     for fam in families.FAMILIES.values():
         cls = " / ".join(fam.comfy_models) + ("" if fam.unet_config is not None else f" ({fam.min_comfy}+)")
-        status = STATUS.get(fam.name, NODE_TESTED)
+        status = _status(fam)
         for i, repo in enumerate(fam.hosted):
             held = sources.schemes_for_repo(repo)
             names = []

@@ -252,8 +252,8 @@ REAL: dict[str, dict] = {
 
 # ---------------------------------------------------------------------------------------------------------------
 # Families whose ComfyUI class no ComfyUI testable here has (registered with unet_config=None): their diffusers
-# classes need diffusers >= 0.41 (tests run them with diffusers 0.42.1 from .cache/diffusers042, see
-# tests/test_diffusers_loader.py). Hidden 512 with 128-wide heads, one block of each kind, as above.
+# classes (as these configs use them) need diffusers >= 0.41 (tests run them with diffusers 0.42.1 from
+# .cache/diffusers042, see tests/test_diffusers_loader.py). Hidden 512 with 128-wide heads, one block of each kind.
 
 def _krea2_forward(m, g, dtype):
     n_txt, h, w = 6, 4, 4
@@ -275,6 +275,72 @@ def _qwen21_forward(m, g, dtype):
              return_dict=False)[0]
 
 
+def _ltx2_forward(m, g, dtype):
+    """Video and audio tokens together (LTX-2.3 denoises both in one pass), the prompt modulation's sigma, RoPE
+    coordinates from the latent sizes; both outputs, flattened into one tensor."""
+    cfg = m.config
+    frames, h, w, n_audio, n_txt = 2, 4, 4, 5, 6
+    video, audio = m(hidden_states=_randn(g, 1, frames * h * w, cfg.in_channels).to(dtype),
+                     audio_hidden_states=_randn(g, 1, n_audio, cfg.audio_in_channels).to(dtype),
+                     encoder_hidden_states=_randn(g, 1, n_txt, cfg.cross_attention_dim).to(dtype),
+                     audio_encoder_hidden_states=_randn(g, 1, n_txt, cfg.audio_cross_attention_dim).to(dtype),
+                     timestep=torch.full((1, frames * h * w), 700.0), audio_timestep=torch.full((1, n_audio), 700.0),
+                     sigma=torch.tensor([0.7]), num_frames=frames, height=h, width=w, audio_num_frames=n_audio,
+                     return_dict=False)
+    return torch.cat([video.flatten(), audio.flatten()])
+
+
+def _h3_forward(m, g, dtype):
+    """The packed sequence MiniMax-H3 denoises: text rows, then video rows (patchified), then audio rows, one noise
+    level; both outputs, flattened into one tensor."""
+    cfg = m.config
+    n_txt, (f, h, w), n_audio = 6, (2, 2, 2), 4
+    patch = cfg.in_channels * cfg.patch_size[0] * cfg.patch_size[1] * cfg.patch_size[2]
+    n_video = f * h * w
+    seq = n_txt + n_video + n_audio
+    pos = torch.zeros(seq, 3, dtype=torch.long)
+    grid = torch.stack(torch.meshgrid(torch.arange(f), torch.arange(h), torch.arange(w), indexing="ij"), -1)
+    pos[n_txt:n_txt + n_video] = grid.reshape(-1, 3)
+    pos[n_txt + n_video:, 0] = torch.arange(n_audio)
+    tags = torch.tensor([1] * n_txt + [0] * n_video + [2] * n_audio)
+    video, audio = m(hidden_states=_randn(g, 1, n_video, patch).to(dtype),
+                     audio_hidden_states=_randn(g, 1, n_audio, cfg.audio_in_channels).to(dtype),
+                     encoder_hidden_states=_randn(g, 1, n_txt, cfg.text_dim).to(dtype),
+                     timestep=torch.tensor([0.7]), timestep_indices=torch.zeros(seq, dtype=torch.long),
+                     token_tags=tags, position_ids=pos, video_indices=torch.arange(n_txt, n_txt + n_video),
+                     audio_indices=torch.arange(n_txt + n_video, seq), text_indices=torch.arange(n_txt),
+                     return_dict=False)
+    return torch.cat([video.flatten(), audio.flatten()])
+
+
+def _h3_curve(m, dim: int = 8, grid: int = 33):
+    """The pruned ("curve") adaLN form Unsloth's MiniMax-H3 files hold, fitted here the way the form is defined:
+    ``u(t) = silu(time_embedder(time_proj(t)))`` on a grid of t in [0, 1] is centred and projected on its top
+    ``dim`` right singular vectors B (``table = (u - mean) B``), each modulation weight folded onto B (``W B``) with
+    the mean in its bias (``b + W mean``); then the model is reshaped to that form as the loader does
+    (prequant_core.families.minimax_h3.curve_form) and the folded values assigned."""
+    from prequant_core.families import minimax_h3
+    with torch.no_grad():
+        t = torch.linspace(0.0, 1.0, grid)
+        u = torch.nn.functional.silu(m.time_embedder(m.time_proj(t).float())).float()
+        mean = u.mean(0)
+        basis = torch.linalg.svd(u - mean, full_matrices=False).Vh[:dim].T  # (time_embed_dim, dim)
+        table = (u - mean) @ basis
+        linears = {f"transformer_blocks.{i}.adaln_proj.linear": b.adaln_proj.linear
+                   for i, b in enumerate(m.transformer_blocks)}
+        linears["norm_out.linear"] = m.norm_out.linear
+        folded = {}
+        for name, lin in linears.items():
+            w = lin.weight.float()
+            folded[name + ".weight"] = w @ basis
+            folded[name + ".bias"] = lin.bias.float() + w @ mean
+        minimax_h3.curve_form(m, {"adaln_form": "curve", "curve_dim": dim, "curve_grid": grid,
+                                  "adaln_out_dtype": "bfloat16"})
+        m.load_state_dict({**{k: v for k, v in m.state_dict().items() if k not in folded and k != minimax_h3.TABLE},
+                           **folded, minimax_h3.TABLE: table}, strict=True, assign=True)
+    return m
+
+
 @dataclasses.dataclass(frozen=True)
 class TinyDiffusersOnly:
     family: str
@@ -283,6 +349,8 @@ class TinyDiffusersOnly:
     kwargs: dict
     forward: Callable  # (diffusers model, generator, dtype) -> output
     file_stem: str = ""
+    # the form the hosted files hold, from the freshly built class (MiniMax-H3's pruned adaLN)
+    hosted_form: Callable | None = None
 
 
 DIFFUSERS_ONLY: dict[str, TinyDiffusersOnly] = {t.family: t for t in [
@@ -296,6 +364,22 @@ DIFFUSERS_ONLY: dict[str, TinyDiffusersOnly] = {t.family: t for t in [
                       dict(in_channels=64, num_layers=1, attention_head_dim=128, num_attention_heads=4,
                            context_in_dim=512),
                       _qwen21_forward, "Qwen-Image-2.1"),
+    # LTX-2.3's layer kinds: gated attention, 9-row modulation and prompt modulation in both branches, no caption
+    # projection (2.3 projects the text in its connector); the audio branch 512 wide too, so that its Linears are
+    # quantized in fp8 and excluded by name in int8 (Unsloth's "audio" token)
+    TinyDiffusersOnly("ltx-2", "Lightricks/LTX-2.3", "LTX2VideoTransformer3DModel",
+                      dict(in_channels=64, out_channels=64, num_attention_heads=4, attention_head_dim=128,
+                           cross_attention_dim=512, audio_in_channels=64, audio_out_channels=64,
+                           audio_num_attention_heads=4, audio_attention_head_dim=128, audio_cross_attention_dim=512,
+                           num_layers=1, caption_channels=512, gated_attn=True, cross_attn_mod=True,
+                           audio_gated_attn=True, audio_cross_attn_mod=True, use_prompt_embeddings=False),
+                      _ltx2_forward, "LTX-2.3"),
+    # the pruned adaLN as hosted (8-dimensional curve on a 33-point grid; the release: 8 on 1025)
+    TinyDiffusersOnly("minimax-h3", "MiniMaxAI/MiniMax-H3", "MiniMaxH3Transformer3DModel",
+                      dict(num_attention_heads=4, attention_head_dim=128, hidden_size=512, num_layers=1,
+                           num_refiner_layers=1, ffn_dim=1024, in_channels=16, audio_in_channels=32, text_dim=512,
+                           freq_dim=256, time_embed_hidden_dim=512, time_embed_dim=256),
+                      _h3_forward, "MiniMax-H3", hosted_form=_h3_curve),
 ]}
 
 
@@ -329,7 +413,9 @@ def any_diffusers_model(family: str, seed: int = 0, dtype=torch.float32):
     import diffusers
     from prequant_core import families
     cls = getattr(diffusers, families.get(family).diffusers_class)
-    return randomize_(cls(**tiny_kwargs(family)), seed).to(dtype).eval()
+    m = randomize_(cls(**tiny_kwargs(family)), seed)
+    form = getattr(DIFFUSERS_ONLY.get(family), "hosted_form", None)
+    return (form(m) if form else m).to(dtype).eval()
 
 
 def meta_state_dict(family: str, real: bool = True, dtype=torch.bfloat16, **overrides) -> dict:

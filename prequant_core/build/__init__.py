@@ -80,7 +80,10 @@ def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_featur
     }
     if rule.fp8_granularity:
         values["fp8_granularity"] = rule.fp8_granularity
-    return {k: values[k] for k in WRITE_ORDER if k in values}
+    out = {k: values[k] for k in WRITE_ORDER if k in values}
+    if family.metadata_from_tensors is not None:  # the form the weights are in (MiniMax-H3's pruned adaLN), last
+        out.update(family.metadata_from_tensors(tensors))
+    return out
 
 
 def check_component(component, family=None) -> str:

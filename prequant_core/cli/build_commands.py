@@ -32,7 +32,7 @@ def add(subparsers) -> None:
     p.add_argument("--base-model-id", default=None, metavar="REPO",
                    help="base model recorded in the metadata (default: the family's base repo, e.g. "
                         "Tongyi-MAI/Z-Image-Turbo)")
-    p.add_argument("--family", choices=["auto"] + choices.families(), default="auto",
+    p.add_argument("--family", choices=["auto"] + choices.accepted_families(), default="auto",
                    help="model family (default: %(default)s, from config.json or the tensor names)")
     p.add_argument("--container", choices=["auto"] + list(choices.BUILD_CONTAINERS), default="auto",
                    help="file format: safetensors (safe, no pickle) or pt (torch.save); comfyui-native: ComfyUI's own "

@@ -27,6 +27,12 @@ def families() -> list[str]:
     return sorted(registry.FAMILIES)
 
 
+def accepted_families() -> list[str]:
+    """The families and the other names they go by (``ltx-2.3`` for ``ltx-2``), for argument checking."""
+    from .. import families as registry
+    return sorted([*registry.FAMILIES, *registry.ALIASES])
+
+
 def encoder_families() -> list[str]:
     from .. import families as registry
     return sorted(n for n, f in registry.FAMILIES.items() if f.text_encoders)

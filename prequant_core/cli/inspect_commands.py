@@ -34,7 +34,7 @@ def add(subparsers) -> None:
                    help="quantization scheme: " + ", ".join(choices.SCHEMES))
     v.add_argument("--min-features", type=int, default=None, metavar="N",
                    help="require this min_features setting (only Linears with in and out features >= N quantized)")
-    v.add_argument("--family", default=None, metavar="F", choices=choices.families(),
+    v.add_argument("--family", default=None, metavar="F", choices=choices.accepted_families(),
                    help=f"require this model family ({', '.join(choices.families())})")
     v.add_argument("--verify-fingerprint", action="store_true",
                    help="also hash every quantized weight against the recorded fingerprint (reads the whole file)")

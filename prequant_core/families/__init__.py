@@ -22,8 +22,16 @@ from ._base import (Family, HostedEncoder, Shapes, base_tail, blocks, count_bloc
 # ComfyUI markers.
 MODULES = (
     "z_image", "flux1", "flux2", "qwen_image", "lumina2", "hidream", "wan22", "hunyuan_video15", "hunyuan_image",
-    "krea2", "qwen_image21",
+    "krea2", "qwen_image21", "ltx2", "minimax_h3",
 )
+
+# Other names a family goes by (Unsloth's own aliases): accepted wherever a family is named, in a file or a request.
+ALIASES = {"ltx-2.3": "ltx-2"}
+
+
+def canonical(name: str) -> str:
+    key = str(name).strip().lower()
+    return ALIASES.get(key, key)
 
 FAMILIES: dict[str, Family] = {}
 for _mod in MODULES:
@@ -95,7 +103,7 @@ for _f in FAMILIES.values():  # a class shared by several families (FLUX.2 klein
 
 
 def get(name: str) -> Family:
-    key = str(name).strip().lower()
+    key = canonical(name)
     if key in FAMILIES:
         return FAMILIES[key]
     raise UnknownFamilyError(f"Unknown model family '{name}'.", expected=", ".join(sorted(FAMILIES)), found=str(name),
@@ -109,8 +117,8 @@ def detect(keys, metadata: Mapping | None = None, path: str | None = None,
     metadata = metadata or {}
     keys = list(keys)
     named = metadata.get("family")
-    if isinstance(named, str) and named.strip().lower() in FAMILIES:
-        fam = FAMILIES[named.strip().lower()]
+    if isinstance(named, str) and canonical(named) in FAMILIES:
+        fam = FAMILIES[canonical(named)]
         layout = fam.layout_of(keys)
         if layout:
             return fam, layout

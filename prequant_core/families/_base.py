@@ -126,6 +126,11 @@ class Family:
     text_encoders: tuple[HostedEncoder, ...] = ()
     # A video model: Unsloth hosts no ComfyUI-format twin (``<stem>-ComfyUI.safetensors``) of its files
     video: bool = False
+    # Where a file's weights are another form of the diffusers class (MiniMax-H3's pruned adaLN): reshape a freshly
+    # built skeleton to that form from the file's metadata before its tensors go in (True when it did), and the
+    # metadata a build records for such weights, from their tensors.
+    diffusers_prepare: Callable[[object, Mapping], bool] | None = None
+    metadata_from_tensors: Callable[[Mapping], dict] | None = None
 
     @property
     def hosted(self) -> dict[str, tuple[str, ...]]:

@@ -12,7 +12,7 @@ import dataclasses
 from ..formats import layer_policy
 from ..schemes import fp8, qtensor
 from .. import schemes
-from ..families import base_tail, normalize_base
+from ..families import base_tail, canonical, normalize_base
 from ..formats.checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
 from ..safe_text import escape
 
@@ -242,7 +242,7 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
         reasons.append(f"built from base '{m['base_model_id']}', requested '{req.base_model_id}'" + (
             f" ('{excluded}' is listed as excluded for {family.title}: a different model, never served its "
             "namesake's hosted file)" if excluded else ""))
-    if req.family and m.get("family") is not None and m["family"].lower() != req.family.lower():
+    if req.family and m.get("family") is not None and canonical(m["family"]) != canonical(req.family):
         reasons.append(f"family is '{m['family']}', requested '{req.family}'")
     if m.get("component") is not None and m["component"] != req.component:
         reasons.append(f"component is '{escape(m['component'][:60])}', expected '{req.component}' (Unsloth's "

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Mapping
 
 from . import allowlist
 from .. import families, schemes
-from ..errors import HubError
+from ..errors import HubError, PrequantError
 
 OTHER_SUFFIXES = ("-quantized",)  # a repo-name suffix that names no scheme
 
@@ -433,6 +433,34 @@ def local_name(repo: str, filename: str) -> str:
     if filename.startswith("transformer_"):
         return f"{model_name(repo)}-{filename}"
     return filename
+
+
+def hub_origin(path: str, scheme: str | None, component: str | None = None,
+               base_model_id: str | None = None) -> dict | None:
+    """Where a file the loader stored came from, read off its folders (no I/O): a model folder's origin folder
+    (``<owner>/<repo>[@<revision>]/<file>``) or the Hugging Face cache (``models--<owner>--<repo>/snapshots/<commit>/
+    <file>``); with the names the loader asks that repo for the file's scheme, in order, and the one this file is:
+    ``{"repo", "revision", "names", "served"}``. None for a file elsewhere, or one not among those names."""
+    parts = os.path.abspath(str(path)).replace("\\", "/").split("/")
+    if len(parts) < 4:
+        return None
+    if parts[-3] == "snapshots" and parts[-4].startswith("models--"):
+        owner, _, name = parts[-4][len("models--"):].partition("--")
+        revision = parts[-2]
+    else:
+        owner, (name, _, revision) = parts[-3], parts[-2].partition("@")
+    try:
+        repo = normalize_repo(f"{owner}/{name}")
+        s = schemes.normalize(scheme) if scheme else None
+    except (HubError, ValueError, PrequantError):
+        return None
+    if not s:
+        return None
+    names = filenames(repo, s, component or "transformer", base_model_id)
+    served = [n for n in names if local_name(repo, n) == parts[-1]]
+    if not served:
+        return None
+    return {"repo": repo, "revision": revision or None, "names": list(names), "served": served[0]}
 
 
 def local_names(candidate: Candidate) -> tuple[str, ...]:
