@@ -100,11 +100,12 @@ def hub(hf_env, monkeypatch):  # noqa: F811
         yield s
 
 
-def _load(tmp_path, scheme: str, base: str = BASE):
+def _load(tmp_path, scheme: str, base: str = BASE, preset: str | None = None):
     dest = tmp_path / "prequant"
     dest.mkdir(exist_ok=True)
-    return pipeline.run(sources.plan(hub_repo=REPO, scheme=scheme), Request(scheme=scheme, base_model_id=base),
-                        download_dir=str(dest), model_dirs=[str(dest)])
+    plan = sources.plan(preset=preset) if preset else sources.plan(hub_repo=REPO, scheme=scheme)
+    return pipeline.run(plan, Request(scheme=scheme, base_model_id=base), download_dir=str(dest),
+                        model_dirs=[str(dest)])
 
 
 def test_a_repo_holding_only_the_twin_loads_it(hub, tmp_path):
@@ -125,6 +126,16 @@ def test_a_repo_holding_only_the_twin_loads_it(hub, tmp_path):
     row = dict(r.rows())["Hub source"]
     assert row.startswith(f"{REPO}, where the loader asks for int8 in this order: {twin.name} (this file) → "), row
     assert row.endswith("transformer_int8.pt") and r.to_dict()["hub"]["served"] == twin.name
+
+
+def test_a_repo_holding_only_the_twin_loads_through_the_preset(hub, tmp_path):
+    twin = tmp_path / "Qwen-Image-INT8-ComfyUI.safetensors"
+    _twin(twin, "int8", {"base_model_id": BASE, "scheme": "int8", "family": "qwen-image"})
+    hub.commit(REPO, {twin.name: str(twin)})
+    assert "Qwen-Image / int8" in sources.preset_labels()
+    routed = _load(tmp_path, "int8", preset="Qwen-Image / int8")
+    assert routed.located.fetched.repo == REPO and routed.located.fetched.filename == twin.name
+    assert routed.route.opened.checkpoint.container == "comfyui-native"
 
 
 def test_fp8_asks_for_the_artifact_first_and_the_twin_after(hub, tmp_path):

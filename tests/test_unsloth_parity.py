@@ -297,3 +297,40 @@ def test_new_families_have_presets_and_need_newer_comfyui():
         assert fam.min_comfy == "0.38.1" and fam.unet_config is None
     assert families.get("qwen-image-2.1").comfy_models == ("QwenImage21",)
     assert families.get("krea-2").comfy_models == ("Krea2",)
+
+
+def test_the_video_families_unsloth_hosts_now(monkeypatch):
+    """LTX-2.3 (Unsloth's family ``ltx-2``, its alias ``ltx-2.3``) and MiniMax-H3: presets, Unsloth's names in order,
+    the alias wherever a family is named (the registry, a file's ``family``, the command line)."""
+    from prequant_core import cli
+    from prequant_core.load import metadata
+    monkeypatch.delenv(sources.TWIN_ENV, raising=False)
+    labels = sources.preset_labels()
+    assert {"LTX-2.3 / fp8", "MiniMax-H3 / int8", "MiniMax-H3 / fp8"} <= set(labels)
+    assert "LTX-2.3 / int8" not in labels  # fp8 only
+    assert sources.filenames("unsloth/LTX-2.3-FP8", "fp8") == ("LTX-2.3-FP8.safetensors", "LTX-2.3-FP8.pt",
+                                                               "transformer_fp8.pt")  # a video family: no twin
+    assert sources.filenames("unsloth/MiniMax-H3-FP8", "int8")[0] == "MiniMax-H3-INT8-ConvRot.pt"
+    assert sources.filenames("unsloth/MiniMax-H3-FP8", "fp8")[:2] == ("MiniMax-H3-FP8.safetensors", "MiniMax-H3-FP8.pt")
+    assert families.get("LTX-2.3") is families.get("ltx-2") and families.canonical(" ltx-2.3 ") == "ltx-2"
+    for name in ("ltx-2", "minimax-h3"):
+        fam = families.get(name)
+        assert fam.min_comfy == "0.38.1" and fam.unet_config is None and fam.video
+    assert families.get("ltx-2").int8_exclude_extra == ("audio", "av_cross_attn", "adaln")
+    assert families.get("minimax-h3").int8_exclude_extra == ("adaln_proj",)
+    # a file recording the alias is the family asked for, and the other way round; another family is not
+    from prequant_core.formats.checkpoint import Checkpoint
+    w = schemes.quantize_weight(torch.randn(512, 512).to(torch.bfloat16), "fp8")
+    fam = families.get("ltx-2")
+
+    def family_reasons(recorded, asked):
+        ck = Checkpoint("/x/LTX-2.3-FP8.pt", "pt", FORMAT_V1, {"family": recorded, "scheme": "fp8",
+                        "base_model_id": "Lightricks/LTX-2.3", "fp8_granularity": "per_row"},
+                        {"transformer_blocks.0.attn1.to_q.weight": w})
+        return [r for r in metadata.validate(ck, metadata.Request(family=asked), family=fam).reasons
+                if r.startswith("family")]
+    assert family_reasons("ltx-2.3", "ltx-2") == [] and family_reasons("ltx-2", "LTX-2.3") == []
+    assert family_reasons("ltx-2", "minimax-h3") == ["family is 'ltx-2', requested 'minimax-h3'"]
+    args = cli.parser().parse_args(["verify", "f.pt", "--base", "Lightricks/LTX-2.3", "--scheme", "fp8",
+                                    "--family", "ltx-2.3"])
+    assert args.family == "ltx-2.3"
