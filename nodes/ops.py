@@ -129,13 +129,14 @@ def make_ops(base):
                 (``W' H``, as ``H H = I``), so a LoRA made for the original model patches the right numbers."""
                 return qtensor.dense_from_parts(self.prequant_parts(device), self.prequant_spec, dtype)
 
-            def prequant_assign_dense(self, dense, before=None):
+            def prequant_assign_dense(self, dense, before=None, same=None):
                 """Requantize a patched dense weight. Rows equal to ``before`` (the dense weight the patch started
-                from) keep their original codes and scales: a LoRA on to_k must not move the q and v rows of a fused
-                qkv through a needless dequantize/requantize round trip."""
+                from), or marked in ``same``, keep their original codes and scales: a LoRA on to_k must not move the
+                q and v rows of a fused qkv through a needless dequantize/requantize round trip."""
                 spec = self.prequant_spec
                 old = self.prequant_parts()
-                same = (dense == before).all(dim=1) if before is not None else None
+                if same is None and before is not None:
+                    same = (dense == before).all(dim=1)
                 if spec.rotation:
                     dense = rotation.rotate(dense.to(torch.float32), spec.rotation)
                 # unchanged rows keep their per-row side values (NVFP4's row scale), changed rows get fresh ones

@@ -11,6 +11,9 @@ import comfy.lora
 import comfy.model_patcher
 import comfy.utils
 
+from prequant_core.load import file_pages
+from prequant_core.schemes import qtensor
+
 from .ops import PART_NAMES, is_prequant_linear
 
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])
@@ -33,10 +36,22 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
             return super().patch_weight_to_device(key, device_to=device_to, inplace_update=inplace_update)
         # Tensors made here outlive this call's inference mode (unpatch may run outside it): make them normal.
         with torch.inference_mode(False), torch.no_grad():
-            if key not in self.backup:
+            fresh = key not in self.backup
+            originals = op.prequant_parts()
+            if fresh:
                 # every part under its own name (weight, weight_scale, weight_scale_2): unpatch restores them all
-                for name, t in zip(PART_NAMES, op.prequant_parts()):
+                for name, t in zip(PART_NAMES, originals):
                     self.backup[key[:-len("weight")] + name] = _Backup(t, False)
-            dense = op.prequant_dense(torch.float32, device=device_to)
-            out = comfy.lora.calculate_weight(self.patches[key], dense.clone(), key)
-            op.prequant_assign_dense(out, before=dense)
+            # One float32 copy of the layer: patched in place, then compared with the stored weight a few rows at a
+            # time (the rows the patch left alone keep their codes), then requantized.
+            out = comfy.lora.calculate_weight(self.patches[key], op.prequant_dense(torch.float32, device=device_to),
+                                              key)
+            parts = op.prequant_parts(device_to)
+            same = qtensor.rows_unchanged(out, parts, op.prequant_spec)
+            del parts
+            op.prequant_assign_dense(out, same=same)
+            del out
+            if fresh:
+                # the originals now live only in the backup: where they are the checkpoint file's own pages, give
+                # those back (re-read from the file, byte for byte, when unpatch puts them back in use)
+                file_pages.release(originals)

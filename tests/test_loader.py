@@ -151,3 +151,38 @@ def test_stock_lora_loader_on_quantized_weights(comfy, prequant_files, allow_dir
     assert torch.equal(qkv.weight, orig_w) and torch.equal(dm.layers[0].attention.qkv.weight_scale, orig_s), \
         "unpatching must restore the quantized codes and scales exactly"
     assert torch.equal(sample(model), base)
+
+
+def test_a_lora_gives_back_the_original_weights_pages_and_unpatches_exactly(comfy, prequant_files, allow_dir,
+                                                                            monkeypatch):
+    """The originals of the patched layers live on only in the backup: where they are the mapped checkpoint's own
+    pages (a `.pt`, read with mmap) those pages leave memory while the LoRA is on (issue 38: the peak with a LoRA),
+    and unpatching reads them back from the file byte for byte."""
+    import comfy.model_management as mm
+    import folder_paths
+    from prequant_core.load import file_pages
+    nodes, _ = comfy
+    path = prequant_files("int8", "pt")
+    allow_dir(os.path.dirname(path))
+    model = load_path(comfy, path)
+    base = sample(model)
+    ff = model.model.diffusion_model.layers[0].feed_forward.w1
+    orig = ff.weight.detach().clone()
+    freed = []
+    real = file_pages.release
+    monkeypatch.setattr(file_pages, "release", lambda ts: freed.append(real(ts)) or freed[-1])
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora_pages.safetensors"))
+    with torch.inference_mode():
+        lora_model = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
+            model, "tiny_zimage_lora_pages.safetensors", 1.0)[0]
+    with_lora = sample(lora_model)
+    assert not torch.equal(with_lora, base)
+    # the LoRA's three layers: qkv (fused from q, k, v at load: anonymous, kept), w1 and cap_embedder.1 (the file's
+    # own pages, given back)
+    assert len(freed) == 3 and sorted(freed)[0] == 0 and sorted(freed)[1] > 0, freed
+    mm.unload_all_models()
+    assert torch.equal(model.model.diffusion_model.layers[0].feed_forward.w1.weight, orig)
+    assert torch.equal(sample(model), base)
+    assert torch.equal(sample(lora_model), with_lora), "patching again from the re-read pages: the same output"

@@ -335,8 +335,17 @@ class RowCodec(Codec):
                 decode(decode_table("e4m3", q.device), q)
         return (q.to(torch.float32) * s.to(torch.float32)).to(dtype)
 
+    # rows quantized at a time: each row's codes and scale depend on that row alone (``from_dense`` is per row), so a
+    # patched weight is requantized with its temporaries a few MB, not several copies of the whole layer
+    QUANTIZE_ROWS = 512
+
     def quantize(self, dense, spec, like=None, keep=None):
-        return self.parts(self.from_dense(dense.to(spec.dtype), spec))[0]
+        rows = dense.shape[0] if dense.ndim == 2 else 0
+        if rows <= self.QUANTIZE_ROWS:
+            return self.parts(self.from_dense(dense.to(spec.dtype), spec))[0]
+        chunks = [self.parts(self.from_dense(dense[i:i + self.QUANTIZE_ROWS].to(spec.dtype), spec))[0]
+                  for i in range(0, rows, self.QUANTIZE_ROWS)]
+        return tuple(torch.cat(p) for p in zip(*chunks))
 
     def weight_only_linear(self, input, tensors, spec, bias, table):
         return weight_only_rows(input, tensors[0], tensors[1], bias, table)

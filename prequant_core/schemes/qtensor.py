@@ -91,6 +91,21 @@ def dense_from_parts(tensors, spec: QSpec, dtype: torch.dtype) -> torch.Tensor:
     return rotate(dequantize_parts(tensors, spec, torch.float32), spec.rotation).to(dtype)
 
 
+def rows_unchanged(dense: torch.Tensor, tensors, spec: QSpec, chunk: int = 256) -> torch.Tensor:
+    """Which rows of ``dense`` still equal the weight ``tensors`` hold (``dense_from_parts``, compared exactly), a
+    few rows at a time: a LoRA patch needs the answer but not a second full float32 copy of the layer to get it.
+    Every part of every kind has its rows first (``cat_rows``), so a slice of rows of each part is that slice's
+    weight."""
+    n = dense.shape[0]
+    if any(t.ndim == 0 or t.shape[0] != n for t in tensors):
+        return (dense == dense_from_parts(tensors, spec, dense.dtype).to(dense.device)).all(dim=1)
+    out = torch.empty(n, dtype=torch.bool, device=dense.device)
+    for i in range(0, n, chunk):
+        ref = dense_from_parts(tuple(t[i:i + chunk] for t in tensors), spec, dense.dtype).to(dense.device)
+        out[i:i + chunk] = (dense[i:i + chunk] == ref).all(dim=1)
+    return out
+
+
 def quantize_parts(dense: torch.Tensor, spec: QSpec, like: tuple | None = None,
                    keep: torch.Tensor | None = None) -> tuple:
     """``dense`` quantized like ``spec``'s weights (LoRA-patched weights). ``like``: the parts being replaced, whose
