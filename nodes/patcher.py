@@ -11,7 +11,7 @@ import comfy.lora
 import comfy.model_patcher
 import comfy.utils
 
-from prequant_core.load import file_pages
+from prequant_core.families import pages
 from prequant_core.schemes import qtensor
 
 from .ops import PART_NAMES, is_prequant_linear
@@ -54,4 +54,4 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
             if fresh:
                 # the originals now live only in the backup: where they are the checkpoint file's own pages, give
                 # those back (re-read from the file, byte for byte, when unpatch puts them back in use)
-                file_pages.release(originals)
+                pages.release(originals)

@@ -160,7 +160,7 @@ def test_a_lora_gives_back_the_original_weights_pages_and_unpatches_exactly(comf
     and unpatching reads them back from the file byte for byte."""
     import comfy.model_management as mm
     import folder_paths
-    from prequant_core.load import file_pages
+    from prequant_core.families import pages
     nodes, _ = comfy
     path = prequant_files("int8", "pt")
     allow_dir(os.path.dirname(path))
@@ -169,8 +169,8 @@ def test_a_lora_gives_back_the_original_weights_pages_and_unpatches_exactly(comf
     ff = model.model.diffusion_model.layers[0].feed_forward.w1
     orig = ff.weight.detach().clone()
     freed = []
-    real = file_pages.release
-    monkeypatch.setattr(file_pages, "release", lambda ts: freed.append(real(ts)) or freed[-1])
+    real = pages.release
+    monkeypatch.setattr(pages, "release", lambda ts: freed.append(real(ts)) or freed[-1])
     lora_dir = folder_paths.get_folder_paths("loras")[0]
     os.makedirs(lora_dir, exist_ok=True)
     _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora_pages.safetensors"))
