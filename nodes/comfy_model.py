@@ -30,6 +30,18 @@ def comfy_version() -> str:
         return "unknown"
 
 
+def _older_than(version: str, wanted: str) -> bool:
+    """``version`` < ``wanted`` as dotted numbers; False where either does not parse (an unknown version is not
+    refused for being old: the class lookup still decides)."""
+    def nums(v):
+        try:
+            return tuple(int(p) for p in str(v).strip().lstrip("v").split(".")[:3])
+        except ValueError:
+            return None
+    a, b = nums(version), nums(wanted)
+    return a is not None and b is not None and a < b
+
+
 def _needs_newer(family: Family, what: str, path: str | None = None) -> ComfyVersionError:
     return ComfyVersionError(f"This ComfyUI ({comfy_version()}) {what}; {family.title} needs ComfyUI "
                              f"{family.min_comfy} or newer.", path=path,
@@ -84,6 +96,11 @@ def complete_for_this_comfyui(unet_config: dict) -> dict:
 
 def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16, path: str | None = None):
     if family.unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
+        if _older_than(comfy_version(), family.min_comfy):
+            # an older ComfyUI may have a class of that name that cannot host this model (0.12.1's LTXAV is
+            # LTX-2's: 6 modulation rows, no gated attention), so the version decides before the class lookup
+            raise _needs_newer(family, f"has no class that hosts {family.title} ('{', '.join(family.comfy_models)}' "
+                                       f"as {family.min_comfy} has it)", path)
         model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"
         raise ComfyVersionError(f"This ComfyUI ({comfy_version()}) has the {family.title} class, but this version of "
                                 f"ComfyUI-Prequant cannot load {family.title} into it yet.",
