@@ -25,7 +25,8 @@ UNSLOTH_INT8_BASE = ("norm", "_mod", "modulation", "timestep_embed", "guidance_e
                      "time_embed")
 UNSLOTH_FAMILY_EXTRA = {"qwen-image": ("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
                         "hunyuanvideo-1.5": ("context_embedder", "image_embedder", "add_q_proj", "add_k_proj",
-                                             "add_v_proj", "to_add_out", "ff_context")}
+                                             "add_v_proj", "to_add_out", "ff_context"),
+                        "ltx-2": ("audio", "av_cross_attn", "adaln"), "minimax-h3": ("adaln_proj",)}
 
 
 def unsloth_v1_accepts(fmt, m: dict, *, scheme: str, family: str, base: str) -> list[str]:
