@@ -83,6 +83,21 @@ def test_unsloth_files_through_the_loader_node(comfy, family):
     nodes, pack = comfy
     folder = os.path.join(folder_paths.get_folder_paths("prequant")[0], "unsloth", family)
     os.makedirs(folder, exist_ok=True)
+    try:
+        _through_the_node(nodes, pack, family, folder)
+    finally:
+        # each family's ten files (up to 0.8 GB) go when its test ends: the module's model folder lives for the
+        # whole module, and the 11 families' files together (3.2 GB) were a quarter of the suite's scratch peak
+        import gc
+        import shutil
+        import comfy.model_management as mm
+        mm.unload_all_models()
+        gc.collect()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _through_the_node(nodes, pack, family, folder):
+    import folder_paths
     files = cc.corpus_files(family, folder)
     base = ub.FAMILIES[family][1]
     dense = _dense(family)
