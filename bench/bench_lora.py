@@ -145,16 +145,12 @@ def main():
         table = "\n".join(lines)
         print(table)
         if args.out:
-            import platform
-            import torch
-            with open(args.out, "a") as fh:
-                fh.write(f"\n## LoRA on a pre-quantized model ({time.strftime('%Y-%m-%d')}, bench/bench_lora.py)\n\n"
-                         f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared); torch {torch.__version__}; "
-                         f"a real ComfyUI server; real-width Z-Image, {args.layers} layer(s) + 2+2 refiners; a rank-"
-                         f"{args.rank} LoRA on every attention and feed-forward Linear ({n_lora}) through stock "
-                         f"LoraLoaderModelOnly; latent {args.latent}x{args.latent}, one euler step per prompt. Peak "
-                         f"VmRSS of the server over its idle level (before the first prompt), sampled every 5 ms from "
-                         f"outside; patch time = the first LoRA prompt's wall time - a warm step's.\n\n{table}\n")
+            bs.append_results(args.out, "LoRA on a pre-quantized model", "bench/bench_lora.py",
+                              f"real-width Z-Image, {args.layers} layer(s) + 2+2 refiners; a rank-{args.rank} LoRA on "
+                              f"every attention and feed-forward Linear ({n_lora}) through stock LoraLoaderModelOnly; "
+                              f"latent {args.latent}x{args.latent}, one euler step per prompt. Peak VmRSS of the "
+                              f"server over its idle level (before the first prompt), sampled every 5 ms from outside; "
+                              f"patch time = the first LoRA prompt's wall time - a warm step's.", table)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)

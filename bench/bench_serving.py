@@ -95,6 +95,17 @@ class OutsidePeak:
                 "idle_mib": mib(self.idle["VmRSS"])}
 
 
+def append_results(path: str, title: str, script: str, what: str, table: str) -> None:
+    """A dated section of RESULTS-cpu.md: the machine, what was measured, the table."""
+    import platform
+    import torch
+    import torchao
+    with open(path, "a") as fh:
+        fh.write(f"\n## {title} ({time.strftime('%Y-%m-%d')}, {script})\n\nMachine: {platform.machine()}, "
+                 f"{os.cpu_count()} cores (shared); torch {torch.__version__}, torchao {torchao.__version__}; a real "
+                 f"ComfyUI server; {what}\n\n{table}\n")
+
+
 def make_files(base: str, layers: int) -> dict:
     """The dense bf16 ComfyUI-layout file (what UNETLoader detects) and the int8 `.pt` built from the same weights."""
     import bench_load
@@ -216,16 +227,11 @@ def main():
                                         "added_peak_mib": r["added_mib"], "prompt_s": r["prompt_s"]}
                                        for m, r in res.items()]}, fh, indent=1)
         if args.out:
-            import platform
-            import torch
-            import torchao
-            with open(args.out, "a") as fh:
-                fh.write(f"\n## Memory while serving ({time.strftime('%Y-%m-%d')}, bench/bench_serving.py)\n\n"
-                         f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared); torch {torch.__version__}, "
-                         f"torchao {torchao.__version__}; a real ComfyUI server; real-width Z-Image, {args.layers} "
-                         f"layer(s) + 2+2 refiners; latent {args.latent}x{args.latent}, one euler step. Peak VmRSS "
-                         f"of the server over its idle level, sampled every 5 ms from outside (/proc/PID/status); "
-                         f"anonymous / file-backed: RssAnon / RssFile+RssShmem at that peak, over idle.\n\n{table}\n")
+            append_results(args.out, "Memory while serving", "bench/bench_serving.py",
+                           f"real-width Z-Image, {args.layers} layer(s) + 2+2 refiners; latent {args.latent}x"
+                           f"{args.latent}, one euler step. Peak VmRSS of the server over its idle level, sampled "
+                           f"every 5 ms from outside (/proc/PID/status); anonymous / file-backed: RssAnon / "
+                           f"RssFile+RssShmem at that peak, over idle.", table)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)

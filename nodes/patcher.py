@@ -44,9 +44,9 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
                     self.backup[key[:-len("weight")] + name] = _Backup(t, False)
             # One float32 copy of the layer: patched in place, then compared with the stored weight a few rows at a
             # time (the rows the patch left alone keep their codes), then requantized.
-            out = comfy.lora.calculate_weight(self.patches[key], op.prequant_dense(torch.float32, device=device_to),
-                                              key)
-            parts = op.prequant_parts(device_to)
+            parts = op.prequant_parts(device_to)  # moved to the device once, for the dense copy and the comparison
+            out = comfy.lora.calculate_weight(self.patches[key],
+                                              qtensor.dense_from_parts(parts, op.prequant_spec, torch.float32), key)
             same = qtensor.rows_unchanged(out, parts, op.prequant_spec)
             del parts
             op.prequant_assign_dense(out, same=same)
