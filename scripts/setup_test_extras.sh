@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Extras only some tests need; each step is skipped when already done. With names as arguments (browser, strace,
+# Extras only some tests need; each step is skipped when already done. With names as arguments (browser, frontend158, strace,
 # torchao014, comfy-cli, diffusers042, comfy-kitchen) only those are set up; with none, all of them
 # (scripts/test.sh names the ones the selected test files need).
 set -euo pipefail
@@ -26,6 +26,12 @@ fi
 if need browser && [ ! -d tests/browser/node_modules/playwright-core ]; then
   echo "[setup] npm ci (playwright-core, no browser download)"
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null
+fi
+# ComfyUI's newest front end (comfyui-frontend-package 1.58.1, static files only) for the folding check of
+# tests/test_browser_fold.py, served by ComfyUI 0.3.75's server through --front-end-root.
+if need frontend158 && [ ! -f .cache/frontend158/comfyui_frontend_package/static/index.html ]; then
+  echo "[setup] comfyui-frontend-package 1.58.1 into .cache/frontend158 (the newer front end's folding check)"
+  pipq .venv/bin/python -m pip install -q --no-deps --target .cache/frontend158 comfyui-frontend-package==1.58.1
 fi
 # torchao 0.14.1 (still has the v1 tensor classes) beside the current one, for legacy-file fixtures only.
 if need torchao014 && [ ! -f .cache/torchao014/torchao/__init__.py ]; then

@@ -28,7 +28,8 @@ COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conf
 # The extras a test file needs beyond the dev venv (scripts/setup_test_extras.sh names them).
 extras_of() {
   case "$(basename "${1%%::*}")" in
-    test_browser.py | test_browser_fold.py) echo browser ;;
+    test_browser.py) echo browser ;;
+    test_browser_fold.py) echo browser frontend158 ;;
     test_load_trace.py) echo strace ;;
     test_fuzz.py | test_legacy_formats.py) echo torchao014 ;;
     test_registry.py) echo comfy-cli ;;
@@ -110,7 +111,7 @@ if [ "${#paths[@]}" -gt 0 ]; then
   need=()
   for p in "${paths[@]}"; do
     if [ -d "${p%%::*}" ]; then need=(all); break; fi
-    e="$(extras_of "$p")"; [ -n "$e" ] && need+=("$e")
+    read -ra e <<<"$(extras_of "$p")"; need+=("${e[@]}")
   done
   if [ "${need[*]:-}" = "all" ]; then "$root/scripts/setup_test_extras.sh"
   elif [ "${#need[@]}" -gt 0 ]; then "$root/scripts/setup_test_extras.sh" "${need[@]}"; fi

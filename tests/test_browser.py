@@ -290,11 +290,11 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         loader = next(n for n in wf["nodes"] if n["type"] == "PrequantLoadTransformer")
         shown = next(n for n in r["nodes"] if n["type"] == "PrequantLoadTransformer")["widgets"]
         assert list(shown) == order and list(shown.values()) == loader["widgets_values"], (f, shown)
-        # the inputs marked advanced reach the front end; this one (ComfyUI 0.3.75's) still draws them all, as
-        # before (tests/test_browser_fold.py: a newer one folds them)
+        # the inputs marked advanced reach the front end and fold (the pack's extension; "Show Advanced" in the
+        # node's menu draws them: tests/test_browser_fold.py)
         drawn = {n["type"]: n for n in r["nodes"]}
         assert set(drawn[LOADER_TYPE]["advanced"]) == set(order) - set(DEFAULT_SHOWN[LOADER_TYPE]), f
-        assert drawn[LOADER_TYPE]["shown"] == order, f
+        assert drawn[LOADER_TYPE]["shown"] == DEFAULT_SHOWN[LOADER_TYPE], f
         assert [n for n in r["nodes"] if n["type"] == "MarkdownNote"], f
 
     for name in ("hostile saved result", "hostile saved rows"):

@@ -10,6 +10,7 @@
 //   nodes/status.py: connecting, downloading with bytes and rate, checking, loading, verifying) show on it with the
 //   time waited, and a failure shows as its message's first sentence and its fix. Panels grow the node when their
 //   content needs more room (after a run, and when the node is narrowed).
+// - Every node of the pack: inputs the server marks `advanced` fold on the classic canvas too (foldAdvanced).
 //
 // Everything a file supplies is inserted with textContent, never as HTML: names come from strangers' files.
 import { app } from "../../scripts/app.js";
@@ -348,6 +349,22 @@ function setupLegacyInputs(node, cls) {
   };
 }
 
+// The server marks the inputs a first-time user does not set `advanced`. ComfyUI's front ends (1.32 of ComfyUI
+// 0.3.75 as 1.58) carry that to the widget's options only, which 1.58 folds in Nodes 2.0 and its side panel; on the
+// classic canvas, their default, a widget folds when its own `advanced` is set, which neither derives from the
+// input's spec. Setting it here gives the canvas the small node, and the node's menu its "Show Advanced" /
+// "Hide Advanced". A front end without that toggle draws every input as before; the values are saved and queued
+// either way (tests/test_browser_fold.py).
+function foldAdvanced(node) {
+  if (typeof node.toggleAdvanced !== "function") return;
+  let folded = false;
+  for (const w of node.widgets ?? []) {
+    // (reading w.advanced says true already: it is true when any surface folds it)
+    if (w.options?.advanced) { w.advanced = true; folded = true; }
+  }
+  if (folded) node.setSize?.([node.size[0], node.computeSize()[1]]);
+}
+
 app.registerExtension({
   name: "ComfyUI-Prequant.Info",
   setup() {
@@ -358,6 +375,7 @@ app.registerExtension({
   },
   async nodeCreated(node) {
     const cls = node.comfyClass || node.constructor?.comfyClass;
+    if (typeof cls === "string" && cls.startsWith("Prequant")) foldAdvanced(node);
     if (OLD_LAYOUTS[cls]) setupLegacyInputs(node, cls);
     if (cls === INFO_CLASS) setupInfo(node);
     else if (cls === LOADER_CLASS) setupLoader(node);
