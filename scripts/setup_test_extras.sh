@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Extras only some tests need; each step is skipped when already done. With names as arguments (browser, frontend158, strace,
-# torchao014, comfy-cli, diffusers042, comfy-kitchen) only those are set up; with none, all of them
+# torchao014, comfy-cli, diffusers042, comfy-kitchen, comfy-templates) only those are set up; with none, all of them
 # (scripts/test.sh names the ones the selected test files need).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,6 +32,13 @@ fi
 if need frontend158 && [ ! -f .cache/frontend158/comfyui_frontend_package/static/index.html ]; then
   echo "[setup] comfyui-frontend-package 1.58.1 into .cache/frontend158 (the newer front end's folding check)"
   pipq .venv/bin/python -m pip install -q --no-deps --target .cache/frontend158 comfyui-frontend-package==1.58.1
+fi
+# ComfyUI's own workflow templates (comfyui-workflow-templates-json, Comfy-Org's template files, JSON only): the
+# workflows of families that need a newer ComfyUI than any tested here are held against them
+# (tests/test_example_workflows.py).
+if need comfy-templates && [ ! -d .cache/comfy-templates/comfyui_workflow_templates_json/templates ]; then
+  echo "[setup] comfyui-workflow-templates-json 0.1.123 into .cache/comfy-templates (ComfyUI's own templates)"
+  pipq .venv/bin/python -m pip install -q --no-deps --target .cache/comfy-templates comfyui-workflow-templates-json==0.1.123
 fi
 # torchao 0.14.1 (still has the v1 tensor classes) beside the current one, for legacy-file fixtures only.
 if need torchao014 && [ ! -f .cache/torchao014/torchao/__init__.py ]; then

@@ -33,6 +33,7 @@ extras_of() {
     test_load_trace.py) echo strace ;;
     test_fuzz.py | test_legacy_formats.py) echo torchao014 ;;
     test_registry.py) echo comfy-cli ;;
+    test_example_workflows.py) echo comfy-templates ;;
     test_diffusers_loader.py | test_families.py | test_unsloth_conformance.py) echo diffusers042 ;;
     test_comfy_native.py | test_comfy_native_comfy.py | test_comfy_twins.py) echo comfy-kitchen ;;
   esac

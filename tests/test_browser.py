@@ -23,6 +23,7 @@ from conftest import BASE_ID, ROOT
 from prequant_core.report import info
 from prequant_core.units import human_bytes
 from tools.comfy_server import ComfyServer
+from tools.workflow import needs_newer_comfyui
 
 BROWSER_DIR = os.path.join(ROOT, "tests", "browser")
 FILE = "Z-Image-Turbo-INT8.safetensors"
@@ -180,7 +181,10 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
 # --- every shipped workflow, and workflows saved with the loader's earlier input orders -------------------------
 
 TOKEN = "hf_oldWorkflowToken0123456789abcdef"
-SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "example_workflows")) if f.endswith(".json"))
+# (the Krea 2 and Qwen-Image 2.1 workflows need ComfyUI 0.38.1's nodes: tests/test_example_workflows.py holds them
+# against ComfyUI's own templates instead)
+SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "example_workflows")) if f.endswith(".json") and not
+                 needs_newer_comfyui(json.load(open(os.path.join(ROOT, "example_workflows", f), encoding="utf-8"))))
 
 
 def _single(values, node_type="PrequantLoadTransformer") -> dict:
@@ -407,7 +411,8 @@ def test_shipped_workflows_laid_out_run_and_kept_in_the_real_front_end(prequant_
                for nid, fits in r["fits"].items() for x in fits if not x["fits"]]
         assert cut == [], (f, cut)
         loader_id = str(ld_before["id"])
-        assert {x["name"] for x in r["fits"][loader_id]} >= {"checkpoint", "preset", "base_model_id"}, r["fits"]
+        # the drawn ones (the advanced inputs are folded)
+        assert {x["name"] for x in r["fits"][loader_id]} == set(DEFAULT_SHOWN[LOADER_TYPE]), r["fits"]
         # after the run: the loader's result, inside its node, fully shown
         ld = next(n for n in r["after"]["nodes"] if n["type"] == "PrequantLoadTransformer")
         assert ld["panel"]["state"] == "done", (f, ld["panel"], server_log[-3000:])
@@ -438,7 +443,8 @@ def test_shipped_workflows_laid_out_run_and_kept_in_the_real_front_end(prequant_
     assert [n["type"] for n in res["fresh"]] == ["PrequantLoadTransformer", "PrequantInfo", "PrequantBuildCheckpoint"]
     for n in res["fresh"]:
         fits = res["freshFits"][str(n["id"])]
-        assert len(fits) >= 4, (n, fits)
+        # the drawn inputs (advanced ones folded; toggles have no label to cut)
+        assert len(fits) >= 3 and {x["name"] for x in fits} <= set(DEFAULT_SHOWN[n["type"]]), (n, fits)
         assert [x["name"] for x in fits if not x["fits"]] == [], (n, fits)
 
 

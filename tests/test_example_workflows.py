@@ -30,7 +30,11 @@ from tools import workflow as wfmod
 
 WF_DIR = os.path.join(ROOT, "example_workflows")
 WORKFLOWS = sorted(glob.glob(os.path.join(WF_DIR, "*.json")))
-IDS = [os.path.basename(p) for p in WORKFLOWS]
+# Workflows of a family no ComfyUI tested here has the model class of (Krea 2, Qwen-Image 2.1: ComfyUI 0.38.1) cannot
+# be queued here: they are held against ComfyUI's own template of that model instead (test_..._official_template).
+NEWER = [p for p in WORKFLOWS if wfmod.needs_newer_comfyui(json.load(open(p, encoding="utf-8")))]
+RUNNABLE = [p for p in WORKFLOWS if p not in NEWER]
+IDS = [os.path.basename(p) for p in RUNNABLE]
 LOADER = "PrequantLoadTransformer"
 MODEL_EXTS = (".safetensors", ".pt", ".pth", ".ckpt", ".gguf", ".sft", ".bin")
 # The model folder each stock loader in the workflows reads its files from
@@ -144,7 +148,7 @@ def env(tmp_path_factory, comfy):
     files_dir = tmp_path_factory.mktemp("hosted")
     hub = HubServer().start()
     served, by_repo = {}, {}
-    for path in WORKFLOWS:
+    for path in RUNNABLE:
         for node in loader_nodes(load_wf(path)):
             named = node_values(node, loader_info)
             c = hosted_target(named)
@@ -192,6 +196,7 @@ def test_there_is_a_workflow_for_every_family(comfy):
     assert {"z-image", "flux.1", "qwen-image"} <= runnable
     missing = runnable - covered
     assert not missing, f"families without an example workflow: {sorted(missing)}"
+    assert {"krea-2", "qwen-image-2.1"} <= covered  # the image families of ComfyUI 0.38.1 (Note: that version)
 
 
 def _graph_problems(wf, info) -> list[str]:
@@ -231,7 +236,7 @@ def _graph_problems(wf, info) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=IDS)
+@pytest.mark.parametrize("path", RUNNABLE, ids=IDS)
 def test_workflow_runs_as_shipped_for_a_user_without_the_file(env, server, path):
     from tools.comfy_server import PromptRejected, execution_error
     wf = load_wf(path)
@@ -308,7 +313,7 @@ def test_later_runs_need_no_network(env, server):
     offline_env = {**env["env"], "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
     with ComfyServer(str(env["base"]), env=offline_env) as s:
         info = s.get("/object_info")
-        for path in WORKFLOWS:
+        for path in RUNNABLE:
             wf = load_wf(path)
             prompt = wfmod.to_api(wf, info)
             for repo, fname, _, lid in env["served"][os.path.basename(path)]:
@@ -417,3 +422,82 @@ def test_the_list_check_is_replaced_not_dropped(env, server):
     assert entry["outputs"][lid]["prequant"][0]["file"] == "Z-Image-Turbo-FP8.safetensors"
     assert secret not in server.log_tail(10**7)
     assert all(not r["auth"] for r in env["hub"].log[n:]), "the old token value was sent to the Hub"
+
+
+# ComfyUI's own templates (comfyui-workflow-templates-json 0.1.123, PyPI: Comfy-Org's template files, the ones its
+# template browser shows; .cache/comfy-templates) of the models whose workflows need a newer ComfyUI than any here
+TEMPLATES_DIR = os.path.join(ROOT, ".cache", "comfy-templates", "comfyui_workflow_templates_json", "templates")
+OFFICIAL_TEMPLATE = {"krea_2_turbo_prequant.json": "image_krea2_turbo_t2i.json",
+                     "qwen_image_2_1_prequant.json": "image_qwen_image_2_1_t2i.json"}
+# what the official graph's settings are: stock nodes whose widget values ours must equal (KSampler from steps on:
+# seed and its control are a choice of the workflow, not of the model)
+SAME_VALUES = {"CLIPLoader": slice(None), "VAELoader": slice(None), "EmptyLatentImage": slice(None),
+               "KSampler": slice(2, None), "TextEncodeQwenImage21": slice(2, None)}
+
+
+def _template_nodes(tpl) -> list[dict]:
+    """Every node of a template: the top-level graph and its subgraphs (ComfyUI's templates wrap the model's graph
+    in one)."""
+    return list(tpl["nodes"]) + [n for sg in (tpl.get("definitions") or {}).get("subgraphs", []) for n in sg["nodes"]]
+
+
+@pytest.mark.parametrize("name", sorted(OFFICIAL_TEMPLATE))
+def test_a_workflow_for_a_newer_comfyui_follows_its_official_template(comfy, monkeypatch, name):
+    """Krea 2 and Qwen-Image 2.1 run only in ComfyUI 0.38.1's classes, which no ComfyUI here has: their workflows are
+    ComfyUI's own template of the model with Load Prequant Transformer where its UNETLoader was. Every stock node is
+    one the template uses, with the template's settings, model files and download URLs, and the same input and output
+    names; the links join matching types; the Note names the version; and on this ComfyUI the loader, with the
+    workflow's values, refuses naming that version before any download."""
+    from prequant_core.errors import ComfyVersionError
+    assert sorted(os.path.basename(p) for p in NEWER) == sorted(OFFICIAL_TEMPLATE)
+    wf = load_wf(os.path.join(WF_DIR, name))
+    assert os.path.isdir(TEMPLATES_DIR), "scripts/setup_test_extras.sh comfy-templates"
+    with open(os.path.join(TEMPLATES_DIR, OFFICIAL_TEMPLATE[name]), encoding="utf-8") as f:
+        theirs = _template_nodes(json.load(f))
+    need = wfmod.needs_newer_comfyui(wf)
+    assert need == "0.38.1"
+
+    by_type = {}
+    for n in theirs:
+        by_type.setdefault(n["type"], []).append(n)
+    assert len(by_type.get("UNETLoader", [])) == 1  # the one node ours replaces
+    ours = [n for n in wf["nodes"] if n["type"] not in NOTES]
+    assert "UNETLoader" not in {n["type"] for n in ours}
+    for n in ours:
+        if n["type"].startswith("Prequant"):
+            continue
+        assert n["type"] in by_type, f"{name}: {n['type']} is not in ComfyUI's template"
+        twin = by_type[n["type"]][0]
+        if n["type"] in ("CLIPLoader", "VAELoader"):  # the template may load several: the one of the same file
+            twin = next((t for t in by_type[n["type"]] if t["widgets_values"][0] == n["widgets_values"][0]), None)
+            assert twin is not None, f"{name}: the template loads no {n['widgets_values'][0]}"
+            assert n["properties"]["models"] == twin["properties"]["models"], (name, n["type"])
+        if n["type"] in SAME_VALUES:
+            cut = SAME_VALUES[n["type"]]
+            assert n["widgets_values"][cut] == twin["widgets_values"][cut], (name, n["type"], twin["widgets_values"])
+        assert [(o["name"], o["type"]) for o in n["outputs"]] == [(o["name"], o["type"]) for o in twin["outputs"]]
+        assert {i["name"] for i in n["inputs"]} <= {i["name"] for i in twin["inputs"]}, (name, n["type"])
+
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    for lid, src, src_slot, dst, dst_slot, ltype in wf["links"]:
+        out, inp = nodes[src]["outputs"][src_slot], nodes[dst]["inputs"][dst_slot]
+        assert out["type"] == ltype == inp["type"] and lid in out["links"] and inp["link"] == lid, (name, lid)
+    assert all(i.get("link") is not None or i["type"] == "VAE" for n in ours for i in n["inputs"]), name
+    assert {"KSampler", "VAEDecode", "SaveImage"} <= {n["type"] for n in ours}
+
+    note = next(n for n in wf["nodes"] if n["type"] in NOTES)["widgets_values"][0]
+    assert f"Needs ComfyUI {need} or newer" in note and need in wf["extra"]["info"]
+
+    # here (an older ComfyUI): the loader refuses naming the version, before the Hub is asked (offline, so a
+    # download attempt would fail with the Hub's error instead)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    nodes_, pack = comfy
+    loader_info = {"input": pack.nodes.load_node.PrequantLoadTransformer.INPUT_TYPES()}
+    named = node_values(loader_node(wf), loader_info)
+    assert named["preset"] in combo_options(loader_info["input"]["optional"]["preset"])
+    c = hosted_target(named)
+    assert c.repo in note and named["checkpoint"] in note
+    import torch
+    with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
+        nodes_.NODE_CLASS_MAPPINGS[LOADER]().load(**named)
+    assert need in str(e.value) and families.get(named["family"]).title in str(e.value)

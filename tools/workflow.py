@@ -10,6 +10,26 @@ class WorkflowError(ValueError):
     pass
 
 
+LOADER = "PrequantLoadTransformer"
+LOADER_FAMILY_SLOT = 4  # the loader's widgets_values: checkpoint, preset, hub_repo, scheme, family, ...
+
+
+def needs_newer_comfyui(workflow: dict) -> str | None:
+    """The ComfyUI version a workflow needs when no ComfyUI the tests run has its family's model class (the family
+    record has no unet config: Krea 2, Qwen-Image 2.1, ...), else None. Such a workflow cannot be queued here: it is
+    checked against ComfyUI's own template of that model instead (tests/test_example_workflows.py)."""
+    from prequant_core import families
+    need = None
+    for n in workflow["nodes"]:
+        values = n.get("widgets_values") or []
+        if n["type"] != LOADER or len(values) <= LOADER_FAMILY_SLOT:
+            continue
+        fam = families.FAMILIES.get(values[LOADER_FAMILY_SLOT])
+        if fam is not None and fam.unet_config is None:
+            need = fam.min_comfy
+    return need
+
+
 def _is_widget(spec) -> bool:
     return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES
 
