@@ -464,7 +464,7 @@ def test_a_workflow_for_a_newer_comfyui_follows_its_official_template(comfy, mon
     ours = [n for n in wf["nodes"] if n["type"] not in NOTES]
     assert "UNETLoader" not in {n["type"] for n in ours}
     for n in ours:
-        if n["type"].startswith("Prequant"):
+        if n["type"].startswith("Prequant") or n["type"] == "SaveImage":  # (every shipped workflow saves with it)
             continue
         assert n["type"] in by_type, f"{name}: {n['type']} is not in ComfyUI's template"
         twin = by_type[n["type"]][0]
