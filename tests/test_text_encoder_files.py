@@ -76,6 +76,13 @@ def test_equivalent_base_is_accepted_with_a_note(tmp_path):
     t5 = build(tmp_path, "T5EncoderModel", base="black-forest-labs/FLUX.1-schnell", family="flux.1",
                component="text_encoder_2")
     assert judge(t5, component="text_encoder_2", base_model_id="black-forest-labs/FLUX.1-dev").verdict.ok
+    # Unsloth's later checks: Qwen-Image-2512 ships Qwen-Image's encoder shards, the Krea 2 pair one Qwen3-4B
+    qwen = build(tmp_path, "Qwen2_5_VLForConditionalGeneration", base="Qwen/Qwen-Image", family="qwen-image")
+    assert judge(qwen, base_model_id="Qwen/Qwen-Image-2512").verdict.ok
+    krea = build(tmp_path, "Qwen3ForCausalLM", base="krea/Krea-2-Turbo", family="krea-2", name="krea.safetensors")
+    assert judge(krea, base_model_id="krea/Krea-2-Raw").verdict.ok
+    with pytest.raises(ValidationError):  # another Qwen3-4B, not the same bytes
+        judge(krea, base_model_id="Tongyi-MAI/Z-Image-Turbo")
 
 
 @pytest.mark.parametrize("request_kw,reason", [

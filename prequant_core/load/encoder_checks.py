@@ -21,8 +21,11 @@ COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_
 ANY_COMPONENT = "auto"  # the text-encoder loader with no component or family given: whichever the file records
 
 # Bases whose encoder weights are byte-identical (Unsloth compared every shard's sha256): one file serves them all.
+# Unsloth's table as of its 2026-08-25 re-check (Qwen-Image-2512 republishes Qwen-Image's four shards; the Krea 2 pair).
 EQUIVALENT_BASES = (
-    frozenset({"qwen/qwen-image", "hunyuanvideo-community/hunyuanimage-2.1-diffusers"}),  # Qwen2.5-VL-7B
+    frozenset({"qwen/qwen-image", "qwen/qwen-image-2512",
+               "hunyuanvideo-community/hunyuanimage-2.1-diffusers"}),  # Qwen2.5-VL-7B
+    frozenset({"krea/krea-2-turbo", "krea/krea-2-raw"}),  # Qwen3-4B
     frozenset({"black-forest-labs/flux.1-schnell", "black-forest-labs/flux.1-dev", "black-forest-labs/flux.1-krea-dev",
                "hidream-ai/hidream-i1-full"}),  # T5-XXL (HiDream's text_encoder_3)
     frozenset({"tongyi-mai/z-image-turbo", "tongyi-mai/z-image"}),  # Qwen3-4B
