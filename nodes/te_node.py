@@ -9,7 +9,7 @@ import os
 import torch
 
 from prequant_core import families
-from prequant_core.errors import ValidationError, reading
+from prequant_core.errors import ComfyVersionError, ValidationError, reading
 from prequant_core.families import encoders
 from prequant_core.load import encoder_checks, encoder_sources, pipeline, tokenizer_source
 from prequant_core.load.metadata import Request
@@ -18,6 +18,7 @@ from prequant_core.units import human_bytes
 
 from . import paths
 from .comfy_clip import build_clip
+from .comfy_model import _older_than, comfy_version
 from .load_node import _interrupted, _memory_guard
 from .status import NodeStatus
 
@@ -42,6 +43,20 @@ def _hosted(family, kind: encoders.EncoderKind, component: str):
                           expected=", ".join(f"{f.title}: {e.component}" for f in fams for e in f.text_encoders) or
                           "a family with a hosted text encoder", found=f"{kind.name} ({component})",
                           fix="Set the node's family to the model this encoder belongs to.")
+
+
+def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None = None):
+    """An encoder whose ComfyUI class this pack has no key map for (Qwen-Image 2.1's Qwen3-VL-8B: ComfyUI 0.38.1)."""
+    own = f"ComfyUI's own {kind.comfy_file_hint} with Load CLIP"
+    if _older_than(comfy_version(), kind.min_comfy or "0"):
+        raise ComfyVersionError(f"{title}'s {kind.name} text encoder runs in ComfyUI {kind.min_comfy}'s encoder class; "
+                                f"this ComfyUI is {comfy_version()}.", path=path,
+                                expected=f"ComfyUI >= {kind.min_comfy}", found=f"ComfyUI {comfy_version()}",
+                                fix=f"Update ComfyUI to {kind.min_comfy} or newer and use {own} (this node does not "
+                                    f"build a {kind.name} yet; Prequant Info describes the file).")
+    raise ValidationError(f"Load Prequant Text Encoder does not build ComfyUI's {kind.name} encoder yet.", path=path,
+                          expected=", ".join(k.name for k in encoders.KINDS if k.hostable),
+                          found=kind.name, fix=f"Use {own}; Prequant Info describes this file.")
 
 
 def _tokenizer(kind: encoders.EncoderKind, base: str | None, status: NodeStatus):
@@ -69,7 +84,7 @@ class PrequantLoadTextEncoder:
     DESCRIPTION = ("Loads a pre-cast (pre-quantized) fp8 text encoder (Unsloth's *-text_encoder*-FP8 files, .safetensors or .pt) into "
                    "ComfyUI's own encoder class without the dense download or a dense copy in memory: about half the "
                    "memory of the bf16 encoder, the same conditioning as Load CLIP on the same cast weights. "
-                   "Encoders: " + ", ".join(k.name for k in encoders.KINDS) + ". Takes a file from models/prequant or "
+                   "Encoders: " + ", ".join(k.name for k in encoders.KINDS if k.hostable) + ". Takes a file from models/prequant or "
                    "models/text_encoders, or downloads the one a preset / hub_repo / family names into "
                    "models/prequant.")
 
@@ -148,7 +163,10 @@ class PrequantLoadTextEncoder:
             src = dataclasses.replace(src, candidates=tuple(dataclasses.replace(c, filenames=(want,))
                                                             for c in served))
         comp = encoder_sources.component_for(src.family, component) or encoder_checks.ANY_COMPONENT
-        req = Request(scheme="fp8", base_model_id=(base_model_id or "").strip() or None, family=src.family,
+        hosted = encoder_checks.hosted_for(src.family, None if comp == encoder_checks.ANY_COMPONENT else comp)
+        if hosted is not None and not encoders.for_class(hosted.te_class).hostable:  # before any download
+            _refuse_unhostable(encoders.for_class(hosted.te_class), families.get(src.family).title)
+        req = Request(scheme="auto", base_model_id=(base_model_id or "").strip() or None, family=src.family,
                       component=comp)
         with torch.inference_mode(False), torch.no_grad():
             routed = pipeline.run(src, req, model_dirs=paths.encoder_dirs(), progress=status.bytes,
@@ -157,6 +175,8 @@ class PrequantLoadTextEncoder:
             opened = routed.route.opened
             ck, kind = opened.checkpoint, opened.encoder
             comp = ck.metadata["component"]
+            if not kind.hostable:
+                _refuse_unhostable(kind, opened.family.title if opened.family else "This file", ck.path)
             fam, hosted = _hosted(opened.family.name if opened.family else None, kind, comp)
             tensors = kind.to_comfy(ck.tensors)
             missing = kind.missing_markers(tensors)

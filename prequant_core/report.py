@@ -147,7 +147,9 @@ class Report:
             *([["Text encoder", self.encoder]] if self.encoder else []),
             *([["Hub source", self._hub_text()]] if self.hub else []),
             ["Quantized tensors", f"{self.quantized_count} tensors, {human_bytes(self.quantized_bytes)} "
-                                  + ("(float8 storage, no scale: layerwise cast)" if self.encoder else
+                                  + ("(int8 codes + per-row scales, ConvRot)" if self.encoder and
+                                     self.format_tag == encoder_checks.FORMAT_INT8_CONVROT else
+                                     "(float8 storage, no scale: layerwise cast)" if self.encoder else
                                      "(codes + scales)")],
             ["Unquantized tensors", f"{self.dense_count} tensors, {human_bytes(self.dense_bytes)} (kept as stored)"],
             ["Tensor bytes", f"{human_bytes(self.total_bytes)} ({tensor_note})"],
@@ -245,9 +247,10 @@ class _ScalesChecked(Mapping):
 def _plain_value_reasons(light: Light, fh) -> list[str]:
     """Non-finite unquantized values, read one tensor at a time (the header-only report never reads them)."""
     from .errors import CorruptCheckpointError as Corrupt
-    from .formats.validate_tensors import check_plain_tensors
+    from .formats.validate_tensors import check_plain_tensors, int8_encoder_parts
     ck = light.checkpoint
-    plain = [k for k, v in ck.tensors.items() if not qtensor.is_quantized(v)]
+    exempt = int8_encoder_parts(ck)
+    plain = [k for k, v in ck.tensors.items() if not qtensor.is_quantized(v) and k not in exempt]
     try:
         if light.quantized_parts is None:
             check_plain_tensors({k: ck.tensors[k] for k in plain}, ck.path)
@@ -332,14 +335,25 @@ def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) 
     notes = list(opened.notes)
 
     q_count = q_bytes = d_count = d_bytes = equiv = 0
-    for t in ck.tensors.values():
+    int8_te = ck.format_tag == encoder_checks.FORMAT_INT8_CONVROT
+    int8_layers = set(encoder_checks.int8_layers(ck.tensors)) if int8_te else set()
+    for key, t in ck.tensors.items():
         stored, dense = _sizes(t)
-        cast = opened.encoder is not None and t.dtype == encoder_checks.STORAGE_DTYPE
+        cast = opened.encoder is not None and t.dtype == encoder_checks.STORAGE_DTYPE and not int8_te
+        side = False
+        if int8_te:  # an int8 ConvRot layer: its codes stand for a bf16 weight, its scale and blob for nothing
+            layer, _, attr = key.rpartition(".")
+            if layer in int8_layers:
+                cast, side = attr == "weight", attr != "weight"
         if cast:  # a layerwise-cast weight: its dense form is the bf16 it was cast from
             dense = 2 * stored
+        elif side:
+            dense = 0
         equiv += dense
         if qtensor.is_quantized(t) or cast:
             q_count += 1
+            q_bytes += stored
+        elif side:
             q_bytes += stored
         else:
             d_count += 1
@@ -407,6 +421,10 @@ def _encoder_text(opened: opening.Opened) -> str | None:
             opened.checkpoint) else None
     k = opened.encoder
     te = opened.checkpoint.metadata.get("te_class")
+    if not k.hostable:
+        return (f"{k.name} ({te}); ComfyUI's class for it arrives in ComfyUI {k.min_comfy}: this pack describes and "
+                f"verifies the file but does not build it yet (ComfyUI's own {k.comfy_file_hint} loads with Load "
+                "CLIP there)")
     if k.tokenizer == encoders.TOKENIZER_SPIECE:
         base = opened.checkpoint.metadata.get("base_model_id")
         tok = (f"tokenizer from {str(base)[:80]}'s {k.tokenizer_file} (downloaded once), or from ComfyUI's own "

@@ -122,3 +122,44 @@ def test_a_named_file_the_user_lacks_is_refused_by_name_unless_a_source_serves_i
         cls().load("my-own-text_encoder-FP8.safetensors", family="z-image")  # the family's file has another name
     assert "'my-own-text_encoder-FP8.safetensors'" in e.value.message and "nothing the node names serves" in \
         e.value.message
+
+
+def _tiny_qwen3vl_dense() -> dict:
+    """A transformers-named Qwen3-VL state dict of a tiny shape, without the transformers class (ComfyUI 0.12.1's
+    environment may not have it): what the restated builder needs."""
+    g = torch.Generator().manual_seed(0)
+    sd = {"model.language_model.embed_tokens.weight": (256, 256), "model.language_model.norm.weight": (256,),
+          "model.visual.patch_embed.proj.weight": (32, 3, 2, 16, 16), "lm_head.weight": (256, 256)}
+    for i in range(2):
+        p = f"model.language_model.layers.{i}."
+        sd.update({p + "self_attn.q_proj.weight": (256, 256), p + "self_attn.k_proj.weight": (128, 256),
+                   p + "self_attn.v_proj.weight": (128, 256), p + "self_attn.o_proj.weight": (256, 256),
+                   p + "self_attn.q_norm.weight": (64,), p + "self_attn.k_norm.weight": (64,),
+                   p + "mlp.gate_proj.weight": (512, 256), p + "mlp.up_proj.weight": (512, 256),
+                   p + "mlp.down_proj.weight": (256, 512), p + "input_layernorm.weight": (256,),
+                   p + "post_attention_layernorm.weight": (256,)})
+    return {k: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for k, s in sd.items()}
+
+
+def test_qwen_image_21s_int8_encoder_is_refused_naming_the_comfyui_that_has_its_class(comfy, models_dir, monkeypatch):
+    """Unsloth's int8 ConvRot Qwen3-VL-8B (tests/test_text_encoder_int8.py reads it): ComfyUI's class for it arrives
+    in 0.38.1. The preset is refused before any download (offline here: a download attempt would fail with the
+    Hub's error instead), a local file after it is judged, both naming the version and ComfyUI's own file."""
+    from prequant_core.errors import ComfyVersionError
+    _, pack = comfy
+    node = pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ComfyVersionError) as e:
+        node.load(pack.nodes.paths.NONE_CHOICES[0], preset="Qwen-Image 2.1 / text_encoder")
+    assert "0.38.1" in e.value.message and "Qwen3-VL-8B" in e.value.message
+    assert "qwen3vl_8b_int8_convrot.safetensors" in e.value.fix
+    name = "Qwen-Image-2.1-text_encoder-INT8-ConvRot.safetensors"
+    path = os.path.join(models_dir, "prequant", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    te_builder.build_int8_convrot_file(path, dense=_tiny_qwen3vl_dense())
+    try:
+        with pytest.raises(ComfyVersionError) as e:
+            node.load(name)
+        assert "0.38.1" in e.value.message and e.value.path == os.path.realpath(path)
+    finally:
+        os.remove(path)

@@ -194,3 +194,96 @@ def full_size(te_class: str, seed: int = 0) -> torch.nn.Module:
                 model.rotary_emb.__init__(config=config)
                 break
     return model.eval()
+
+
+# --- the int8 ConvRot encoder (Qwen-Image 2.1's Qwen3-VL-8B) -------------------------------------------------------
+# Restated from ``scripts/build_te_int8_convrot_checkpoint.py`` and ``diffusion_te_prequant.quantize_int8_convrot_weight``:
+# every decoder projection rotated by the group's Hadamard (``W_rot = W @ blockdiag(H).T`` in float32), then int8 with a
+# float32 per-row scale (absmax / 127, at least 1e-12, round half to even, clamped to +-127) and a ``.comfy_quant``
+# blob naming ComfyUI's format; every other tensor bf16; no lm_head; a canonical header (sorted keys, widest dtype
+# first) in the plain-tensor container (``tensor_names`` + ``unsloth_format`` + ``unsloth_metadata``).
+
+TE_FORMAT_INT8_CONVROT = "unsloth_prequant_text_encoder_int8_convrot_v1"
+DECODER_LINEAR = re.compile(r"^model\.language_model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
+                            r"\.weight$")
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int8": "I8", "uint8": "U8"}
+
+
+def qwen3vl_tiny_config():
+    """A small Qwen3-VL of the real class: every decoder projection's input width a multiple of the 256 group."""
+    import transformers
+    return transformers.Qwen3VLConfig(
+        text_config=dict(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         rope_scaling={"rope_type": "default", "mrope_section": [8, 12, 12], "mrope_interleaved": True}),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=256,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0]))
+
+
+def quantize_int8_convrot(weight: torch.Tensor, group: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    from unsloth_builder import hadamard
+    out_f, in_f = weight.shape
+    h = hadamard(group, torch.float32)
+    rotated = (weight.float().reshape(out_f, in_f // group, group) @ h.T).reshape(out_f, in_f)
+    scale = (rotated.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min(1e-12)
+    return torch.round(rotated / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def write_canonical_safetensors(path: str, tensors: dict, metadata: dict) -> None:
+    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[str(t.dtype).replace("torch.", "")], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as fh:
+        fh.write(len(blob).to_bytes(8, "little"))
+        fh.write(blob)
+        for name in order:
+            fh.write(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def build_int8_convrot_file(path: str, *, base_model_id: str = "Qwen/Qwen-Image-2.1", family: str = "qwen-image-2.1",
+                            component: str = "text_encoder", te_class: str = "Qwen3VLForConditionalGeneration",
+                            group: int = 256, seed: int = 0, dense: dict | None = None) -> dict:
+    """Writes the int8 ConvRot encoder of a tiny Qwen3-VL (or of ``dense``, a transformers-named bf16 state dict).
+    Returns the dense state dict it was built from."""
+    import safetensors
+    import transformers
+    if dense is None:
+        torch.manual_seed(seed)
+        model = transformers.Qwen3VLForConditionalGeneration(qwen3vl_tiny_config()).to(torch.bfloat16)
+        dense = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    quant = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": group}
+    blob = torch.tensor(list(json.dumps(quant).encode("utf-8")), dtype=torch.uint8)
+    tensors: dict = {}
+    quantized = 0
+    for name in sorted(dense):
+        if name == "lm_head.weight":
+            continue
+        t = dense[name]
+        if DECODER_LINEAR.match(name):
+            q, scale = quantize_int8_convrot(t, group)
+            prefix = name[: -len(".weight")]
+            tensors[name] = q.contiguous()
+            tensors[prefix + ".weight_scale"] = scale.contiguous()
+            tensors[prefix + ".comfy_quant"] = blob.clone()
+            quantized += 1
+        else:
+            tensors[name] = t.to(torch.bfloat16).contiguous()
+    meta = {"base_model_id": base_model_id, "family": family, "scheme": "int8", "component": component,
+            "te_class": te_class, "torch_dtype": "bfloat16",
+            "quant": dict(quant, weight_only=True, scale="per_output_channel_absmax_over_127", linears=quantized),
+            "lm_head": "dropped", "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__, "safetensors_version": safetensors.__version__}
+    names = sorted(tensors)
+    header = {"unsloth_format": TE_FORMAT_INT8_CONVROT, "unsloth_metadata": json.dumps(meta, sort_keys=True),
+              "tensor_names": json.dumps(names)}
+    header.update({name: json.dumps({"_type": "Tensor"}) for name in names})
+    write_canonical_safetensors(path, tensors, header)
+    return dense

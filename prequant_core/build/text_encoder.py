@@ -60,6 +60,12 @@ def build_text_encoder(input_path: str, dest: str, *, family: str, component: st
                        progress=None) -> str:
     fam, hosted = _encoder_for(family, component)
     kind = encoders.for_class(hosted.te_class)
+    if hosted.scheme != "fp8":
+        raise BuildError(f"{fam.title}'s {hosted.component} ({kind.name}) is hosted as an {hosted.scheme} ConvRot "
+                         "file, which this builder does not write (it writes the fp8 layerwise cast); nothing was "
+                         "written.", path=input_path, expected="a family whose encoder is hosted as fp8",
+                         found=f"{fam.name}: {hosted.scheme}",
+                         fix=f"Use Unsloth's {hosted.filename or 'hosted file'} from {hosted.repo}.")
     src = SafetensorsSource([os.path.abspath(input_path)])
     infos = src.infos()
     comfy_names = not kind.missing_markers(infos)
@@ -107,4 +113,4 @@ def default_filename(family: str, component: str | None, container: str) -> str:
     from ..load import encoder_sources
     _, hosted = _encoder_for(family, component)
     ext = ".pt" if container == "pt" else ".safetensors"
-    return next(n for n in encoder_sources.filenames(hosted.repo, hosted.component) if n.endswith(ext))
+    return next(n for n in encoder_sources.filenames(hosted.repo, hosted.component, "fp8") if n.endswith(ext))

@@ -72,6 +72,8 @@ class HostedEncoder:
     repo: str
     clip_type: str
     with_encoders: tuple[str, ...] = ()
+    scheme: str = "fp8"  # fp8: the layerwise storage cast; int8: the int8 ConvRot form (Unsloth's TE_INT8_CONVROT_FILES)
+    filename: str | None = None  # a name Unsloth declares for the file, asked before the derived fp8 names
 
 
 @dataclasses.dataclass(frozen=True)

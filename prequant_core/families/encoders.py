@@ -17,7 +17,9 @@ TOKENIZER_SPIECE = "spiece"  # a SentencePiece model, passed to ComfyUI as the `
 class EncoderKind:
     name: str  # what a user reads ("Gemma2-2B")
     te_classes: tuple[str, ...]  # transformers classes whose state dict this is
-    comfy_key: Callable[[str], str | None]  # transformers key -> ComfyUI key; None: not used by ComfyUI (dropped)
+    # transformers key -> ComfyUI key (None from it: not used by ComfyUI, dropped); None itself: this pack has no map to
+    # ComfyUI's class for the encoder yet (``min_comfy`` says which ComfyUI has the class): described, never built
+    comfy_key: Callable[[str], str | None] | None
     markers: tuple[str, ...]  # ComfyUI-layout keys that make ComfyUI's detection pick this encoder
     tokenizer: str = TOKENIZER_COMFYUI
     tokenizer_file: str | None = None  # the tokenizer's path in the base model's repo (TOKENIZER_SPIECE)
@@ -30,8 +32,17 @@ class EncoderKind:
     embeddings: tuple[str, ...] = ("embed_tokens",)
     keep_dense: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()  # what the class's strict load needs that ComfyUI's files drop (an untied lm_head)
+    min_comfy: str | None = None  # the first ComfyUI with a class for it, where that is newer than any tested here
+    schemes: tuple[str, ...] = ("fp8",)  # the forms Unsloth hosts it in (int8: the int8 ConvRot file)
+
+    @property
+    def hostable(self) -> bool:
+        """Whether the node can hand it to ComfyUI (a key map to ComfyUI's class is known)."""
+        return self.comfy_key is not None
 
     def to_comfy(self, tensors: dict) -> dict:
+        if self.comfy_key is None:
+            raise ValueError(f"no ComfyUI key map for the {self.name}")
         out = {}
         for k, v in tensors.items():
             name = self.comfy_key(k)
@@ -95,6 +106,11 @@ KINDS: tuple[EncoderKind, ...] = (
                 embeddings=("shared", "embed_tokens", "relative_attention_bias"), keep_dense=("wo",)),
     EncoderKind("Llama-3.1-8B", ("LlamaForCausalLM",), _prefixed("model.", drop=("lm_head",)),
                 ("model.layers.0.post_attention_layernorm.weight",), needs=("lm_head.weight",)),
+    # Qwen-Image 2.1's: ComfyUI's class for it (qwen3vl_8b) arrives in 0.38.1, which no ComfyUI here has, so no key
+    # map is restated yet; Info and verify describe the file, the node names the version and ComfyUI's own file
+    EncoderKind("Qwen3-VL-8B", ("Qwen3VLForConditionalGeneration",), None,
+                ("model.language_model.layers.0.self_attn.q_norm.weight",), min_comfy="0.38.1",
+                comfy_file_hint="qwen3vl_8b_int8_convrot.safetensors", schemes=("int8",)),
 )
 
 

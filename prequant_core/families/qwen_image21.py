@@ -2,7 +2,7 @@
 QwenImage21 class arrives in ComfyUI 0.38.1, which the ComfyUI loader names; everything else handles it."""
 from __future__ import annotations
 
-from ._base import Family
+from ._base import Family, HostedEncoder
 
 FAMILIES = (
     Family(
@@ -12,6 +12,10 @@ FAMILIES = (
                       "unsloth/Qwen-Image-2.1-NVFP4": ("nvfp4",)},
         # Unsloth's resolver lists its 2.1 repos as hosting an int8 ConvRot build (inferred from its variant table)
         convrot_repos=("unsloth/Qwen-Image-2.1-FP8", "unsloth/Qwen-Image-2.1-Turbo-FP8"),
+        # Unsloth's int8 ConvRot Qwen3-VL-8B (9.35 GB against 17.5 GB dense); ComfyUI's type for it is qwen_image
+        text_encoders=(HostedEncoder("text_encoder", "Qwen3VLForConditionalGeneration", "unsloth/Qwen-Image-2.1-FP8",
+                                     "QWEN_IMAGE", scheme="int8",
+                                     filename="Qwen-Image-2.1-text_encoder-INT8-ConvRot.safetensors"),),
         int8_exclude_extra=(),
         diffusers_markers=(("modulation.1.weight", "txt_in.in_layer.weight", "txt_in.text_norm.weight"),),
         comfy_markers=(),

@@ -13,6 +13,9 @@ FORMAT_V3 = "unsloth_prequant_transformer_state_dict_v3"
 KNOWN_FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT_V3)  # v2: ConvRot rotation, v3: NVFP4 layer policy (layer_policy)
 # Unsloth's pre-cast text encoders: every Linear stored float8_e4m3fn, no scale (diffusers' layerwise casting)
 TEXT_ENCODER_FORMAT_V1 = "unsloth_prequant_text_encoder_state_dict_v1"
+# ... and its int8 ConvRot form (Qwen-Image 2.1's Qwen3-VL-8B): every decoder projection ComfyUI's ``int8_tensorwise``
+# with ConvRot (int8 codes in the group's Hadamard basis, a float32 per-row scale, a ``.comfy_quant`` blob per layer)
+TEXT_ENCODER_FORMAT_INT8_CONVROT = "unsloth_prequant_text_encoder_int8_convrot_v1"
 LAYERWISE_CAST = "diffusers_layerwise"  # the metadata's cast_backend
 
 

@@ -162,12 +162,30 @@ def fp8_all_finite(v: torch.Tensor) -> bool:
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def check_plain_tensors(tensors: dict, path: str, *, read_data: bool = True) -> None:
+def int8_encoder_parts(ck) -> frozenset:
+    """The integer tensors an int8 ConvRot text encoder (its own tag) stores as plain tensors: each layer's uint8
+    ``.comfy_quant`` blob and the int8 codes beside it. Exempt from the float rule below only there; the encoder's
+    judge (``load.encoder_checks.int8_convrot_reasons``) checks each through the ComfyUI-native layer rules and the
+    quantized-value boundary instead."""
+    from .checkpoint import TEXT_ENCODER_FORMAT_INT8_CONVROT
+    if ck.format_tag != TEXT_ENCODER_FORMAT_INT8_CONVROT:
+        return frozenset()
+    out = set()
+    for k, v in ck.tensors.items():
+        if k.endswith(".comfy_quant") and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.ndim == 1:
+            out.add(k)
+            w = ck.tensors.get(k[: -len(".comfy_quant")] + ".weight")
+            if isinstance(w, torch.Tensor) and w.dtype == torch.int8:
+                out.add(k[: -len(".comfy_quant")] + ".weight")
+    return frozenset(out)
+
+
+def check_plain_tensors(tensors: dict, path: str, *, read_data: bool = True, exempt=frozenset()) -> None:
     """Unquantized tensors are floating-point weights (an integer, bool, complex or quantized-dtype tensor would be
     cast silently into a float parameter), and, when their bytes may be read, finite: one NaN or infinity in a norm
-    or a bias makes every output of the model NaN."""
+    or a bias makes every output of the model NaN. ``exempt``: ``int8_encoder_parts``."""
     for k, v in tensors.items():
-        if qtensor.is_quantized(v) or not isinstance(v, torch.Tensor):
+        if qtensor.is_quantized(v) or not isinstance(v, torch.Tensor) or k in exempt:
             continue
         if v.dtype not in PLAIN_DTYPES:
             raise CorruptCheckpointError(f"Tensor '{k[:80]}' is {str(v.dtype).replace('torch.', '')}, not a "

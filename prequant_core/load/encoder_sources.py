@@ -6,19 +6,31 @@ from __future__ import annotations
 from .. import families
 from ..errors import HubError
 from . import sources
-from .encoder_checks import COMPONENTS, SCHEMES
+from .encoder_checks import COMPONENTS
 from .sources import Candidate, Candidates, Preset
 
 
-def filenames(repo: str, component: str) -> tuple[str, ...]:
+def _declared(repo: str, component: str) -> list:
+    """The hosted encoders a family declares for this repo and component (Unsloth's TE_INT8_CONVROT_FILES)."""
+    r = repo.strip().lower()
+    return [e for fam in families.FAMILIES.values() for e in fam.text_encoders
+            if e.repo.lower() == r and e.component == component]
+
+
+def filenames(repo: str, component: str, scheme: str | None = None) -> tuple[str, ...]:
+    """Unsloth's names, in the order its resolver asks: a file the family declares (Qwen-Image 2.1's int8 ConvRot
+    encoder), then ``<Model>-<component>-FP8.safetensors`` and ``.pt`` (a miss of the declared file takes fp8 rather
+    than the dense shards). ``scheme``: only that scheme's names."""
     model = sources.model_name(repo)
-    return tuple(f"{model}-{component}-{s.upper()}{ext}" for s in SCHEMES for ext in (".safetensors", ".pt"))
+    declared = [e.filename for e in _declared(repo, component) if e.filename and scheme in (None, e.scheme)]
+    derived = [f"{model}-{component}-FP8{ext}" for ext in (".safetensors", ".pt")] if scheme in (None, "fp8") else []
+    return tuple(dict.fromkeys(declared + derived))
 
 
 def presets() -> list[Preset]:
     """One per family hosting an encoder, e.g. ``Z-Image / text_encoder`` (HunyuanImage 2.1's is Qwen-Image's
     file)."""
-    return [Preset(f"{fam.title} / {e.component}", e.repo, "fp8", fam.name)
+    return [Preset(f"{fam.title} / {e.component}", e.repo, e.scheme, fam.name)
             for fam in families.FAMILIES.values() for e in fam.text_encoders]
 
 
@@ -68,8 +80,10 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
         families.get(family)  # an unknown family is an error here, not a silent skip
     comp = component_for(family, component or (chosen.label.rsplit(" / ", 1)[1] if chosen else None))
     out: list[Candidate] = []
+    # a candidate's scheme is the one its file must hold; None where it may be either (a local file; a chain holding
+    # Qwen-Image 2.1's int8 file and then the fp8 names, which serve when the int8 file is missing)
     if path:
-        out.append(Candidate("local", "path", scheme="fp8", path=path))
+        out.append(Candidate("local", "path", scheme=None, path=path))
     repo_origin = [(hub_repo, "hub_repo")] if hub_repo else [(chosen.repo, "preset")] if chosen else []
     if not repo_origin and family and not path:
         hosted = [e for e in families.get(family).text_encoders if comp in (None, e.component)]
@@ -83,6 +97,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
         if comp is None:
             raise HubError(f"Which text encoder of {repo} should be downloaded?", expected=", ".join(COMPONENTS),
                            found="auto", fix="Set the node's component (or its family) so the file name is known.")
-        out.append(Candidate("hub", origin, scheme="fp8", repo=repo, revision=revision,
-                             filenames=filenames(repo, comp)))
-    return Candidates(tuple(out), tuple(notes), family, "fp8")
+        names = filenames(repo, comp)
+        out.append(Candidate("hub", origin, scheme="fp8" if names == filenames(repo, comp, "fp8") else None,
+                             repo=repo, revision=revision, filenames=names))
+    return Candidates(tuple(out), tuple(notes), family, out[-1].scheme if out else None)

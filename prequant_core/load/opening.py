@@ -64,8 +64,9 @@ def read_light(f, memory_guard=True) -> Light:
     full read under the memory guard."""
     light = recognise(f).read_light(f)
     if light is not None:
-        from ..formats.validate_tensors import check_plain_tensors
-        check_plain_tensors(light.checkpoint.tensors, f.path, read_data=False)  # dtypes from the header
+        from ..formats.validate_tensors import check_plain_tensors, int8_encoder_parts
+        check_plain_tensors(light.checkpoint.tensors, f.path, read_data=False,  # dtypes from the header
+                            exempt=int8_encoder_parts(light.checkpoint))
         return light
     return Light(read_full(f, memory_guard), READ_FULL)
 

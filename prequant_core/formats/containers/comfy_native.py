@@ -85,6 +85,11 @@ def _read_quant_json(t: torch.Tensor, layer: str, path: str):
     return plain_data.loads(text, path, f"'{layer[:80]}.comfy_quant' entry")
 
 
+def layer_config(t: torch.Tensor, layer: str, path: str) -> dict:
+    """A layer's ``.comfy_quant`` tensor as its config object (format name, convrot settings), checked."""
+    return _config_of(_read_quant_json(t, layer, path), layer, path)
+
+
 def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
     from safetensors import safe_open
     path = fh.path
