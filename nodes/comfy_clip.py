@@ -4,6 +4,7 @@ float8 in memory; ComfyUI's manual-cast Linear upcasts each one to the compute d
 the same weights loaded by CLIPLoader."""
 from __future__ import annotations
 
+import re
 import warnings
 
 import torch
@@ -58,6 +59,10 @@ def _fill_unprovided(model: torch.nn.Module, prefix: str) -> None:
                 sub._buffers[attr] = real
 
 
+SIZE_MISMATCH = re.compile(r"size mismatch for ([^:\s]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) "
+                           r"from checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)")
+
+
 def _assign(model: torch.nn.Module, sd: dict, path: str | None, strict: bool) -> None:
     entries = dict(model.state_dict(keep_vars=True))
     names = set(entries)
@@ -97,9 +102,20 @@ def build_clip(state_dicts: list[dict], clip_type_name: str, *, strict: list[boo
     sds = [dict(sd) for sd in state_dicts]  # ComfyUI pops and converts entries in place
     with warnings.catch_warnings():  # ComfyUI's own load_sd copies into the meta skeleton: a no-op, by design here
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
-        clip = comfy.sd.load_text_encoder_state_dicts(
-            sds, embedding_directory=folder_paths.get_folder_paths("embeddings"),
-            clip_type=clip_type(clip_type_name), model_options={"initial_device": torch.device("meta")})
+        try:
+            clip = comfy.sd.load_text_encoder_state_dicts(
+                sds, embedding_directory=folder_paths.get_folder_paths("embeddings"),
+                clip_type=clip_type(clip_type_name), model_options={"initial_device": torch.device("meta")})
+        except RuntimeError as e:
+            # torch's load_state_dict inside ComfyUI lists every mismatch: the first one, in words
+            m = SIZE_MISMATCH.search(str(e))
+            if m is None:
+                raise
+            raise CorruptCheckpointError(f"Tensor '{m.group(1)[:80]}' has shape ({m.group(2)}), ComfyUI's encoder "
+                                         f"expects ({m.group(3)}): the file holds another size of this encoder.",
+                                         path=path, expected=f"({m.group(3)})", found=f"({m.group(2)})",
+                                         fix="Pick the file hosted for this family (the node's preset), or check "
+                                             "the family / component.") from None
     model = clip.cond_stage_model
     for sd, is_strict in zip(sds, strict):
         _assign(model, sd, path, is_strict)

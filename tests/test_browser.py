@@ -189,7 +189,7 @@ SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "example_workflows")) 
 
 def _single(values, node_type="PrequantLoadTransformer") -> dict:
     out = {"PrequantLoadTransformer": ("model", "MODEL"), "PrequantInfo": ("report", "STRING"),
-           "PrequantBuildCheckpoint": ("path", "STRING")}[node_type]
+           "PrequantBuildCheckpoint": ("path", "STRING"), "PrequantLoadTextEncoder": ("clip", "CLIP")}[node_type]
     return {"last_node_id": 1, "last_link_id": 0, "links": [], "groups": [], "config": {}, "extra": {}, "version": 0.4,
             "nodes": [{"id": 1, "type": node_type, "pos": [20, 20], "size": [420, 360], "flags": {},
                        "order": 0, "mode": 0, "inputs": [], "outputs": [{"name": out[0], "type": out[1], "links": None}],
@@ -525,3 +525,72 @@ def test_waits_say_what_is_happening_and_a_network_failure_reads_plainly(prequan
     assert "Could not reach the Hugging Face Hub" in dialog and not [r for r in raw if r in dialog], dialog
     # the raw exception is in the server log, for whoever needs it
     assert "could not reach" in server_log and any(r in server_log for r in raw), server_log[-3000:]
+
+
+def test_the_text_encoder_node_says_what_it_does_while_a_user_waits(tmp_path):
+    """Load Prequant Text Encoder has the loader's panel: a download of the hosted encoder from the slowed loopback Hub
+    shows on the node as it happens (connecting, downloading with bytes, checking, building ComfyUI's encoder), a
+    failure shows as one sentence and the fix, and a result (the encoder, its size against the dense bf16 one, the
+    tokenizer, the file) is drawn and kept with the workflow. The hosted file here is a tiny Qwen3-4B of the real
+    class (the restated Unsloth builder): ComfyUI's full-size class refuses its shapes: the failure shown."""
+    import unsloth_te_builder as te_builder
+    from hub_server import HubServer
+    chromium, node = _chromium(), _node()
+    repo, fname = "unsloth/Z-Image-Turbo-FP8", "Z-Image-Turbo-text_encoder-FP8.safetensors"
+    src = str(tmp_path / fname)
+    te_builder.build_file(src, "Qwen3ForCausalLM", base_model_id=BASE_ID, family="z-image")
+    base = tmp_path / "comfy"
+    (base / "models" / "prequant").mkdir(parents=True)
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    wf = _single(["(none: use path or hub_repo)", "none", "none", "auto", "", "auto", "", "", ""],
+                 "PrequantLoadTextEncoder")
+    wf["nodes"][0]["outputs"][0]["links"] = [1]
+    wf["nodes"].append({"id": 2, "type": "PreviewAny", "pos": [520, 20], "size": [300, 160], "flags": {}, "order": 1,
+                        "mode": 0, "inputs": [{"name": "source", "type": "*", "link": 1}], "outputs": [],
+                        "properties": {"Node name for S&R": "PreviewAny"}, "widgets_values": []})
+    wf["links"], wf["last_node_id"], wf["last_link_id"] = [[1, 1, 0, 2, 0, "CLIP"]], 2, 1
+    # a result as the node sends it (nodes/te_node.py): the test server has no full-size encoder to build one
+    summary = {"file": "Lumina-Image-2.0-text_encoder-FP8.safetensors", "encoder": "Gemma2-2B", "family": "lumina-2",
+               "component": "text_encoder", "container": "safetensors", "fp8_tensors": 182,
+               "size_bytes": 3_214_000_000, "dense_bytes": 5_228_000_000,
+               "tokenizer": "the spiece_model of gemma_2_2b_fp16.safetensors", "notes": [],
+               "location": "/models/prequant/unsloth/Lumina-Image-2.0-FP8/Lumina-Image-2.0-text_encoder-FP8.safetensors",
+               "source": "hub:unsloth/Lumina-Image-2.0-FP8@main", "downloaded": True}
+    out = tmp_path / "te.json"
+    with HubServer(chunk=8192) as hub:
+        hub.commit(repo, {fname: src})
+        hub.slow[(repo, fname)] = 0.1  # seconds per 8 KiB: a few seconds for the tiny file, long enough to be seen
+        env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+        with ComfyServer(str(base), env=env) as server:
+            server.post("/settings/Comfy.TutorialCompleted", True)
+            cfg = {"url": server.url, "workflow": wf, "loaderId": 1,
+                   "runs": [{"inputs": {"preset": "Z-Image / text_encoder"}}], "show": {"prequant": [summary]},
+                   "out": str(out), "shotDir": str(shots), "shotName": "waits-text-encoder", "chromium": chromium,
+                   "userDataDir": str(tmp_path / "chromium"), "timeoutMs": 180000}
+            proc = subprocess.run([node, os.path.join(BROWSER_DIR, "waits.mjs"), json.dumps(cfg)], cwd=BROWSER_DIR,
+                                  capture_output=True, text=True, timeout=400)
+            log = server.log_tail(20000)
+    res = json.loads(out.read_text()) if out.exists() else {}
+    os.makedirs(SCREENSHOT_COPY, exist_ok=True)
+    for p in shots.iterdir():
+        shutil.copy(p, os.path.join(SCREENSHOT_COPY, p.name))
+    assert proc.returncode == 0 and res.get("ok"), (
+        f"browser run failed (rc {proc.returncode}): {res.get('error') or proc.stderr[-3000:]}\n"
+        f"console: {res.get('console', [])[-30:]}\nserver log:\n{log[-6000:]}")
+    run_ = res["runs"][0]
+    said = [e["text"] for e in run_["events"]]
+    at = [next((i for i, t in enumerate(said) if t.startswith(w)), None) for w in
+          ("connecting", f"downloading {fname}", f"checking {fname}", "building ComfyUI's Qwen3-4B encoder")]
+    assert None not in at and at == sorted(at), said
+    assert any(t.startswith(f"downloading {fname} from {repo}: ") for t in run_["seen"]), run_["seen"]  # on screen
+    lines = run_["final"].splitlines()
+    assert run_["state"] == "failed" and lines[0].startswith(
+        "Failed: Tensor 'model.embed_tokens.weight' has shape (256, 64), ComfyUI's encoder expects (151936, 2560)"), lines
+    assert lines[1].startswith("Fix: Pick the file hosted for this family"), lines
+    shown = res["shown"]
+    assert shown["state"] == "done" and shown["kept"]["encoder"] == "Gemma2-2B"
+    text = shown["text"]
+    assert text.startswith("fp8 · 2.99 GiB in memory (dense 4.87 GiB, 38.5 % smaller)"), text
+    assert "Gemma2-2B · lumina-2 text_encoder · 182 float8 weights" in text and "Tokenizer: the spiece_model" in text
+    assert "(downloaded from unsloth/Lumina-Image-2.0-FP8@main)" in text

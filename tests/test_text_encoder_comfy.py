@@ -163,3 +163,22 @@ def test_qwen_image_21s_int8_encoder_is_refused_naming_the_comfyui_that_has_its_
         assert "0.38.1" in e.value.message and e.value.path == os.path.realpath(path)
     finally:
         os.remove(path)
+
+
+def test_an_encoder_of_another_size_is_refused_naming_the_tensor_and_both_shapes(comfy, models_dir):
+    """ComfyUI builds each encoder from its fixed config: a file of another size (here a tiny Qwen3 of the real class
+    where Z-Image's Qwen3-4B belongs) is refused with the first tensor that does not fit, not a bare load error."""
+    from prequant_core.errors import CorruptCheckpointError
+    _, pack = comfy
+    name = "Z-Image-Turbo-text_encoder-FP8.safetensors"
+    path = os.path.join(models_dir, "prequant", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    te_builder.build_file(path, "Qwen3ForCausalLM", base_model_id="Tongyi-MAI/Z-Image-Turbo", family="z-image")
+    try:
+        with pytest.raises(CorruptCheckpointError) as e:
+            pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]().load(name)
+        assert "Tensor 'model.embed_tokens.weight' has shape (256, 64), ComfyUI's encoder expects (151936, 2560)" \
+            in e.value.message, e.value.message
+        assert e.value.path == os.path.realpath(path) and "preset" in e.value.fix
+    finally:
+        os.remove(path)

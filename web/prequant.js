@@ -4,8 +4,9 @@
 //   Report.to_dict) as a table on the node, the verdict on top in green (valid) or red (invalid, with every reason).
 // - Load Prequant Transformer: after a run, shows the scheme and size of the loaded checkpoint and where the file is
 //   (ui.prequant[0]); maps widget values of workflows saved with an older input order by name (legacyLayout).
+// - Load Prequant Text Encoder: the same panel for the encoder (renderEncoder).
 //
-// - Both: the last result is kept in the node's properties (saved with the workflow), so it shows again after a tab
+// - All three: the last result is kept in the node's properties (saved with the workflow), so it shows again after a tab
 //   switch or a page reload; while a node runs, the status lines the server sends (event "prequant.status", see
 //   nodes/status.py: connecting, downloading with bytes and rate, checking, loading, verifying) show on it with the
 //   time waited, and a failure shows as its message's first sentence and its fix. Panels grow the node when their
@@ -18,12 +19,13 @@ import { api } from "../../scripts/api.js";
 
 const INFO_CLASS = "PrequantInfo";
 const LOADER_CLASS = "PrequantLoadTransformer";
+const ENCODER_CLASS = "PrequantLoadTextEncoder";
 const RESULT_PROP = "prequant_last_result"; // node property: the last result, kept with the workflow
 const STATUS_EVENT = "prequant.status";
 const INFO_NONE = "(none: use path)";
 const LOADER_NONE = "(none: use path or hub_repo)";
 // Default widths at which every widget's label and value show in full (the loader's file names are long).
-const MIN_WIDTH = { [INFO_CLASS]: 460, [LOADER_CLASS]: 400, PrequantBuildCheckpoint: 360 };
+const MIN_WIDTH = { [INFO_CLASS]: 460, [LOADER_CLASS]: 400, [ENCODER_CLASS]: 400, PrequantBuildCheckpoint: 360 };
 
 const CSS = `
 .prequant-info, .prequant-loaded {
@@ -233,14 +235,35 @@ export function renderLoaded(d, s) {
   d.dataset.state = "done";
 }
 
-function setupLoader(node) {
+// Load Prequant Text Encoder's result (nodes/te_node.py summary): the encoder, its size in memory against the dense
+// bf16 encoder, where the tokenizer came from, where the file is.
+export function renderEncoder(d, s) {
+  d.replaceChildren();
+  const line = el("div");
+  line.appendChild(el("span", "prequant-scheme", s.scheme ?? "fp8"));
+  const saving = s.dense_bytes > 0 ? ` (dense ${humanBytes(s.dense_bytes)}, ` +
+    `${(100 * (1 - s.size_bytes / s.dense_bytes)).toFixed(1)} % smaller)` : "";
+  line.appendChild(document.createTextNode(` · ${humanBytes(s.size_bytes)} in memory${saving}`));
+  d.appendChild(line);
+  d.appendChild(el("div", "prequant-note",
+    `${s.encoder} · ${s.family} ${s.component} · ${s.fp8_tensors} float8 weights · ${s.file} (${s.container})`));
+  if (s.tokenizer) d.appendChild(el("div", "prequant-note", `Tokenizer: ${s.tokenizer}`));
+  if (s.location) {
+    const from = s.source ? ` (${s.downloaded ? "downloaded" : "earlier download"} from ${String(s.source).slice(4)})` : "";
+    d.appendChild(el("div", "prequant-note prequant-location", `File: ${s.location}${from}`));
+  }
+  d.dataset.scheme = s.scheme ?? "fp8";
+  d.dataset.state = "done";
+}
+
+function setupLoader(node, render = renderLoaded, what = "what was loaded") {
   // The panel is there from the start (its place in the layout does not change when a result arrives).
   const panel = addPanel(node, "prequant_loaded", "prequant-loaded",
-    "Queue the workflow: what was loaded, and from where, shows here.", 84);
+    `Queue the workflow: ${what}, and from where, shows here.`, 84);
   node.prequantPanel = panel.div;
   const show = (s) => {
     node.prequantSummary = s;
-    renderLoaded(panel.div, s);
+    render(panel.div, s);
     fitToContent(node, panel.div);
   };
   const onExecuted = node.onExecuted;
@@ -379,6 +402,7 @@ app.registerExtension({
     if (OLD_LAYOUTS[cls]) setupLegacyInputs(node, cls);
     if (cls === INFO_CLASS) setupInfo(node);
     else if (cls === LOADER_CLASS) setupLoader(node);
+    else if (cls === ENCODER_CLASS) setupLoader(node, renderEncoder, "which text encoder was loaded");
     if (MIN_WIDTH[cls] && node.size[0] < MIN_WIDTH[cls]) node.setSize([MIN_WIDTH[cls], node.size[1]]);
   },
 });

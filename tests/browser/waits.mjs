@@ -2,7 +2,9 @@
 // tests/test_browser.py (a Hub download from the slowed loopback Hub; a run against a Hub that cannot be reached).
 //
 //   node waits.mjs '<json>'   with {url, workflow, loaderId, runs: [{inputs}], out, shotDir, shotName,
-//                             chromium, userDataDir, timeoutMs}
+//                             chromium, userDataDir, timeoutMs, show}
+// ``show``: after the runs, a node output handed to the node as the front end hands one over (onExecuted), and the
+// panel read back (a result the test server cannot produce).
 //
 // Every 100 ms the loader's panel text is sampled (what is on screen), and every "prequant.status" event the page
 // receives is logged; after each run it reads ComfyUI's own error dialog too.
@@ -53,5 +55,15 @@ await run(cfg, context, result, async () => {
       await page.keyboard.press("Escape");
       await page.waitForTimeout(200);
     }
+  }
+  if (cfg.show) {
+    result.shown = await page.evaluate(({ id, output }) => {
+      const node = window.comfyAPI.app.app.graph.getNodeById(id);
+      node.onExecuted(output);
+      const p = node.prequantPanel;
+      return { text: p.innerText, state: p.dataset.state, kept: node.properties?.prequant_last_result ?? null };
+    }, { id: cfg.loaderId, output: cfg.show });
+    await page.waitForTimeout(300);
+    await page.screenshot({ path: `${cfg.shotDir}/${cfg.shotName}-shown.png` });
   }
 });
