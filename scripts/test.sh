@@ -175,13 +175,16 @@ leg_done comfyui-0.3.75 "$r"; [ "$r" -eq 0 ] || rc=$r
 #                        below, heavier; covered on 0.3.75
 #   test_families.py::test_prequant_equals_load_time_quantization: the quantizer across families (ComfyUI-independent,
 #                        ~4 min); the families' ComfyUI classes and configs are checked on 0.12.1 by the other tests
+#   test_text_encoder_server.py::test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub: the Hub
+#                        client again (its refusals through the 0.12.1 server run)
 #   the two stock-LoRA strength-0 checks (test_loader / test_matmul_path): 0.12.1's distribution keeps "which patches
 #                        are on the weights" per ModelPatcher copy instead of on the shared model, so a clone used
 #                        after a LoRA'd clone is not unpatched; a stock dense Linear stays patched there too
 COMFY012_TESTS=(tests/test_server.py tests/test_families.py tests/test_loader.py tests/test_matmul_path.py
                 tests/test_info.py tests/test_block_formats_comfy.py tests/test_comfyui_version.py tests/test_fallback.py
-                tests/test_comfy_native_comfy.py tests/test_text_encoder_comfy.py)
+                tests/test_comfy_native_comfy.py tests/test_text_encoder_comfy.py tests/test_text_encoder_server.py)
 COMFY012_DESELECT=(--deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
+                   --deselect tests/test_text_encoder_server.py::test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub
                    --deselect tests/test_matmul_path.py::test_weight_only_stock_lora
                    --deselect tests/test_families.py::test_prequant_equals_load_time_quantization)
 r=0; wait "$pid012" || r=$?
