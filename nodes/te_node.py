@@ -45,9 +45,10 @@ def _hosted(family, kind: encoders.EncoderKind, component: str):
                           fix="Set the node's family to the model this encoder belongs to.")
 
 
-def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None = None):
-    """An encoder whose ComfyUI class this pack has no key map for (Qwen-Image 2.1's Qwen3-VL-8B: ComfyUI 0.38.1)."""
-    own = f"ComfyUI's own {kind.comfy_file_hint} with Load CLIP"
+def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None = None, comfy_file: str = ""):
+    """An encoder whose ComfyUI class this pack has no key map for (Qwen3-VL: Krea 2's and Qwen-Image 2.1's, ComfyUI
+    0.38.1)."""
+    own = f"ComfyUI's own {comfy_file or kind.comfy_file_hint} with Load CLIP"
     if _older_than(comfy_version(), kind.min_comfy or "0"):
         raise ComfyVersionError(f"{title}'s {kind.name} text encoder runs in ComfyUI {kind.min_comfy}'s encoder class; "
                                 f"this ComfyUI is {comfy_version()}.", path=path,
@@ -165,7 +166,8 @@ class PrequantLoadTextEncoder:
         comp = encoder_sources.component_for(src.family, component) or encoder_checks.ANY_COMPONENT
         hosted = encoder_checks.hosted_for(src.family, None if comp == encoder_checks.ANY_COMPONENT else comp)
         if hosted is not None and not encoders.for_class(hosted.te_class).hostable:  # before any download
-            _refuse_unhostable(encoders.for_class(hosted.te_class), families.get(src.family).title)
+            _refuse_unhostable(encoders.for_class(hosted.te_class), families.get(src.family).title,
+                               comfy_file=hosted.comfy_file)
         req = Request(scheme="auto", base_model_id=(base_model_id or "").strip() or None, family=src.family,
                       component=comp)
         with torch.inference_mode(False), torch.no_grad():
@@ -176,7 +178,9 @@ class PrequantLoadTextEncoder:
             ck, kind = opened.checkpoint, opened.encoder
             comp = ck.metadata["component"]
             if not kind.hostable:
-                _refuse_unhostable(kind, opened.family.title if opened.family else "This file", ck.path)
+                known = encoder_checks.hosted_for(opened.family.name, comp) if opened.family else None
+                _refuse_unhostable(kind, opened.family.title if opened.family else "This file", ck.path,
+                                   comfy_file=known.comfy_file if known else "")
             fam, hosted = _hosted(opened.family.name if opened.family else None, kind, comp)
             tensors = kind.to_comfy(ck.tensors)
             missing = kind.missing_markers(tensors)

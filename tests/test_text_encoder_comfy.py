@@ -151,8 +151,11 @@ def test_qwen_image_21s_int8_encoder_is_refused_naming_the_comfyui_that_has_its_
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ComfyVersionError) as e:
         node.load(pack.nodes.paths.NONE_CHOICES[0], preset="Qwen-Image 2.1 / text_encoder")
-    assert "0.38.1" in e.value.message and "Qwen3-VL-8B" in e.value.message
+    assert "0.38.1" in e.value.message and "Qwen-Image 2.1's Qwen3-VL" in e.value.message
     assert "qwen3vl_8b_int8_convrot.safetensors" in e.value.fix
+    with pytest.raises(ComfyVersionError) as e:  # Krea 2's Qwen3-VL-4B (fp8): the same class, type krea2
+        node.load(pack.nodes.paths.NONE_CHOICES[0], preset="Krea 2 / text_encoder")
+    assert "Krea 2's Qwen3-VL" in e.value.message and "qwen3vl_4b_fp8_scaled.safetensors" in e.value.fix
     name = "Qwen-Image-2.1-text_encoder-INT8-ConvRot.safetensors"
     path = os.path.join(models_dir, "prequant", name)
     os.makedirs(os.path.dirname(path), exist_ok=True)

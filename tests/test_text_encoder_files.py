@@ -79,10 +79,26 @@ def test_equivalent_base_is_accepted_with_a_note(tmp_path):
     # Unsloth's later checks: Qwen-Image-2512 ships Qwen-Image's encoder shards, the Krea 2 pair one Qwen3-4B
     qwen = build(tmp_path, "Qwen2_5_VLForConditionalGeneration", base="Qwen/Qwen-Image", family="qwen-image")
     assert judge(qwen, base_model_id="Qwen/Qwen-Image-2512").verdict.ok
-    krea = build(tmp_path, "Qwen3ForCausalLM", base="krea/Krea-2-Turbo", family="krea-2", name="krea.safetensors")
+    krea = build(tmp_path, "Qwen3VLModel", base="krea/Krea-2-Turbo", family="krea-2", name="krea.safetensors")
     assert judge(krea, base_model_id="krea/Krea-2-Raw").verdict.ok
-    with pytest.raises(ValidationError):  # another Qwen3-4B, not the same bytes
+    with pytest.raises(ValidationError):  # another encoder, not the same bytes
         judge(krea, base_model_id="Tongyi-MAI/Z-Image-Turbo")
+
+
+def test_krea_2s_encoder_is_a_qwen3_vl_which_comfyui_runs_from_0_38_1(tmp_path):
+    """diffusers' Krea2Pipeline takes a Qwen3VLModel (twelve hidden layers tapped) and ComfyUI 0.38.1 its own
+    Qwen3-VL-4B class (type krea2): Unsloth's fp8 file of it is read and described, and the family's encoder is no
+    longer taken for Z-Image's Qwen3-4B (a Lumina 2 CLIP would have given Krea 2 the wrong conditioning)."""
+    path = build(tmp_path, "Qwen3VLModel", base="krea/Krea-2-Turbo", family="krea-2",
+                 name="Krea-2-Turbo-text_encoder-FP8.safetensors")
+    opened = judge(path, family="krea-2", base_model_id="krea/Krea-2-Turbo", scheme="fp8")
+    assert opened.verdict.ok and opened.encoder.name == "Qwen3-VL" and not opened.encoder.hostable
+    r = report.info(path)
+    assert r.valid and "ComfyUI 0.38.1" in r.encoder and "qwen3vl_4b_fp8_scaled.safetensors" in r.encoder
+    z = build(tmp_path, "Qwen3ForCausalLM", name="z.safetensors")  # Z-Image's Qwen3-4B
+    with pytest.raises(ValidationError) as e:
+        judge(z, family="krea-2")
+    assert "Krea 2's text_encoder is a Qwen3-VL, this file holds a Qwen3-4B" in str(e.value.reasons)
 
 
 @pytest.mark.parametrize("request_kw,reason", [

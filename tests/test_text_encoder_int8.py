@@ -59,7 +59,7 @@ def test_unsloths_int8_convrot_encoder_is_judged_and_described(tmp_path, capsys)
     path = build(tmp_path)
     for scheme in ("int8", "auto", None):
         opened = judge(path, family="qwen-image-2.1", base_model_id=BASE, scheme=scheme)
-        assert opened.verdict.ok and opened.encoder.name == "Qwen3-VL-8B" and not opened.encoder.hostable
+        assert opened.verdict.ok and opened.encoder.name == "Qwen3-VL" and not opened.encoder.hostable
     r = report.info(path)
     assert r.valid and r.read_mode == "header" and r.scheme == "int8"
     assert r.quantized_count == 14  # 7 projections x 2 layers, each its int8 codes
@@ -74,7 +74,9 @@ def test_unsloths_int8_convrot_encoder_is_judged_and_described(tmp_path, capsys)
     assert "base model is 'Qwen/Qwen-Image-2.1', requested 'Qwen/Qwen-Image'" in capsys.readouterr().out
     assert cli.main(["info", path, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["format_tag"] == "unsloth_prequant_text_encoder_int8_convrot_v1" and d["encoder"].startswith("Qwen3-VL-8B")
+    assert d["format_tag"] == "unsloth_prequant_text_encoder_int8_convrot_v1"
+    assert d["encoder"].startswith("Qwen3-VL (Qwen3VLForConditionalGeneration)")
+    assert "qwen3vl_8b_int8_convrot.safetensors" in d["encoder"]  # the family's own ComfyUI file
 
 
 def _drop_layer_quant(tensors, header):  # one projection left bf16, as a careless builder would
@@ -89,7 +91,7 @@ def _blob(cfg):
 
 @pytest.mark.parametrize("edit,request_kw,reason", [
     (None, {"scheme": "fp8"}, "scheme is 'int8', requested 'fp8'"),
-    (None, {"family": "z-image"}, "Z-Image's text_encoder is a Qwen3-4B, this file holds a Qwen3-VL-8B"),
+    (None, {"family": "z-image"}, "Z-Image's text_encoder is a Qwen3-4B, this file holds a Qwen3-VL"),
     (lambda t, h: t.update({"lm_head.weight": torch.zeros(256, 256, dtype=torch.bfloat16)}), {},
      "it holds an lm_head"),
     (_drop_layer_quant, {}, f"1 decoder projection(s) left unquantized, e.g. '{LAYER}'"),
@@ -182,5 +184,5 @@ def test_the_family_download_asks_for_the_int8_file_first(hub, tmp_path):
     routed = pipeline.run(encoder_sources.plan(family="qwen-image-2.1"),
                           Request(scheme="auto", family="qwen-image-2.1", component="text_encoder"),
                           download_dir=str(dest), model_dirs=[str(dest)])
-    assert routed.located.fetched.filename == NAME and routed.route.opened.encoder.name == "Qwen3-VL-8B"
+    assert routed.located.fetched.filename == NAME and routed.route.opened.encoder.name == "Qwen3-VL"
     assert [r["filename"] for r in hub.requests("HEAD")][0] == NAME

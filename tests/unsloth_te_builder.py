@@ -55,6 +55,8 @@ def tiny_config(te_class: str):
     if te_class == "LlamaForCausalLM":
         return transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2)
+    if te_class in ("Qwen3VLModel", "Qwen3VLForConditionalGeneration"):  # Krea 2's / Qwen-Image 2.1's
+        return qwen3vl_tiny_config()
     raise ValueError(te_class)
 
 

@@ -17,8 +17,8 @@ TE_NODE_TESTED = {"Gemma2-2B": "node on ComfyUI 0.3.75 and 0.12.1 (full size): c
                               "conditioning equal to CLIPLoader",
                   "T5-XXL": "files (tiny real config); node at full size with CLIP-L in bench/bench_text_encoder.py: "
                             "conditioning and pooled output equal to DualCLIPLoader",
-                  "Qwen3-VL-8B": "Unsloth's int8 ConvRot file read, judged and described (tiny real config); node: "
-                                 "refused naming ComfyUI 0.38.1 (its class), before any download"}
+                  "Qwen3-VL": "files read, judged and described (tiny real config; Qwen-Image 2.1's int8 ConvRot form "
+                              "too); node: refused naming ComfyUI 0.38.1 (its class), before any download"}
 TE_CORE_TESTED = "files read, judged and renamed (tiny real config); node not run at full size"
 
 # What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.3.75 and 0.12.1, or

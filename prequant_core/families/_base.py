@@ -74,6 +74,7 @@ class HostedEncoder:
     with_encoders: tuple[str, ...] = ()
     scheme: str = "fp8"  # fp8: the layerwise storage cast; int8: the int8 ConvRot form (Unsloth's TE_INT8_CONVROT_FILES)
     filename: str | None = None  # a name Unsloth declares for the file, asked before the derived fp8 names
+    comfy_file: str = ""  # ComfyUI's own file of this encoder (named where the node cannot build the encoder)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,11 +106,13 @@ KINDS: tuple[EncoderKind, ...] = (
                 embeddings=("shared", "embed_tokens", "relative_attention_bias"), keep_dense=("wo",)),
     EncoderKind("Llama-3.1-8B", ("LlamaForCausalLM",), _prefixed("model.", drop=("lm_head",)),
                 ("model.layers.0.post_attention_layernorm.weight",), needs=("lm_head.weight",)),
-    # Qwen-Image 2.1's: ComfyUI's class for it (qwen3vl_8b) arrives in 0.38.1, which no ComfyUI here has, so no key
-    # map is restated yet; Info and verify describe the file, the node names the version and ComfyUI's own file
-    EncoderKind("Qwen3-VL-8B", ("Qwen3VLForConditionalGeneration",), None,
+    # Krea 2's (Qwen3-VL-4B, diffusers' Qwen3VLModel, fp8) and Qwen-Image 2.1's (Qwen3-VL-8B, int8 ConvRot): ComfyUI's
+    # classes for them (qwen3vl_4b / qwen3vl_8b) arrive in 0.38.1, which no ComfyUI here has, so no key map is restated
+    # yet; Info and verify describe the files, the node names the version and ComfyUI's own file (the family's)
+    EncoderKind("Qwen3-VL", ("Qwen3VLModel", "Qwen3VLForConditionalGeneration"), None,
                 ("model.language_model.layers.0.self_attn.q_norm.weight",), min_comfy="0.38.1",
-                comfy_file_hint="qwen3vl_8b_int8_convrot.safetensors", schemes=("int8",)),
+                comfy_file_hint="qwen3vl_4b_fp8_scaled.safetensors or qwen3vl_8b_int8_convrot.safetensors",
+                schemes=("fp8", "int8")),
 )
 
 

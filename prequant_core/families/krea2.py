@@ -10,7 +10,9 @@ FAMILIES = (
     Family(
         name="krea-2", title="Krea 2", diffusers_class="Krea2Transformer2DModel",
         base_repos=("krea/Krea-2-Turbo",), hosted_repos={"unsloth/Krea-2-Turbo-FP8": ("fp8", "int8")},
-        text_encoders=(HostedEncoder("text_encoder", "Qwen3ForCausalLM", "unsloth/Krea-2-Turbo-FP8", "LUMINA2"),),
+        # Qwen3-VL-4B (diffusers' Krea2Pipeline: Qwen3VLModel, twelve hidden layers tapped); ComfyUI's type krea2
+        text_encoders=(HostedEncoder("text_encoder", "Qwen3VLModel", "unsloth/Krea-2-Turbo-FP8", "KREA2",
+                                     comfy_file="qwen3vl_4b_fp8_scaled.safetensors"),),
         int8_exclude_extra=(),
         diffusers_markers=(("text_fusion.projector.weight", "time_mod_proj.weight"),), comfy_markers=(),
         comfy_model="Krea2", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",

@@ -15,7 +15,8 @@ FAMILIES = (
         # Unsloth's int8 ConvRot Qwen3-VL-8B (9.35 GB against 17.5 GB dense); ComfyUI's type for it is qwen_image
         text_encoders=(HostedEncoder("text_encoder", "Qwen3VLForConditionalGeneration", "unsloth/Qwen-Image-2.1-FP8",
                                      "QWEN_IMAGE", scheme="int8",
-                                     filename="Qwen-Image-2.1-text_encoder-INT8-ConvRot.safetensors"),),
+                                     filename="Qwen-Image-2.1-text_encoder-INT8-ConvRot.safetensors",
+                                     comfy_file="qwen3vl_8b_int8_convrot.safetensors"),),
         int8_exclude_extra=(),
         diffusers_markers=(("modulation.1.weight", "txt_in.in_layer.weight", "txt_in.text_norm.weight"),),
         comfy_markers=(),
