@@ -23,6 +23,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKFLOWS = os.path.join(ROOT, "example_workflows")
 README_WORKFLOW = "z_image_turbo_prequant"
 THUMB_WIDTH = 640  # the template browser shows cards at about 300 px: twice that stays sharp on HiDPI screens
+# Nodes of ComfyUI 0.38.1 that the Krea 2 / Qwen-Image 2.1 workflows use and 0.3.75 lacks: their schema, restated from
+# 0.38's comfy_extras/nodes_qwen.py, registered in the page for the picture only (0.3.75's front end would draw
+# them as red "missing" boxes, which is not what a user of 0.38.1 sees). Nothing is registered on the server.
+NEWER_NODE_DEFS = {
+    "TextEncodeQwenImage21": {
+        "name": "TextEncodeQwenImage21", "display_name": "Text Encode Qwen Image 2.1",
+        "category": "model/conditioning/qwen image", "python_module": "comfy_extras.nodes_qwen", "description": "",
+        "input": {"required": {"clip": ["CLIP", {}], "prompt": ["STRING", {"multiline": True, "dynamicPrompts": True}],
+                               "negative_prompt": ["STRING", {"multiline": True, "dynamicPrompts": True}],
+                               "resolution": ["INT", {"default": 1024, "min": 0, "max": 4096, "step": 32}]},
+                  "optional": {"vae": ["VAE", {}]}},
+        "input_order": {"required": ["clip", "prompt", "negative_prompt", "resolution"], "optional": ["vae"]},
+        "output": ["CONDITIONING", "CONDITIONING", "LATENT"], "output_is_list": [False, False, False],
+        "output_name": ["positive", "negative", "latent"], "output_node": False},
+}
 
 
 def chromium() -> str:
@@ -43,6 +58,7 @@ def main(argv: list[str]) -> int:
         server = ComfyServer(os.path.join(tmp, "comfy")).start()
         try:
             cfg = {"url": server.url, "workflows": workflows, "outDir": tmp, "out": os.path.join(tmp, "result.json"),
+                   "extraNodeDefs": NEWER_NODE_DEFS,
                    "chromium": chromium(), "userDataDir": os.path.join(tmp, "profile"), "timeoutMs": 120000}
             subprocess.run(["node", os.path.join(ROOT, "tests", "browser", "thumbnails.mjs"), json.dumps(cfg)],
                            cwd=os.path.join(ROOT, "tests", "browser"), timeout=600, check=False)

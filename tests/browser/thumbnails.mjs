@@ -3,7 +3,8 @@
 // user sees it after "fit view", the canvas alone (no side bar, tabs or banners) captured as a PNG per workflow.
 // tools/make_thumbnails.py turns them into the JPEGs.
 //
-//   node thumbnails.mjs '<json>'   with {url, workflows: [{name, workflow}], outDir, out, chromium, userDataDir}
+//   node thumbnails.mjs '<json>'   with {url, workflows: [{name, workflow}], outDir, out, chromium, userDataDir,
+//                                  extraNodeDefs}   (node definitions of a newer ComfyUI, registered for the picture)
 import path from "node:path";
 import { launch, openComfy, run } from "./launch.mjs";
 
@@ -14,11 +15,14 @@ const result = { ok: false, console: log, shots: {} };
 const context = await launch(cfg, timeout);
 await run(cfg, context, result, async () => {
   const page = await openComfy(context, cfg, log, timeout);
-  await page.evaluate(() => {  // a picture of the graph, not of the dialogs a first visit opens
+  await page.evaluate(async (defs) => {  // a picture of the graph, not of the dialogs a first visit opens
     const app = window.comfyAPI.app.app;
     app.showMissingNodesError = () => {};
     app.showMissingModelsError = () => {};
-  });
+    for (const [id, def] of Object.entries(defs ?? {})) {
+      if (!window.LiteGraph?.registered_node_types?.[id]) await app.registerNodeDef(id, def);
+    }
+  }, cfg.extraNodeDefs);
   for (let i = 0; i < 3; i++) { await page.keyboard.press("Escape"); await page.waitForTimeout(200); }
   for (const { name, workflow } of cfg.workflows) {
     await page.evaluate(async (wf) => {
