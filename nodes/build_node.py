@@ -16,7 +16,7 @@ from prequant_core.load import dense_sources
 from prequant_core.build import output_file
 from prequant_core import families, schemes
 from prequant_core.errors import BuildError, UnknownFamilyError
-from prequant_core.families import Family
+from prequant_core.families import Family, encoders
 
 from . import describe, paths
 from .comfy_model import key_map_for
@@ -169,8 +169,9 @@ class PrequantBuildCheckpoint:
                    "checkpoint into models/prequant, in the same format as Unsloth's quantized files ("
                    + " / ".join(core.CONTAINERS) + "), or in ComfyUI's own quantized layout (comfyui-native, into "
                    "models/diffusion_models: the stock Load Diffusion Model loads it). Connect a MODEL from any stock "
-                   "loader, or pick a dense file from diffusion_models. Returns the written path (feed it to Prequant "
-                   "Info).")
+                   "loader, or pick a dense file from diffusion_models. Or connect a CLIP (a dense text encoder from "
+                   "Load CLIP): it writes Unsloth's pre-cast fp8 text encoder, which Load Prequant Text Encoder "
+                   "loads. Returns the written path (feed it to Prequant Info).")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -204,6 +205,10 @@ class PrequantBuildCheckpoint:
             },
             "optional": {
                 "model": ("MODEL", {"tooltip": "A dense MODEL from any loader (not one loaded pre-quantized)."}),
+                "clip": ("CLIP", {"tooltip": "A dense text encoder (Load CLIP's CLIP): writes Unsloth's pre-cast "
+                         "fp8 text encoder (<Model>-<component>-FP8) instead; scheme, min_features and component are "
+                         "not used, family picks the model it is recorded for (auto: the first hosting this "
+                         "encoder)."}),
                 "component": ("STRING", {"default": "transformer", "tooltip": "Which transformer of the model this "
                               "is, recorded in the file and checked by the loader: transformer, or transformer_2 for "
                               "the low-noise expert of Wan 2.2 A14B (the default file name then gets -transformer_2).",
@@ -223,8 +228,13 @@ class PrequantBuildCheckpoint:
         return ""
 
     def build(self, dense_file, scheme, min_features, base_model_id, family, filename, container, overwrite,
-              model=None, component="transformer"):
+              model=None, component="transformer", clip=None):
         use_file = bool(dense_file) and dense_file != NO_FILE
+        if clip is not None:
+            if use_file or model is not None:
+                raise BuildError("A CLIP and a model input (or a dense_file) are set; the node builds from one.",
+                                 fix="Disconnect the model / set dense_file to '(none)', or disconnect the CLIP.")
+            return build_encoder(clip, family, base_model_id.strip(), filename, container, overwrite)
         if use_file and model is not None:
             raise BuildError("Both a model input and a dense_file are set; the node builds from one.",
                              fix="Disconnect the model, or set dense_file to '(none)'.")
@@ -282,3 +292,38 @@ class PrequantBuildCheckpoint:
 def file_key_map(fam: Family, shapes: dict):
     """ComfyUI's own diffusers -> ComfyUI key map for a ComfyUI-layout file (config derived from its shapes)."""
     return key_map_for(fam, fam.config_from_shapes(shapes))
+
+
+def build_encoder(clip, family: str, base: str, filename: str, container: str, overwrite: bool) -> dict:
+    """Unsloth's pre-cast fp8 text encoder from a CLIP's weights (ComfyUI's names under the CLIP's own prefix)."""
+    from prequant_core.build import text_encoder
+    if container == core.NATIVE:
+        raise BuildError("A text encoder is written in Unsloth's format (safetensors or pt), not comfyui-native.",
+                         found=container, expected="safetensors / pt", fix="Set container to safetensors.")
+    sd = clip.cond_stage_model.state_dict()
+    found = text_encoder.detect_comfy_encoder(sd)
+    if found is None:
+        raise BuildError("The CLIP holds no text encoder this pack writes.", found=f"{len(sd)} tensors",
+                         expected=", ".join(k.name for k in encoders.KINDS if k.hostable),
+                         fix="Connect the CLIP of one of these encoders (e.g. Load CLIP on qwen_3_4b.safetensors).")
+    kind, prefix = found
+    fam = family if family != AUTO else text_encoder.family_for_kind(kind)
+    tensors = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    name = (filename or "").strip() or text_encoder.default_filename(fam, None, container)
+    name = check_filename(name, container, base or fam, "fp8")
+    dest = os.path.join(output_folder(), name)
+    refuse_shadowing(paths.FOLDER, name, dest)
+    pbar = comfy.utils.ProgressBar(1000)
+
+    def progress(stage, done, total, key):
+        pbar.update_absolute(int(1000 * done / max(total, 1)), 1000)
+
+    with torch.no_grad():
+        path = text_encoder.build_text_encoder_from(
+            dense_sources.MemorySource(tensors, path="the CLIP input"), dest, family=fam, base_model_id=base or None,
+            container=container, overwrite=overwrite, progress=progress, input_path="the CLIP input")
+    text = f"{kind.name} text encoder ({fam}) written as Unsloth's pre-cast fp8 file: {path}"
+    log.info("[prequant] %s", text)
+    info = {"file": os.path.basename(path), "path": path, "family": fam, "scheme": "fp8", "container": container,
+            "encoder": kind.name, "size_bytes": os.path.getsize(path)}
+    return {"ui": {"text": [text], "prequant_build": [info]}, "result": (path,)}

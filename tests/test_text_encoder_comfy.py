@@ -58,13 +58,17 @@ def gemma(comfy, models_dir):
     ref_clip = nodes.CLIPLoader().load_clip(COMFY_NAME, type="lumina2")[0]
     ref = dict(zip(("cond", "pooled"), _encode(ref_clip)), bytes=ref_clip.patcher.model_size(),
                dtypes={p.dtype for p in ref_clip.cond_stage_model.parameters()})
-    del ref_clip
-    mm.unload_all_models()
-    gc.collect()
     markers = encoders.for_class("Gemma2Model").markers
     save_file({k: comfy_sd[k].clone() for k in (*markers, "spiece_model")}, theirs + ".tmp")
     os.replace(theirs + ".tmp", theirs)
     del comfy_sd
+    gc.collect()
+    # Build Prequant Checkpoint from that CLIP (its weights in bf16, the cast values): the file is compared with the
+    # restated Unsloth builder's tensors in memory and removed before Unsloth's file is written (one 3.2 GB file on
+    # disk at a time)
+    ref["built"] = _build_from_clip(comfy[1].nodes, ref_clip, sd, models_dir)
+    del ref_clip
+    mm.unload_all_models()
     gc.collect()
     meta = te_builder.metadata(te_class="Gemma2Model", base_model_id=BASE, family="lumina-2")
     ours = os.path.join(models_dir, "prequant", UNSLOTH_NAME)
@@ -74,6 +78,26 @@ def gemma(comfy, models_dir):
     yield ours, ref
     for p in (ours, theirs):
         os.remove(p)
+
+
+def _build_from_clip(pack_nodes_mod, clip, sd, models_dir) -> dict:
+    """Build Prequant Checkpoint with a CLIP connected; what it wrote, compared with ``sd`` (the restated Unsloth
+    builder's tensors of the same weights), then removed."""
+    from safetensors import safe_open
+    node = pack_nodes_mod.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]()
+    out = node.build("(none: use the model input)", "int8", 512, "", "auto", "", "safetensors", False, clip=clip)
+    path = out["result"][0]
+    try:
+        with safe_open(path, framework="pt") as f:
+            keys = set(f.keys())
+            meta = dict(f.metadata())
+            equal = keys == set(sd) and all(torch.equal(f.get_tensor(k).view(torch.uint8),
+                                                        sd[k].contiguous().view(torch.uint8)) and
+                                            f.get_tensor(k).dtype == sd[k].dtype for k in sorted(keys))
+        return {"name": os.path.basename(path), "folder": os.path.dirname(path), "equal": equal, "n": len(keys),
+                "meta": meta, "text": out["ui"]["text"][0]}
+    finally:
+        os.remove(path)
 
 
 def _encode(clip):
@@ -101,6 +125,23 @@ def test_precast_gemma_matches_cliploader_bit_for_bit(comfy, gemma):
     assert clip.patcher.model_size() < 0.65 * r["bytes"]
     text = out["ui"]["text"][0]
     assert "Gemma2-2B" in text and f"the spiece_model of {COMFY_NAME}" in text, text
+
+
+def test_the_build_node_writes_unsloths_file_from_a_clip(comfy, gemma, models_dir):
+    """Build Prequant Checkpoint with Load CLIP's CLIP of the dense encoder connected writes Unsloth's pre-cast file:
+    tensor for tensor (bytes and dtypes) what the restated Unsloth builder writes from the same weights, under
+    Unsloth's name, in models/prequant, with the metadata Unsloth's loader checks."""
+    import json
+    _, r = gemma
+    b = r["built"]
+    assert b["equal"] and b["n"] > 100, b
+    assert b["name"] == "Lumina-Image-2.0-text_encoder-FP8.safetensors"
+    assert os.path.realpath(b["folder"]) == os.path.realpath(os.path.join(models_dir, "prequant"))
+    assert b["meta"]["unsloth_format"] == "unsloth_prequant_text_encoder_state_dict_v1"
+    meta = json.loads(b["meta"]["unsloth_metadata"])
+    assert (meta["te_class"], meta["family"], meta["component"], meta["scheme"], meta["cast_backend"]) == \
+        ("Gemma2Model", "lumina-2", "text_encoder", "fp8", "diffusers_layerwise")
+    assert "Gemma2-2B text encoder (lumina-2)" in b["text"]
 
 
 def test_precast_file_refused_for_another_family(comfy, gemma):

@@ -55,18 +55,65 @@ def _encoder_for(family: str, component: str | None) -> tuple[families.Family, f
                      found=str(component), fix="Pick the family's encoder component, or another family.")
 
 
-def build_text_encoder(input_path: str, dest: str, *, family: str, component: str | None = None,
-                       base_model_id: str | None = None, container: str = "safetensors", overwrite: bool = False,
-                       progress=None) -> str:
+def _writable(family: str, component: str | None, input_path: str | None):
+    """The family's hosted encoder, when this builder writes its form (the fp8 layerwise cast)."""
     fam, hosted = _encoder_for(family, component)
     kind = encoders.for_class(hosted.te_class)
+    if hosted.scheme == "fp8" and not kind.hostable:
+        raise BuildError(f"{fam.title}'s {hosted.component} is a {kind.name}, which this pack does not build yet (no "
+                         f"map to ComfyUI {kind.min_comfy}'s class); nothing was written.", path=input_path,
+                         expected="a family whose encoder the node can load", found=f"{fam.name}: {kind.name}",
+                         fix=f"Use Unsloth's hosted file from {hosted.repo}.")
     if hosted.scheme != "fp8":
         raise BuildError(f"{fam.title}'s {hosted.component} ({kind.name}) is hosted as an {hosted.scheme} ConvRot "
                          "file, which this builder does not write (it writes the fp8 layerwise cast); nothing was "
                          "written.", path=input_path, expected="a family whose encoder is hosted as fp8",
                          found=f"{fam.name}: {hosted.scheme}",
                          fix=f"Use Unsloth's {hosted.filename or 'hosted file'} from {hosted.repo}.")
-    src = SafetensorsSource([os.path.abspath(input_path)])
+    return fam, hosted, kind
+
+
+def build_text_encoder(input_path: str, dest: str, *, family: str, component: str | None = None,
+                       base_model_id: str | None = None, container: str = "safetensors", overwrite: bool = False,
+                       progress=None) -> str:
+    """From a dense encoder file (ComfyUI's own, or one with the transformers class's names)."""
+    _writable(family, component, input_path)  # before the input is opened
+    return build_text_encoder_from(SafetensorsSource([os.path.abspath(input_path)]), dest, family=family,
+                                   component=component, base_model_id=base_model_id, container=container,
+                                   overwrite=overwrite, progress=progress, input_path=input_path)
+
+
+def detect_comfy_encoder(keys) -> tuple[encoders.EncoderKind, str] | None:
+    """The encoder a ComfyUI state dict holds (a ``CLIP``'s in-memory weights), and the prefix its keys carry there
+    before ComfyUI's file names (``gemma2_2b.transformer.``): the first kind whose markers all stand under one
+    prefix."""
+    keys = list(keys)
+    for kind in encoders.KINDS:
+        if not kind.hostable or not kind.markers:
+            continue
+        first = kind.markers[0]
+        for k in keys:
+            if k.endswith(first):
+                prefix = k[: -len(first)]
+                if all(prefix + m in keys for m in kind.markers):
+                    return kind, prefix
+    return None
+
+
+def family_for_kind(kind: encoders.EncoderKind) -> str | None:
+    """The first family whose hosted encoder is this kind."""
+    for fam in families.FAMILIES.values():
+        if any(e.te_class in kind.te_classes for e in fam.text_encoders):
+            return fam.name
+    return None
+
+
+def build_text_encoder_from(src, dest: str, *, family: str, component: str | None = None,
+                            base_model_id: str | None = None, container: str = "safetensors", overwrite: bool = False,
+                            progress=None, input_path: str | None = None) -> str:
+    """From a dense source (``load.dense_sources``: a file, or a ``CLIP``'s weights in memory) holding ComfyUI's
+    names or the transformers class's."""
+    fam, hosted, kind = _writable(family, component, input_path)
     infos = src.infos()
     comfy_names = not kind.missing_markers(infos)
     rename = kind.from_comfy if comfy_names else str
