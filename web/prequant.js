@@ -217,20 +217,29 @@ function setupInfo(node) {
   reflowOnResize(node, div);
 }
 
-export function renderLoaded(d, s) {
-  d.replaceChildren();
+// The first line of a loader's result (scheme, size in memory, saving against the dense model) and its last (the
+// file, and where it was downloaded from): the transformer's and the text encoder's panels share them.
+function appendSize(d, s, scheme) {
   const line = el("div");
-  line.appendChild(el("span", "prequant-scheme", s.scheme));
+  line.appendChild(el("span", "prequant-scheme", scheme));
   const saving = s.dense_bytes > 0 ? ` (dense ${humanBytes(s.dense_bytes)}, ` +
     `${(100 * (1 - s.size_bytes / s.dense_bytes)).toFixed(1)} % smaller)` : "";
   line.appendChild(document.createTextNode(` · ${humanBytes(s.size_bytes)} in memory${saving}`));
   d.appendChild(line);
+}
+
+function appendLocation(d, s) {
+  if (!s.location) return;
+  const from = s.source ? ` (${s.downloaded ? "downloaded" : "earlier download"} from ${String(s.source).slice(4)})` : "";
+  d.appendChild(el("div", "prequant-note prequant-location", `File: ${s.location}${from}`));
+}
+
+export function renderLoaded(d, s) {
+  d.replaceChildren();
+  appendSize(d, s, s.scheme);
   d.appendChild(el("div", "prequant-note",
     `${s.family} · ${s.quantized_layers} quantized layers · ${s.file} (${s.container}, ${s.layout} keys)`));
-  if (s.location) {
-    const from = s.source ? ` (${s.downloaded ? "downloaded" : "earlier download"} from ${String(s.source).slice(4)})` : "";
-    d.appendChild(el("div", "prequant-note prequant-location", `File: ${s.location}${from}`));
-  }
+  appendLocation(d, s);
   d.dataset.scheme = s.scheme;
   d.dataset.state = "done";
 }
@@ -239,19 +248,11 @@ export function renderLoaded(d, s) {
 // bf16 encoder, where the tokenizer came from, where the file is.
 export function renderEncoder(d, s) {
   d.replaceChildren();
-  const line = el("div");
-  line.appendChild(el("span", "prequant-scheme", s.scheme ?? "fp8"));
-  const saving = s.dense_bytes > 0 ? ` (dense ${humanBytes(s.dense_bytes)}, ` +
-    `${(100 * (1 - s.size_bytes / s.dense_bytes)).toFixed(1)} % smaller)` : "";
-  line.appendChild(document.createTextNode(` · ${humanBytes(s.size_bytes)} in memory${saving}`));
-  d.appendChild(line);
+  appendSize(d, s, s.scheme ?? "fp8");
   d.appendChild(el("div", "prequant-note",
     `${s.encoder} · ${s.family} ${s.component} · ${s.fp8_tensors} float8 weights · ${s.file} (${s.container})`));
   if (s.tokenizer) d.appendChild(el("div", "prequant-note", `Tokenizer: ${s.tokenizer}`));
-  if (s.location) {
-    const from = s.source ? ` (${s.downloaded ? "downloaded" : "earlier download"} from ${String(s.source).slice(4)})` : "";
-    d.appendChild(el("div", "prequant-note prequant-location", `File: ${s.location}${from}`));
-  }
+  appendLocation(d, s);
   d.dataset.scheme = s.scheme ?? "fp8";
   d.dataset.state = "done";
 }

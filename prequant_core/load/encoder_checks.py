@@ -36,7 +36,7 @@ ANY_COMPONENT = "auto"  # the text-encoder loader with no component or family gi
 EQUIVALENT_BASES = (
     frozenset({"qwen/qwen-image", "qwen/qwen-image-2512",
                "hunyuanvideo-community/hunyuanimage-2.1-diffusers"}),  # Qwen2.5-VL-7B
-    frozenset({"krea/krea-2-turbo", "krea/krea-2-raw"}),  # Qwen3-4B
+    frozenset({"krea/krea-2-turbo", "krea/krea-2-raw"}),  # Krea 2's Qwen3-VL-4B
     frozenset({"black-forest-labs/flux.1-schnell", "black-forest-labs/flux.1-dev", "black-forest-labs/flux.1-krea-dev",
                "hidream-ai/hidream-i1-full"}),  # T5-XXL (HiDream's text_encoder_3)
     frozenset({"tongyi-mai/z-image-turbo", "tongyi-mai/z-image"}),  # Qwen3-4B
