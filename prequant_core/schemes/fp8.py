@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import CorruptCheckpointError
 from .codec import RowCodec
 from . import field_checks as c
 from .record import Scheme
@@ -23,6 +24,19 @@ def config(weight_only: bool):
         mm_config=Float8MMConfig(use_fast_accum=True))
 
 
+def keep_zero_rows(t):
+    """torchao's per-row fp8 scale of an all-zero weight row is 0 (int8's has an eps floor, fp8's none), so the row's
+    codes come out 0 / 0 = NaN and every output of the layer NaN. Those codes are set to 0 (the scale stays torchao's
+    0): the row is zero again, every other byte is torchao's. Unsloth's builder makes the same call without this;
+    the reader refuses such rows (``Float8Codec.check_values``)."""
+    s, q = t.scale, t.qdata
+    if s.ndim == 2 and s.shape[0] == q.shape[0] and q.ndim == 2:
+        zero = s.reshape(-1) == 0
+        if bool(zero.any()):
+            q.view(torch.uint8)[zero] = 0
+    return t
+
+
 def quantize(weight, cfg):
     """torchao's fp8 module handler asserts a CUDA GPU of compute capability >= 8.9; the tensor it builds is
     ``Float8Tensor.from_hp`` with the config's fields, which runs anywhere, so that is what is called."""
@@ -30,13 +44,15 @@ def quantize(weight, cfg):
     from torchao.quantization.quantize_.workflows import Float8Tensor
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
     if isinstance(cfg, Float8WeightOnlyConfig):
-        return Float8Tensor.from_hp(weight, float8_dtype=cfg.weight_dtype, granularity=cfg.granularity)
+        return keep_zero_rows(Float8Tensor.from_hp(weight, float8_dtype=cfg.weight_dtype,
+                                                   granularity=cfg.granularity))
     act_g, w_g = cfg.granularity
-    return Float8Tensor.from_hp(weight, float8_dtype=cfg.weight_dtype, granularity=w_g, mm_config=cfg.mm_config,
-                                kernel_preference=cfg.kernel_preference,
-                                act_quant_kwargs=QuantizeTensorToFloat8Kwargs(
-                                    cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
-                                    hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference))
+    return keep_zero_rows(Float8Tensor.from_hp(
+        weight, float8_dtype=cfg.weight_dtype, granularity=w_g, mm_config=cfg.mm_config,
+        kernel_preference=cfg.kernel_preference,
+        act_quant_kwargs=QuantizeTensorToFloat8Kwargs(
+            cfg.activation_dtype, act_g, hp_value_lb=cfg.activation_value_lb,
+            hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)))
 
 
 def _mm_check(v, field):
@@ -88,9 +104,29 @@ class Float8Codec(RowCodec):
     def from_dense(self, dense, spec):
         from torchao.quantization import PerRow
         kw = spec.as_kwargs()
-        return self.tensor_type().from_hp(dense, granularity=PerRow(), mm_config=kw.get("mm_config"),
-                                          kernel_preference=kw.get("kernel_preference"),
-                                          act_quant_kwargs=kw.get("act_quant_kwargs"))
+        return keep_zero_rows(self.tensor_type().from_hp(dense, granularity=PerRow(), mm_config=kw.get("mm_config"),
+                                                         kernel_preference=kw.get("kernel_preference"),
+                                                         act_quant_kwargs=kw.get("act_quant_kwargs")))
+
+    def check_values(self, key, t, tensors, path):
+        # Only rows whose scale is 0 are read: where torchao's quantizer leaves NaN codes (an all-zero row); a full
+        # pass over every code would cost a read of the whole file at each load
+        q, s = tensors[0], tensors[1]
+        if q.ndim != 2 or s.numel() != q.shape[0]:
+            return
+        zero = s.reshape(-1) == 0
+        if not bool(zero.any()):
+            return
+        b = q[zero].contiguous().view(torch.uint8)
+        nan = (b & 0x7F) == 0x7F if q.dtype == torch.float8_e4m3fn else (b & 0x7C) == 0x7C
+        if bool(nan.any()):
+            row = int(zero.nonzero()[nan.any(dim=1).nonzero()[0, 0], 0])
+            raise CorruptCheckpointError(
+                f"Row {row} of quantized tensor '{key[:80]}' has scale 0 and NaN float8 codes: an all-zero weight row "
+                "quantized without a floor (torchao's per-row fp8), which makes every output of that layer NaN.",
+                path=path, found=f"{int(nan.any(dim=1).sum())} such row(s)",
+                fix="Rebuild the file with Build Prequant Checkpoint or `python -m prequant_core build` (all-zero rows "
+                    "stay zero), or use the repo's int8 file.")
 
     def check_fields(self, t):
         from torchao.quantization.quantize_.common import KernelPreference
