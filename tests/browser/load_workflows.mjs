@@ -42,7 +42,6 @@ await run(cfg, context, result, async () => {
         advanced: (n.widgets ?? []).filter((w) => w.advanced || w.options?.advanced).map((w) => w.name),
         height: n.size[1],
         // the node menu's "Show Advanced" (front ends with a canvas toggle): what it draws then, and its height
-        computed: n.computeSize()[1],
         unfolded: typeof n.toggleAdvanced === "function" && n.widgets?.some((w) => w.advanced) ? (() => {
           n.toggleAdvanced();
           const r = { shown: n.widgets.filter((w) => w.serialize !== false && !w.hidden && n.isWidgetVisible(w))
