@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 
 import unsloth_te_builder as te_builder
-from hub_server import HubServer
 from test_hub import hf_env  # noqa: F401 (fixture)
+from test_text_encoder_files import hub  # noqa: F401 (fixture: the loopback Hub as HF_ENDPOINT)
 from prequant_core import report
 from prequant_core.errors import BuildError, CorruptCheckpointError, PrequantError, ValidationError
 from prequant_core.load import encoder_sources, opening, pipeline
@@ -166,13 +166,6 @@ def test_the_builder_does_not_write_the_int8_form(tmp_path):
         text_encoder.build_text_encoder(str(tmp_path / "dense.safetensors"), str(tmp_path / "out.safetensors"),
                                         family="qwen-image-2.1")
     assert NAME in e.value.fix and not os.path.exists(tmp_path / "out.safetensors")
-
-
-@pytest.fixture
-def hub(hf_env, monkeypatch):  # noqa: F811
-    with HubServer(chunk=64 * 1024) as s:
-        monkeypatch.setenv("HF_ENDPOINT", s.url)
-        yield s
 
 
 def test_the_family_download_asks_for_the_int8_file_first(hub, tmp_path):
