@@ -165,9 +165,9 @@ class PrequantLoadTextEncoder:
                                                             for c in served))
         comp = encoder_sources.component_for(src.family, component) or encoder_checks.ANY_COMPONENT
         hosted = encoder_checks.hosted_for(src.family, None if comp == encoder_checks.ANY_COMPONENT else comp)
-        if hosted is not None and not encoders.for_class(hosted.te_class).hostable:  # before any download
-            _refuse_unhostable(encoders.for_class(hosted.te_class), families.get(src.family).title,
-                               comfy_file=hosted.comfy_file)
+        hosted_kind = encoders.for_class(hosted.te_class) if hosted is not None else None
+        if hosted_kind is not None and not hosted_kind.hostable:  # before any download
+            _refuse_unhostable(hosted_kind, families.get(src.family).title, comfy_file=hosted.comfy_file)
         req = Request(scheme="auto", base_model_id=(base_model_id or "").strip() or None, family=src.family,
                       component=comp)
         with torch.inference_mode(False), torch.no_grad():

@@ -41,7 +41,8 @@ def load_weights_only(src, *, mmap: bool = True):
                                          fix="Download or build the file again.") from None
 
 
-# torch's message wraps the reason in advice to reload with weights_only=False; that advice is never shown here.
+# torch's message wraps the reason in advice to reload with the weights-only guard turned off; that advice is never
+# shown here.
 _TORCH_BOILERPLATE = re.compile(r"Weights only load failed\..*?trusted source\.|Please file an issue.*?WeightsUnpickler "
                                 r"error:|Check the documentation of torch\.load.*$", re.S)
 _GLOBAL = re.compile(r"(?:unsupported GLOBAL|Unsupported global: GLOBAL)\s+([\w.]+)", re.I)
