@@ -8,7 +8,9 @@ Per method, in a fresh server, four prompts in a row (seed and graph fixed):
   3. one step with the LoRA (first)   -> patch time = this prompt's wall - a warm step; peak with LoRA
   4. one step with the LoRA (again)   -> a warm step with the LoRA (patched weights: nothing per step)
 Methods: prequant (this pack, the int8 `.pt`), unet (ComfyUI's UNETLoader on the dense bf16 file of the same
-weights). Model: a real-width Z-Image (dim 3840, 30 heads), --layers main layers + 2+2 refiners; the LoRA: rank
+weights), prequant-lowvram (this pack's model loaded the way ComfyUI's low-VRAM mode loads a model that does not fit:
+every Linear streamed, a LoRA applied per call through ``weight_function``; a bench-only node caps the memory ComfyUI
+may load into, since on a CPU ComfyUI never loads partially by itself). Model: a real-width Z-Image (dim 3840, 30 heads), --layers main layers + 2+2 refiners; the LoRA: rank
 --rank on every attention and feed-forward Linear of every layer and refiner (qkv, out, w1, w2, w3), as ComfyUI's
 own key names (``diffusion_model.<module>.lora_up / lora_down / alpha``). Ratios are to the model file's bytes and
 to the dense method in the same run.
@@ -57,14 +59,52 @@ def make_lora(dense_file: str, dest: str, rank: int) -> int:
     return len(out) // 3
 
 
+def largest_layer_mib(dense_file: str) -> float:
+    """The float32 size of the largest Linear weight the LoRA patches (the dense file has ComfyUI's keys: the fused
+    qkv, 11520 x 3840)."""
+    from safetensors import safe_open
+    with safe_open(dense_file, "pt") as f:
+        shapes = [f.get_slice(k).get_shape() for k in f.keys() if k.endswith(TARGETS)]
+    return max(n * m for n, m in shapes) * 4 / 2**20
+
+
+LOWVRAM_NODE = '''
+class BenchLowVram:
+    """Bench-only: the model as ComfyUI loads it when the device has no room for it (low-VRAM mode): each Linear
+    streamed per call, a LoRA applied per call (weight_function) instead of merged."""
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "go"
+    CATEGORY = "bench"
+
+    def go(self, model):
+        m = model.clone()
+        load = m.partially_load
+
+        def no_room(device_to, extra_memory=0, force_patch_weights=False):
+            return load(device_to, 1, force_patch_weights=force_patch_weights)
+        m.partially_load = no_room
+        return (m,)
+
+
+NODE_CLASS_MAPPINGS = {"BenchLowVram": BenchLowVram}
+'''
+
+
 def graph(method: str, files: dict, latent: int, lora: bool, tag: str, seed: int) -> dict:
-    g = bs.graph(method, files, latent)
+    lowvram = method.endswith("-lowvram")
+    g = bs.graph(method.removesuffix("-lowvram"), files, latent)
     g["5"]["inputs"]["filename_prefix"] = f"bench_{method}_{tag}"
     g["4"]["inputs"]["seed"] = seed  # a new seed each prompt: ComfyUI re-runs the sampler instead of its cached result
     if lora:
         g["6"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["1", 0], "lora_name": LORA_NAME,
                                                                   "strength_model": 1.0}}
         g["4"]["inputs"]["model"] = ["6", 0]
+    if lowvram:
+        g["7"] = {"class_type": "BenchLowVram", "inputs": {"model": g["4"]["inputs"]["model"]}}
+        g["4"]["inputs"]["model"] = ["7", 0]
     return g
 
 
@@ -99,7 +139,7 @@ def main():
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--latent", type=int, default=16)
-    ap.add_argument("--methods", default="prequant,unet")
+    ap.add_argument("--methods", default="prequant,unet,prequant-lowvram")
     ap.add_argument("--out", default=None, help="append the table (markdown) to this file")
     ap.add_argument("--keep", default=None, help="reuse / keep the generated files in this folder")
     args = ap.parse_args()
@@ -115,6 +155,8 @@ def main():
         os.makedirs(cn, exist_ok=True)
         with open(os.path.join(cn, "bench_conditioning.py"), "w") as f:
             f.write(bs.COND_NODE)
+        with open(os.path.join(cn, "bench_lowvram.py"), "w") as f:
+            f.write(LOWVRAM_NODE)
         sizes = {k: os.path.getsize(v) / 2**20 for k, v in files.items()}
         print(f"files: dense {sizes['dense']:.0f} MiB, int8 {sizes['int8']:.0f} MiB; LoRA rank {args.rank} on "
               f"{n_lora} Linears ({os.path.getsize(lora_path) / 2**20:.0f} MiB)", flush=True)
@@ -122,7 +164,8 @@ def main():
         for m in args.methods.split(","):
             res[m] = run_one(m, base, files, args.latent)
             print(f"{m}: {json.dumps(res[m])}", flush=True)
-        label = {"prequant": ("this pack, int8 `.pt`", "int8"), "unet": ("ComfyUI dense bf16 (UNETLoader)", "dense")}
+        label = {"prequant": ("this pack, int8 `.pt`", "int8"), "unet": ("ComfyUI dense bf16 (UNETLoader)", "dense"),
+                 "prequant-lowvram": ("this pack, int8 `.pt`, low-VRAM load (LoRA per call)", "int8")}
         lines = ["| loader | file MiB | peak RSS added, load + 1 step MiB | / file | warm step s | LoRA patch s | "
                  "step with LoRA s | peak with LoRA MiB | peak with LoRA - serving peak MiB |",
                  "|---|---|---|---|---|---|---|---|---|"]
@@ -133,6 +176,23 @@ def main():
                          f"{r['serve']['peak_mib'] / sizes[f]:.2f} | {r['warm']['s']:.2f} | {patch:.1f} | "
                          f"{r['lora_warm']['s']:.2f} | {r['lora']['peak_mib']:.0f} | "
                          f"{r['lora']['peak_mib'] - r['serve']['peak_mib']:.0f} |")
+        largest = largest_layer_mib(files["dense"])
+        if "prequant" in res:
+            p = res["prequant"]
+            over = p["lora"]["peak_mib"] - p["serve"]["peak_mib"]
+            lines += ["", f"- this pack: peak with LoRA - serving peak = {over:.0f} MiB, the largest layer's float32 copy "
+                      f"{largest:.0f} MiB: {over / largest:.2f}x (issue 38's goal: <= 1x)"]
+        if "prequant" in res and "prequant-lowvram" in res:
+            p, lv = res["prequant"], res["prequant-lowvram"]
+            lines.append(f"- low-VRAM load, LoRA per call: step with LoRA / merged LoRA step = "
+                         f"{lv['lora_warm']['s'] / p['lora_warm']['s']:.2f}x; peak with LoRA "
+                         f"{lv['lora']['peak_mib']:.0f} MiB vs merged {p['lora']['peak_mib']:.0f} MiB")
+            if p["latent_file"] and lv["latent_file"]:
+                from safetensors.torch import load_file
+                a = load_file(lv["latent_file"])["latent_tensor"].float()
+                b = load_file(p["latent_file"])["latent_tensor"].float()
+                lines.append(f"- one-step latent with the LoRA, low-VRAM (ComfyUI's per-call bf16 LoRA math) vs merged: "
+                             f"rel err {((a - b).norm() / b.norm()).item():.4f}")
         if "prequant" in res and "unet" in res:
             p, d = res["prequant"], res["unet"]
             lines += ["", f"- LoRA patch time, this pack / dense: {(p['lora']['s'] - p['warm']['s']) / (d['lora']['s'] - d['warm']['s']):.2f}x"]

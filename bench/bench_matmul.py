@@ -12,7 +12,10 @@ machine is shared: load drifts between rounds, much less within one).
     .venv/bin/python bench/bench_matmul.py [--latents 16,64] [--rounds 5] [--methods dense,fp8,int8] [--out FILE]
 
 ``--methods``: ``dense``, ``fp8``, ``int8``, ``nvfp4``, ``mxfp8`` (the loader's choice) and ``fp8:quantized``,
-``int8:weight-only`` ... (forced). The file sizes of every scheme are printed side by side with the step times.
+``int8:weight-only`` ... (forced). ``int8:pieces`` is the quantized int8 path with its integer sums taken in exact
+float32 pieces instead of ``torch._int_mm`` (``prequant_core/schemes/int8_cpu.py``: the CPU path before 2026-12-04,
+and where ``_int_mm`` is not exact); its output is compared with ``int8``'s, bit for bit. The file sizes of every
+scheme are printed side by side with the step times.
 """
 from __future__ import annotations
 
@@ -27,6 +30,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+PIECES = "pieces"
 
 
 def main():
@@ -51,7 +57,7 @@ def main():
         nodes, pack = comfy_headless.boot(base_dir=base)
         import comfy.sample
         import bench_load
-        from prequant_core.schemes import devices
+        from prequant_core.schemes import devices, int8_cpu
         t = time.time()
         made = sorted({s for s, _, _ in methods if s != "dense"} | {"fp8"})
         files = bench_load.make_files(os.path.join(base, "models"), args.layers, made)
@@ -67,7 +73,7 @@ def main():
                         "zimage_dense_bf16.safetensors", "default")[0]
                     continue
                 os.environ.pop(devices.ENV, None)
-                if force:
+                if force and force != PIECES:
                     os.environ[devices.ENV] = force
                 res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(bench_load.prequant_name(scheme))
                 os.environ.pop(devices.ENV, None)
@@ -75,7 +81,9 @@ def main():
                 texts[key] = res["ui"]["prequant"][0].get("matmul") or "?"
                 print(f"{scheme} {force or 'default'}: {texts[key]}", flush=True)
 
-        def step(model, latent):
+        def step(key, latent):
+            model = models[key]
+            int8_cpu._native[torch._int_mm] = False if key[1] == PIECES else native
             g = torch.Generator().manual_seed(1)
             cond = [[torch.randn(1, 32, 2560, generator=g), {}]]
             lat = torch.zeros(1, 16, latent, latent)
@@ -86,17 +94,22 @@ def main():
                                           disable_pbar=True)
                 return time.perf_counter() - t0, out
 
-        results = {}
+        native = int8_cpu.native_exact()
+        print(f"torch._int_mm exact on this CPU: {native}", flush=True)
+
+        results, same = {}, {}
         for latent in latents:
             keys = [(s, f) for s, f, _ in methods
                     if not (s == "fp8" and f == "quantized" and latent > args.skip_emulated_above)]
-            outs = {k: step(models[k], latent)[1] for k in keys}  # warm-up (and the outputs compared below)
+            outs = {k: step(k, latent)[1] for k in keys}  # warm-up (and the outputs compared below)
             times = {k: [] for k in keys}
             for r in range(args.rounds):
                 for k in keys:
-                    times[k].append(step(models[k], latent)[0])
+                    times[k].append(step(k, latent)[0])
                 print(f"latent {latent} round {r + 1}: " + ", ".join(f"{k[0]}/{k[1] or 'default'} {times[k][-1]:.2f}s"
                                                                        for k in keys), flush=True)
+            if ("int8", None) in outs and ("int8", PIECES) in outs:
+                same[latent] = torch.equal(outs[("int8", None)], outs[("int8", PIECES)])
             d = outs[("dense", None)]
             dense_t = times[("dense", None)]
             for k in keys:
@@ -112,14 +125,21 @@ def main():
                 r = results.get((latent, (scheme, force)))
                 if r is None:
                     continue
-                name = "ComfyUI dense bf16" if scheme == "dense" else \
-                    f"prequant {scheme}, " + (f"{devices.ENV}={force}" if force else "loader's choice")
+                name = "ComfyUI dense bf16" if scheme == "dense" else f"prequant {scheme}, " + (
+                    "integer sums in float32 pieces" if force == PIECES else
+                    f"{devices.ENV}={force}" if force else "loader's choice")
                 path = "-" if scheme == "dense" else texts[(scheme, force)].split(" (")[0]
                 lines.append(f"| {latent} ({(latent // 2) ** 2}+32) | {name} | {path} | {r['step_s']:.2f} | "
                              f"{r['ratio']:.2f} | {' '.join(f'{x:.2f}' for x in r['ratios'])} | {r['rel_err']:.4f} |")
                 if mark == "default":
                     summary.append(f"- latent {latent}: {scheme} (loader's choice: {path}) step / dense = "
                                    f"{r['ratio']:.2f} (median of rounds; lowest {min(r['ratios']):.2f})")
+        for latent in latents:
+            if (latent, ("int8", PIECES)) in results and (latent, ("int8", None)) in results:
+                a, b = results[(latent, ("int8", None))], results[(latent, ("int8", PIECES))]
+                summary.append(f"- latent {latent}: int8 loader's choice / int8 float32 pieces = "
+                               f"{statistics.median(x / y for x, y in zip(a['ratios'], b['ratios'])):.2f} (median of "
+                               f"rounds); outputs equal (torch.equal): {same[latent]}")
         summary.append("- file sizes: " + ", ".join(f"{s} {sizes[s] / 2**20:.0f} MiB" for s in sizes) + "; " + ", ".join(
             f"{s} / fp8 = {sizes[s] / sizes['fp8']:.2f}" for s in sizes if s not in ("dense", "fp8")))
         table = "\n".join(lines + [""] + summary)

@@ -11,12 +11,13 @@ import comfy.supported_models
 import comfy.utils
 
 from prequant_core.families import keymap
+from prequant_core.schemes import quantize
 from prequant_core.load import placement
 from prequant_core.formats.checkpoint import Checkpoint
 from prequant_core.errors import ComfyVersionError
 from prequant_core.families import Family
 
-from .ops import choose_matmul, make_ops, matmul_summary, set_quantized
+from .ops import choose_matmul, is_prequant_linear, make_ops, matmul_summary, set_quantized
 from .patcher import PrequantModelPatcher
 
 log = logging.getLogger("prequant")
@@ -128,7 +129,7 @@ def key_map_for(family: Family, unet_config: dict, path: str | None = None) -> d
 
 
 def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dict, path: str | None = None,
-                    model_config=None) -> dict:
+                    model_config=None, sources: dict | None = None) -> dict:
     if layout == "comfyui":
         tensors = dict(tensors)
         if model_config is not None:  # ComfyUI's own renames for original-release names (key moves only)
@@ -138,14 +139,15 @@ def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dic
     if key_map is None:
         return dict(tensors)
     tensors, key_map = keymap.apply_row_permutations(tensors, key_map, path=path)
-    return keymap.to_comfy(tensors, key_map, path=path)
+    return keymap.to_comfy(tensors, key_map, path=path, sources=sources)
 
 
 def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *, path: str | None = None,
                   dtype=torch.bfloat16):
     """Checkpoint tensors (either layout, quantized or a mix) -> a ModelPatcher around ComfyUI's model class."""
     model_config, unet_config = model_config_for(family, tensors, metadata, dtype, path)
-    tensors = to_comfy_layout(family, layout, tensors, unet_config, path, model_config)
+    fused_from_file: dict = {}
+    tensors = to_comfy_layout(family, layout, tensors, unet_config, path, model_config, fused_from_file)
     load_device = mm.get_torch_device()
     offload_device = mm.unet_offload_device()
     manual_cast = mm.unet_manual_cast(dtype, load_device, model_config.supported_inference_dtypes)
@@ -158,6 +160,11 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
                             hold_quantized=True, cast_plain=dtype)
     for sub, attr, t in held:
         set_quantized(sub, attr, t)
+    for key, parts in fused_from_file.items():  # a LoRA's backup of these rows can be the file (nodes/patcher.py)
+        mod_name, _, attr = key.rpartition(".")
+        sub = model.diffusion_model.get_submodule(mod_name)
+        if attr == "weight" and is_prequant_linear(sub):
+            sub.prequant_fused_from = parts
     placement.check_complete(model.diffusion_model, path)
     # The matmul each quantized Linear runs is fixed now, for the device it will compute on (never mid-sampling).
     matmul = choose_matmul(model.diffusion_model, load_device)
@@ -166,6 +173,7 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     size = mm.module_size(model)  # plain int8/fp8 storage: real bytes, not dense-equivalent
     patcher = PrequantModelPatcher(model, load_device=load_device, offload_device=offload_device, size=size)
     patcher.prequant_matmul = matmul_summary(matmul)
+    quantize.release_free_memory()  # the load's temporaries (the file's parsed header, fusing), kept by glibc's heap
     return patcher
 
 

@@ -81,6 +81,7 @@ def make_ops(base):
             prequant_spec = None
             prequant_matmul = None  # devices.QUANTIZED / devices.WEIGHT_ONLY, set at load by choose_matmul
             prequant_bytes = False  # fp8 codes held as uint8 (a device without a float8 dtype)
+            prequant_fused_from = None  # the memory-mapped weights this fused weight's rows were copied from, in order
 
             def prequant_parts(self, device=None) -> tuple:
                 ts = tuple(getattr(self, n) for n in PART_NAMES[:self.prequant_nparts])
@@ -133,10 +134,15 @@ def make_ops(base):
                 """Requantize a patched dense weight. Rows equal to ``before`` (the dense weight the patch started
                 from), or marked in ``same``, keep their original codes and scales: a LoRA on to_k must not move the
                 q and v rows of a fused qkv through a needless dequantize/requantize round trip."""
-                spec = self.prequant_spec
-                old = self.prequant_parts()
                 if same is None and before is not None:
                     same = (dense == before).all(dim=1)
+                self.prequant_assign(self.prequant_quantize_dense(dense, self.prequant_parts(), same),
+                                     self.prequant_spec)
+
+            def prequant_quantize_dense(self, dense, old, same=None) -> tuple:
+                """``dense`` (rows of the weight as the layer's math sees it) quantized like ``old``, the parts of the
+                same rows; rows marked in ``same`` keep ``old``'s codes and scales."""
+                spec = self.prequant_spec
                 if spec.rotation:
                     dense = rotation.rotate(dense.to(torch.float32), spec.rotation)
                 # unchanged rows keep their per-row side values (NVFP4's row scale), changed rows get fresh ones
@@ -147,7 +153,24 @@ def make_ops(base):
                     new = tuple(torch.where(keep, o.to(n.device).view(torch.uint8), n.view(torch.uint8)).view(n.dtype)
                                 if n.element_size() == 1 else torch.where(keep, o.to(n.device), n)
                                 for o, n in zip(old, new))
-                self.prequant_assign(new, spec)
+                return new
+
+            def prequant_patched_per_call(self, ts) -> tuple:
+                """The streamed parts ``ts`` with ComfyUI's low-VRAM weight functions applied. Where each is a
+                ``LowVramPatch`` (the LoRA of this weight), its patches go through the same block-by-block path as a
+                merged LoRA (``lora_rows.patched_parts``): a block's float32 copy at a time, and the very codes the
+                merge would store, so a low-VRAM run with a LoRA gives the full load's output. Any other function gets
+                the dense weight as ComfyUI would hand it, which is then requantized."""
+                from . import lora_rows
+                fs = self.weight_function
+                if all(_plain_low_vram_patch(f) for f in fs):
+                    patches = [p for f in fs for p in f.patches[f.key]]
+                    return lora_rows.patched_parts(self, ts, patches, fs[0].key, give_back_pages=False)
+                spec = self.prequant_spec
+                w = qtensor.dequantize_parts(ts, spec, spec.dtype)
+                for f in fs:
+                    w = f(w)
+                return self.prequant_requantize(w, ts)
 
             def forward(self, input, *args, **kwargs):
                 spec = self.prequant_spec
@@ -158,11 +181,8 @@ def make_ops(base):
                 ts = self.prequant_parts()
                 if ts[0].device != dev:  # low-VRAM streaming: only the codes travel
                     ts = tuple(t.to(dev, non_blocking=True) for t in ts)
-                if self.weight_function:  # LoRA in low-VRAM mode patches per call on the dense weight
-                    w = qtensor.dequantize_parts(ts, spec, spec.dtype)
-                    for f in self.weight_function:
-                        w = f(w)
-                    ts = self.prequant_requantize(w, ts)
+                if self.weight_function:  # LoRA in low-VRAM mode: patched per call
+                    ts = self.prequant_patched_per_call(ts)
                 if spec.rotation:
                     input = rotation.rotate(input, spec.rotation)
                 layout = registry.codec(spec.kind)
@@ -188,6 +208,14 @@ def make_ops(base):
 
     PrequantOps.__name__ = f"PrequantOps_{base.__name__}"
     return PrequantOps
+
+
+def _plain_low_vram_patch(f) -> bool:
+    """ComfyUI's ``LowVramPatch`` of a weight with no conversion around it (both versions: key, patches)."""
+    import comfy.model_patcher
+    return (isinstance(f, comfy.model_patcher.LowVramPatch) and isinstance(getattr(f, "patches", None), dict)
+            and getattr(f, "key", None) in f.patches and getattr(f, "convert_func", None) is None
+            and getattr(f, "set_func", None) is None)
 
 
 def is_prequant_linear(m) -> bool:

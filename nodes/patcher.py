@@ -1,22 +1,79 @@
 """A ModelPatcher that lets stock LoRA nodes patch quantized Linears: dequantize -> ComfyUI's own
 ``calculate_weight`` -> requantize per row, with the original codes *and* scales backed up, so unpatching
-restores the quantized weight exactly."""
+restores the quantized weight exactly.
+
+Memory while patching (issue 38): a layer is patched a block of rows at a time where its patches allow
+(``lora_rows``), so the float32 working copies are a block's, not the layer's; the originals kept for the unpatch
+cost nothing resident where they are the checkpoint file's own pages (given back, re-read on unpatch) or, for a
+fused weight (``to_q/to_k/to_v`` -> ``qkv``), where the rows it was copied from are (the backup rebuilds it from them
+when ComfyUI reads it)."""
 from __future__ import annotations
 
 import collections
 
 import torch
 
-import comfy.lora
 import comfy.model_patcher
 import comfy.utils
 
 from prequant_core.families import pages
-from prequant_core.schemes import qtensor
+from prequant_core.schemes import qtensor, quantize
 
+from . import lora_rows
 from .ops import PART_NAMES, is_prequant_linear
 
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])
+
+
+class _RebuiltFromFile(tuple):
+    """A backup entry as ComfyUI reads it (``.weight``, ``.inplace_update``) whose weight is concatenated from the
+    memory-mapped rows it was fused from when it is read, then those pages are given back again."""
+    __slots__ = ()
+
+    def __new__(cls, rows: list, dtype: torch.dtype):
+        return tuple.__new__(cls, (tuple(rows), dtype))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        rows, dtype = self
+        out = torch.cat([r.view(torch.uint8) if r.element_size() == 1 else r for r in rows])
+        pages.release(rows)
+        return out.view(dtype)
+
+    @property
+    def inplace_update(self) -> bool:
+        return False
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.element_size() == 1 and b.element_size() == 1:  # fp8 codes may be held as bytes (and may hold NaN)
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def _file_backups(op, originals) -> list | None:
+    """Per part, the file's rows that ``originals`` (a fused weight's parts) were copied from, if they still hold
+    exactly those bytes (checked, then the pages read are given back); else None: the originals are kept as they are."""
+    sources = op.prequant_fused_from
+    if not sources or any(t.device.type != "cpu" for t in originals):
+        return None
+    split = [qtensor.parts(s)[0] if qtensor.is_quantized(s) else None for s in sources]
+    if any(sp is None or len(sp) != len(originals) for sp in split):
+        return None
+    out = []
+    for i, orig in enumerate(originals):
+        rows, pos = [sp[i] for sp in split], 0
+        for r in rows:
+            n = r.shape[0] if r.ndim else 0
+            same = r.ndim == orig.ndim and _same_bytes(orig[pos:pos + n], r)
+            pages.release([r])
+            if not same:
+                return None
+            pos += n
+        if pos != orig.shape[0]:
+            return None
+        out.append(_RebuiltFromFile(rows, orig.dtype))
+    return out
 
 
 class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
@@ -40,18 +97,14 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
             originals = op.prequant_parts()
             if fresh:
                 # every part under its own name (weight, weight_scale, weight_scale_2): unpatch restores them all
-                for name, t in zip(PART_NAMES, originals):
-                    self.backup[key[:-len("weight")] + name] = _Backup(t, False)
-            # One float32 copy of the layer: patched in place, then compared with the stored weight a few rows at a
-            # time (the rows the patch left alone keep their codes), then requantized.
-            parts = op.prequant_parts(device_to)  # moved to the device once, for the dense copy and the comparison
-            out = comfy.lora.calculate_weight(self.patches[key],
-                                              qtensor.dense_from_parts(parts, op.prequant_spec, torch.float32), key)
-            same = qtensor.rows_unchanged(out, parts, op.prequant_spec)
-            del parts
-            op.prequant_assign_dense(out, same=same)
-            del out
+                kept = _file_backups(op, originals) or [_Backup(t, False) for t in originals]
+                for name, b in zip(PART_NAMES, kept):
+                    self.backup[key[:-len("weight")] + name] = b
+            new = lora_rows.patched_parts(op, originals, self.patches[key], key, device_to)
+            op.prequant_assign(new, op.prequant_spec)
             if fresh:
                 # the originals now live only in the backup: where they are the checkpoint file's own pages, give
                 # those back (re-read from the file, byte for byte, when unpatch puts them back in use)
                 pages.release(originals)
+            del originals, new
+            quantize.release_free_memory()  # the blocks' temporaries, which glibc's heap would keep

@@ -182,7 +182,8 @@ leg_done comfyui-0.3.75 "$r"; [ "$r" -eq 0 ] || rc=$r
 #                        after a LoRA'd clone is not unpatched; a stock dense Linear stays patched there too
 COMFY012_TESTS=(tests/test_server.py tests/test_families.py tests/test_loader.py tests/test_matmul_path.py
                 tests/test_info.py tests/test_block_formats_comfy.py tests/test_comfyui_version.py tests/test_fallback.py
-                tests/test_comfy_native_comfy.py tests/test_text_encoder_comfy.py tests/test_text_encoder_server.py)
+                tests/test_comfy_native_comfy.py tests/test_text_encoder_comfy.py tests/test_text_encoder_server.py
+                tests/test_lora_rows.py)
 COMFY012_DESELECT=(--deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
                    --deselect tests/test_text_encoder_server.py::test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub
                    --deselect tests/test_matmul_path.py::test_weight_only_stock_lora

@@ -1,4 +1,5 @@
-"""The CPU int8 linear (prequant_core.schemes.int8_cpu) is torchao's dynamic int8 linear, bit for bit, without torch._int_mm."""
+"""The CPU int8 linear (prequant_core.schemes.int8_cpu) is torchao's dynamic int8 linear, bit for bit, through both of
+its exact integer matmuls (torch._int_mm where it is exact on this CPU, float32 pieces everywhere)."""
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,9 @@ def _torchao(x, q, s, spec, bias):
     return torch.nn.functional.linear(x, qtensor.join(q, s, spec), bias)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["int_mm", "float32-pieces"])
 @pytest.mark.parametrize("rows,cols", [(10240, 3840), (3840, 10240), (1000, 2500)])  # Z-Image's + odd
-def test_equals_torchaos_int8_linear_bit_for_bit(rows, cols):
+def test_equals_torchaos_int8_linear_bit_for_bit(rows, cols, native):
     """Real layer shapes and an odd one (a last block of rows and of columns shorter than the rest): every output
     element equals torchao's, with and without bias, in weight-row blocks of any size."""
     g, q, s, spec = _layer(rows, cols, rows + cols)
@@ -32,8 +34,8 @@ def test_equals_torchaos_int8_linear_bit_for_bit(rows, cols):
     bias = torch.randn(rows, generator=g).to(spec.dtype)
     with torch.inference_mode():
         want, want_nb = _torchao(x, q, s, spec, bias), _torchao(x, q, s, spec, None)
-        assert torch.equal(int8_cpu.linear(x, q, s, spec, bias), want)
-        assert torch.equal(int8_cpu.linear(x, q, s, spec, None, rows=1000), want_nb)
+        assert torch.equal(int8_cpu.linear(x, q, s, spec, bias, native=native), want)
+        assert torch.equal(int8_cpu.linear(x, q, s, spec, None, rows=1000, native=native), want_nb)
 
 
 def test_integer_sums_at_the_float32_limit_are_exact():
@@ -44,8 +46,9 @@ def test_integer_sums_at_the_float32_limit_are_exact():
     a[2, ::2] = -127
     w = torch.full((5, 4096), -128, dtype=torch.int8)
     w[3] = 127
-    assert torch.equal(int8_cpu.int_mm(a, w), torch._int_mm(a, w.t()))
-    assert int(int8_cpu.int_mm(a, w).abs().max()) == 128 * 128 * 4096
+    want = (a.double() @ w.double().t()).to(torch.int32)
+    assert torch.equal(int8_cpu.int_mm(a, w, native=False), want)
+    assert int(want.abs().max()) == 128 * 128 * 4096
 
 
 def test_float64_when_float32_matmuls_are_not_exact(monkeypatch):
@@ -73,3 +76,31 @@ def test_weight_only_int8_goes_to_torchao():
     x = torch.randn(4, 512, generator=g).to(torch.bfloat16)
     assert not int8_cpu._symmetric_dynamic(wo.as_kwargs().get("act_quant_kwargs"))
     assert torch.equal(int8_cpu.linear(x, q, s, wo), _torchao(x, q, s, wo, None))
+
+
+def test_this_cpus_int_mm_passes_the_check_and_is_the_default():
+    """The CI CPU (AVX-512 VNNI) sums int8 exactly in torch._int_mm: the check passes and the linear takes it."""
+    assert int8_cpu.native_exact()
+    a, w = int8_cpu._worst_case(40, 3000, 24)
+    assert torch.equal(int8_cpu.int_mm(a, w), int8_cpu.int_mm(a, w, native=False))
+
+
+def _saturating_int_mm(a, b):
+    """What an int8 kernel without dot-product instructions may compute: neighbouring products added in a
+    saturating 16-bit register (x86 ``pmaddubsw`` on codes shifted to unsigned), then summed in int32."""
+    ua = a.to(torch.int32) + 128  # signed codes shifted to unsigned, as oneDNN does for s8 activations
+    prods = ua[:, :, None] * b.to(torch.int32)[None, :, :]  # [M, K, N]
+    k = prods.shape[1] - prods.shape[1] % 2
+    pairs = (prods[:, 0:k:2] + prods[:, 1:k:2]).clamp(-32768, 32767)
+    total = pairs.sum(1) + (prods[:, k:].sum(1) if k < prods.shape[1] else 0)
+    return (total - 128 * b.to(torch.int32).sum(0)).to(torch.int32)  # the shift's compensation, exact
+
+
+def test_a_saturating_kernel_is_refused_and_the_pieces_take_over():
+    """A kernel that is right on ordinary codes but saturates on the worst case is caught by the check."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(-20, 20, (8, 64), generator=g, dtype=torch.int8)
+    w = torch.randint(-20, 20, (16, 64), generator=g, dtype=torch.int8)
+    assert torch.equal(_saturating_int_mm(a, w.t()), torch._int_mm(a, w.t()))  # small codes: exact
+    assert not int8_cpu.native_exact(_saturating_int_mm)
+    assert not int8_cpu.native_exact(lambda a, b: (_ for _ in ()).throw(RuntimeError("no CPU kernel")))

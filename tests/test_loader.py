@@ -153,36 +153,94 @@ def test_stock_lora_loader_on_quantized_weights(comfy, prequant_files, allow_dir
     assert torch.equal(sample(model), base)
 
 
-def test_a_lora_gives_back_the_original_weights_pages_and_unpatches_exactly(comfy, prequant_files, allow_dir,
-                                                                            monkeypatch):
-    """The originals of the patched layers live on only in the backup: where they are the mapped checkpoint's own
-    pages (a `.pt`, read with mmap) those pages leave memory while the LoRA is on (issue 38: the peak with a LoRA),
-    and unpatching reads them back from the file byte for byte."""
+def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, prequant_files, allow_dir,
+                                                                       monkeypatch):
+    """The originals of the patched layers live on only in the backup, and where the mapped checkpoint holds them
+    they are not kept in memory (issue 38: the peak with a LoRA): the file's own pages (w1, cap_embedder.1) are given
+    back, and the fused qkv (copied from the file's to_q/to_k/to_v at load) is backed up as those rows of the file,
+    rebuilt when ComfyUI reads the backup. Unpatching restores every byte; patching again gives the same output; a
+    layer patched in blocks of 8 rows gives the very bytes of one block (nodes/lora_rows.py)."""
     import comfy.model_management as mm
     import folder_paths
     from prequant_core.families import pages
-    nodes, _ = comfy
+    nodes, pack = comfy
+    lora_rows, patcher = pack.nodes.lora_rows, pack.nodes.patcher
     path = prequant_files("int8", "pt")
     allow_dir(os.path.dirname(path))
     model = load_path(comfy, path)
     base = sample(model)
-    ff = model.model.diffusion_model.layers[0].feed_forward.w1
-    orig = ff.weight.detach().clone()
+    dm = model.model.diffusion_model
+    orig = {n: dm.get_submodule(n).weight.detach().clone() for n in ("layers.0.feed_forward.w1", "layers.0.attention.qkv")}
+    orig_scale = dm.layers[0].attention.qkv.weight_scale.detach().clone()
+    assert len(dm.layers[0].attention.qkv.prequant_fused_from) == 3  # to_q, to_k, to_v of the mapped file
     freed = []
     real = pages.release
-    monkeypatch.setattr(pages, "release", lambda ts: freed.append(real(ts)) or freed[-1])
+    monkeypatch.setattr(pages, "release", lambda ts, *a: freed.append(real(ts, *a)) or freed[-1])
     lora_dir = folder_paths.get_folder_paths("loras")[0]
     os.makedirs(lora_dir, exist_ok=True)
     _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora_pages.safetensors"))
+    loader = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]()
     with torch.inference_mode():
-        lora_model = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
-            model, "tiny_zimage_lora_pages.safetensors", 1.0)[0]
+        lora_model = loader.load_lora_model_only(model, "tiny_zimage_lora_pages.safetensors", 1.0)[0]
     with_lora = sample(lora_model)
     assert not torch.equal(with_lora, base)
-    # the LoRA's three layers: qkv (fused from q, k, v at load: anonymous, kept), w1 and cap_embedder.1 (the file's
-    # own pages, given back)
-    assert len(freed) == 3 and sorted(freed)[0] == 0 and sorted(freed)[1] > 0, freed
+    backup = lora_model.backup
+    for part in ("weight", "weight_scale"):
+        assert isinstance(backup[f"diffusion_model.layers.0.attention.qkv.{part}"], patcher._RebuiltFromFile)
+        assert isinstance(backup[f"diffusion_model.layers.0.feed_forward.w1.{part}"], patcher._Backup)
+    assert sum(f > 0 for f in freed) >= 2, freed  # w1's and cap_embedder.1's pages (and the qkv rows' read back)
+    assert torch.equal(backup["diffusion_model.layers.0.attention.qkv.weight"].weight, orig["layers.0.attention.qkv"])
     mm.unload_all_models()
-    assert torch.equal(model.model.diffusion_model.layers[0].feed_forward.w1.weight, orig)
+    for n, w in orig.items():
+        assert torch.equal(dm.get_submodule(n).weight, w), n
+    assert torch.equal(dm.layers[0].attention.qkv.weight_scale, orig_scale)
     assert torch.equal(sample(model), base)
     assert torch.equal(sample(lora_model), with_lora), "patching again from the re-read pages: the same output"
+    mm.unload_all_models()
+    monkeypatch.setattr(lora_rows, "ROWS", 8)  # the tiny layers' 64-192 rows in many blocks
+    assert len(lora_rows.blocks(lora_model.patches["diffusion_model.layers.0.attention.qkv.weight"],
+                                dm.layers[0].attention.qkv.weight.shape[0], lora_rows.rows_per_block(64))) > 2
+    assert torch.equal(sample(lora_model), with_lora), "patched in blocks of rows: the same bytes"
+    mm.unload_all_models()
+    assert torch.equal(dm.layers[0].attention.qkv.weight, orig["layers.0.attention.qkv"])
+
+
+def _low_vram(model):
+    """The model as ComfyUI loads it when the device has no room for it: ComfyUI never loads partially on a CPU by
+    itself, so the memory it may load into is capped (each Linear streamed, a LoRA applied per call)."""
+    m = model.clone()
+    load = m.partially_load
+    m.partially_load = lambda device_to, extra_memory=0, force_patch_weights=False: load(
+        device_to, 1, force_patch_weights=force_patch_weights)
+    return m
+
+
+def test_a_lora_in_low_vram_mode_gives_the_merged_output(comfy, prequant_files, allow_dir, models_dir, monkeypatch):
+    """Low-VRAM mode applies a LoRA per call (ComfyUI's weight_function): the pack runs ComfyUI's LowVramPatch
+    through the same row blocks as the merge, so each call computes the very codes the merged LoRA stores and the
+    sampled latent equals the full load's bit for bit (issue 38), with nothing merged into the weights."""
+    import comfy.model_management as mm
+    import folder_paths
+    nodes, pack = comfy
+    path = prequant_files("int8")
+    allow_dir(os.path.dirname(path))
+    model = load_path(comfy, path)
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora_lowvram.safetensors"), seed=11)
+    with torch.inference_mode():
+        lora_model = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
+            model, "tiny_zimage_lora_lowvram.safetensors", 1.0)[0]
+    merged = sample(lora_model)
+    mm.unload_all_models()
+    dm = model.model.diffusion_model
+    codes = dm.layers[0].attention.qkv.weight.detach().clone()
+    per_call = []
+    real = pack.nodes.lora_rows.patched_parts
+    monkeypatch.setattr(pack.nodes.lora_rows, "patched_parts",
+                        lambda *a, **k: per_call.append(k.get("give_back_pages", True)) or real(*a, **k))
+    streamed = sample(_low_vram(lora_model))
+    assert per_call and not any(per_call), "every patch ran per call (low-VRAM), none was merged"
+    assert torch.equal(dm.layers[0].attention.qkv.weight, codes), "the stored codes stay the file's"
+    assert torch.equal(streamed, merged)
+    mm.unload_all_models()

@@ -67,7 +67,10 @@ def parse_map(key_map: Mapping, *, path: str | None = None) -> dict[str, KeyTarg
 # ---------------------------------------------------------------------------------------------------------------
 # Applying a map
 
-def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None) -> dict:
+def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None, sources: dict | None = None) -> dict:
+    """The tensors under ComfyUI's keys. ``sources``, where given, receives ``{fused key: [its parts' weights, in row
+    order]}`` for every fused weight whose parts all lie in a memory-mapped file: the fused rows can be rebuilt from
+    the file at any time (a LoRA's unpatch does: nodes/patcher.py) instead of being kept twice."""
     out: dict = {}
     fused: dict[str, list] = {}
     unknown = []
@@ -102,7 +105,10 @@ def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None) -> 
             out[name] = _qtensor().cat_rows([v for _, _, v in parts])
         except ValueError as e:
             raise CorruptCheckpointError(f"Cannot fuse '{name}': {e}.", path=path) from None
-        pages.release(_plain_parts(v for _, _, v in parts))
+        plain = list(_plain_parts(v for _, _, v in parts))
+        if sources is not None and pages.file_backed(plain):
+            sources[name] = [v for _, _, v in parts]
+        pages.release(plain)
     return out
 
 

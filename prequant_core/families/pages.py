@@ -42,8 +42,32 @@ def _file_mappings() -> list[tuple[int, int]]:
     return out
 
 
-def release(tensors) -> int:
-    """Reclaim the whole pages of these CPU tensors that lie in file mappings; returns the bytes advised."""
+class Mappings(tuple):
+    """This process's file mappings, sorted (start, end) pairs, with their starts for bisecting."""
+    __slots__ = ()
+
+    @property
+    def starts(self) -> list[int]:
+        return self[0]
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return self[1]
+
+
+def file_mappings() -> Mappings | None:
+    """A snapshot of this process's file mappings for several ``release`` calls in a row (reading /proc/self/maps
+    takes milliseconds): valid for tensors kept alive meanwhile, whose mappings cannot go away under them."""
+    try:
+        spans = _file_mappings()
+    except OSError:
+        return None
+    return Mappings(([m[0] for m in spans], spans))
+
+
+def release(tensors, maps: Mappings | None = None) -> int:
+    """Reclaim the whole pages of these CPU tensors that lie in file mappings; returns the bytes advised. ``maps``:
+    a ``file_mappings`` snapshot taken while these tensors were alive (else /proc/self/maps is read now)."""
     if not sys.platform.startswith("linux"):
         return 0
     madvise = _madvise()
@@ -60,16 +84,38 @@ def release(tensors) -> int:
             spans.append((start, end))
     if not spans:
         return 0
-    try:
-        maps = _file_mappings()
-    except OSError:
+    if maps is None:
+        maps = file_mappings()
+    if maps is None:
         return 0
-    starts = [m[0] for m in maps]
+    starts, spans_of = maps.starts, maps.spans
     done = 0
     for start, end in spans:
         i = bisect.bisect_right(starts, start) - 1
-        if i < 0 or not (maps[i][0] <= start and end <= maps[i][1]):
+        if i < 0 or not (spans_of[i][0] <= start and end <= spans_of[i][1]):
             continue  # not (wholly) in one file mapping: anonymous memory is never advised
         if madvise(start, end - start, MADV_PAGEOUT) == 0:
             done += end - start
     return done
+
+
+def file_backed(tensors) -> bool:
+    """Whether every one of these CPU tensors lies wholly inside a mapping of a regular file (a memory-mapped
+    checkpoint), so that its bytes can always be read back from that file instead of being kept in memory."""
+    tensors = list(tensors)
+    if not sys.platform.startswith("linux") or not tensors:
+        return False
+    try:
+        maps = _file_mappings()
+    except OSError:
+        return False
+    starts = [m[0] for m in maps]
+    for t in tensors:
+        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+            return False
+        start = t.data_ptr()
+        end = start + t.numel() * t.element_size()
+        i = bisect.bisect_right(starts, start) - 1
+        if i < 0 or not (maps[i][0] <= start and end <= maps[i][1]):
+            return False
+    return True

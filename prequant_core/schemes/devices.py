@@ -5,7 +5,8 @@ Two paths, same file, same weights:
 * ``quantized``: torchao's matmul with dynamic activation quantization, what ``quantize_`` with the scheme's config
   computes. fp8 needs a CUDA GPU of compute capability >= 8.9 (``_scaled_mm`` on fp8 tensor cores); int8 needs
   int8 GEMM support, which CUDA GPUs have from compute capability 7.5 (``torch._int_mm``); on a CPU the same
-  integer sums are taken in exact float32 pieces (``int8_cpu``: torchao's result, without its slow CPU ``_int_mm``).
+  integer sums come from ``torch._int_mm`` where it is exact there, else from exact float32 pieces (``int8_cpu``:
+  torchao's result either way, without torchao's own CPU path, an int32 matmul without BLAS).
 * ``weight-only``: each Linear's rows are dequantized (``codes * scale``) to the compute dtype at matmul time and a
   dense ``F.linear`` runs. Works on every device torch runs on. Where a device has no float8 dtype at all (Apple
   MPS, and other non-CUDA accelerators to be safe), fp8 codes are kept as their raw bytes (uint8) and decoded through

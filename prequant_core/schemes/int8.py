@@ -50,7 +50,13 @@ class Int8Codec(RowCodec):
                         "act_pre_scale", "act_quant_scale", "act_quant_zero_point"})
     fingerprint_fields = ("qdata", "scale", "zero_point", "act_quant_scale", "act_quant_zero_point", "act_pre_scale")
     json_parts = frozenset({"qdata", "scale", "zero_point"})
-    cpu_matmul = "int8 matmul supported (torchao's result, integer sums in exact float32 pieces on the CPU)"
+
+    @property
+    def cpu_matmul(self) -> str:
+        from . import int8_cpu
+        how = ("torch._int_mm, exact on this CPU" if int8_cpu.native_exact() else
+               "integer sums in exact float32 pieces: torch._int_mm is not exact on this CPU")
+        return f"int8 matmul supported (torchao's result; {how})"
 
     def tensor_type(self):
         from torchao.quantization.quantize_.workflows import Int8Tensor
@@ -90,7 +96,7 @@ class Int8Codec(RowCodec):
                                   reduce_range=j.bool_(d.get("reduce_range"), "reduce_range"))
 
     def quantized_linear(self, input, tensors, spec, bias):
-        if tensors[0].device.type == "cpu":  # torchao's result, without torch._int_mm
+        if tensors[0].device.type == "cpu":  # torchao's result, without its BLAS-less CPU int32 matmul
             from . import int8_cpu
             return int8_cpu.linear(input, tensors[0], tensors[1], spec, bias)
         return super().quantized_linear(input, tensors, spec, bias)

@@ -1,15 +1,21 @@
-"""torchao's dynamic int8 linear on a CPU, with the integer matmul done exactly in float32 pieces.
+"""torchao's dynamic int8 linear on a CPU, with the integer matmul done by a kernel that is exact and fast.
 
-torchao's CPU int8 linear quantizes the activations per token, multiplies the int8 codes with ``torch._int_mm`` and
-scales the int32 result. ``torch._int_mm`` on a CPU is an order of magnitude slower than a float32 matmul of the same
-shape (measured: 1.29 s against 0.09 s for 80 x 3072 @ 3072 x 4096), and it needs the whole weight at once. Every
-product of two int8 codes is an integer of magnitude at most 2**14, so a float32 matmul over at most 1024 of them sums
-integers below 2**24 in any order: every partial sum is exact, whatever the BLAS. The int32 sum of those pieces is
-therefore the very integer ``torch._int_mm`` returns, and what follows is torchao's own scaling, in its order: the
-output is bit for bit torchao's (tests/test_int8_cpu.py), several times sooner, with one block of weight rows widened
-at a time.
+torchao's CPU int8 linear quantizes the activations per token, multiplies the int8 codes and scales the int32 result.
+For the multiplication torchao 0.18 takes an int32 ``torch.matmul`` on a CPU (``torchao.kernel.intmm.safe_int_mm``:
+no BLAS, a widened copy of the whole weight per call). Two exact ways round it, tried in this order:
 
-Anything other than torchao's symmetric per-token activation quantization without pre-scaling goes to torchao itself.
+* ``torch._int_mm``: oneDNN's int8 x int8 -> int32 matmul. On CPUs with int8 dot-product instructions (VNNI, AMX) it
+  sums in int32, exactly, at several times a float32 matmul's speed, reading the int8 weight where it lies (measured
+  on this project's CI CPU, bench/RESULTS-cpu.md). Without them oneDNN may add pairs of products in saturating 16-bit
+  registers, so the kernel is used only once it has returned the exact sums of the worst case (codes of magnitude 127
+  and 128 everywhere) on this machine: ``native_exact``.
+* exact float32 pieces: every product of two int8 codes is an integer of magnitude at most 2**14, so a float32 matmul
+  over at most 1024 of them sums integers below 2**24 in any order: every partial sum is exact, whatever the BLAS,
+  and the int32 sum of those pieces is the same integer. One block of weight rows is widened at a time.
+
+What follows the sums is torchao's own scaling, in its order: the output is bit for bit torchao's
+(tests/test_int8_cpu.py). Anything other than torchao's symmetric per-token activation quantization without
+pre-scaling goes to torchao itself.
 """
 from __future__ import annotations
 
@@ -31,8 +37,53 @@ def exact_float32() -> bool:
     return mkl in (None, "ieee", "none")
 
 
-def int_mm(a: torch.Tensor, w: torch.Tensor, rows: int = ROW_BLOCK) -> torch.Tensor:
-    """``a [M, K] int8 @ w [N, K].T int8`` as int32 [M, N], equal to ``torch._int_mm(a, w.t())``."""
+# (rows, columns, output features) of the check: one token (oneDNN's matrix-vector kernel), an odd count, a block's
+# worth; columns past 1024 and not a multiple of 4 (the dot-product instructions take 4 codes at a time)
+_CHECK_SHAPES = ((1, 1030, 48), (37, 2066, 80), (128, 1024, 64))
+_native: dict = {}
+
+
+def _worst_case(m: int, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes whose neighbouring products are all +-127*128 or 127*127: any 16-bit pair sum saturates, and a
+    kernel that shifts signed codes to unsigned (oneDNN's s8 handling) meets 255 * 127 too."""
+    a = torch.full((m, k), 127, dtype=torch.int8)
+    a[1::2] = -128
+    a[2::3, ::2] = -127
+    w = torch.full((n, k), -128, dtype=torch.int8)
+    w[1::2] = 127
+    w[::3, 1::2] = -127
+    g = torch.Generator().manual_seed(m * k + n)
+    a[-1] = torch.randint(-128, 128, (k,), generator=g, dtype=torch.int8)
+    w[-1] = torch.randint(-128, 128, (k,), generator=g, dtype=torch.int8)
+    return a, w
+
+
+def native_exact(kernel=None) -> bool:
+    """Whether ``kernel`` (``torch._int_mm``) returns the exact int32 sums on this machine's CPU, checked once per
+    process on ``_worst_case`` codes against float64 sums (exact: every sum here is below 2**53)."""
+    kernel = kernel or torch._int_mm
+    if kernel in _native:
+        return _native[kernel]
+    ok = True
+    try:
+        for m, k, n in _CHECK_SHAPES:
+            a, w = _worst_case(m, k, n)
+            want = (a.double() @ w.double().t()).to(torch.int32)
+            got = kernel(a, w.t())
+            ok = ok and got.dtype == torch.int32 and torch.equal(got, want)
+    except (RuntimeError, NotImplementedError):  # a torch build without a CPU int8 matmul
+        ok = False
+    _native[kernel] = ok
+    return ok
+
+
+def int_mm(a: torch.Tensor, w: torch.Tensor, rows: int = ROW_BLOCK, native: bool | None = None) -> torch.Tensor:
+    """``a [M, K] int8 @ w [N, K].T int8`` as int32 [M, N], the exact integer sums (``torch._int_mm(a, w.t())``
+    where that is exact here, else float32 pieces; ``native`` forces one way, for tests and benchmarks)."""
+    if native is None:
+        native = a.device.type == "cpu" and native_exact()
+    if native:
+        return torch._int_mm(a.contiguous(), w.t())
     m, k = a.shape
     n = w.shape[0]
     wide = torch.float32 if exact_float32() else torch.float64  # float64 holds every int8 dot product exactly
@@ -51,7 +102,7 @@ def _symmetric_dynamic(kw) -> bool:
 
 
 def linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, spec: QSpec, bias=None,
-           rows: int = ROW_BLOCK) -> torch.Tensor:
+           rows: int = ROW_BLOCK, native: bool | None = None) -> torch.Tensor:
     """``torch.nn.functional.linear(input, <the Int8Tensor of qdata, scale, spec>, bias)`` for a CPU int8 weight with
     dynamic activation quantization: the same tensor, bit for bit."""
     kw = spec.as_kwargs().get("act_quant_kwargs")
@@ -65,7 +116,7 @@ def linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, spec: 
     x, xs = act.qdata, act.scale
     # torchao: fp16 activation scales are widened to float32 so the int32 sums cannot overflow them
     mid = torch.float if xs.dtype == torch.half else xs.dtype
-    c = int_mm(x.reshape(-1, x.shape[-1]), qdata, rows)
+    c = int_mm(x.reshape(-1, x.shape[-1]), qdata, rows, native)
     y = (c.to(mid) * xs.reshape(-1, 1).to(mid)).to(out_dtype)
     y = (y * scale.flatten()).reshape(*x.shape[:-1], qdata.shape[0])
     if bias is not None:
