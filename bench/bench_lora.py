@@ -129,8 +129,11 @@ def run_one(method: str, base: str, files: dict, latent: int) -> dict:
             if err:
                 raise RuntimeError(f"{method}/{name}: {err}\n{srv.log_tail()}")
             res[name] = {"s": wall, "peak_mib": peak["added_mib"], "anon_mib": peak["anon_mib"]}
-    outs = sorted(n for n in os.listdir(os.path.join(base, "output")) if n.startswith(f"bench_{method}_lora_"))
-    res["latent_file"] = os.path.join(base, "output", outs[0]) if outs else None
+    out_dir = os.path.join(base, "output")
+    outs = [os.path.join(out_dir, n) for n in os.listdir(out_dir)
+            if n.startswith(f"bench_{method}_lora_") and not n.startswith(f"bench_{method}_lora_warm_")]
+    # this run's file: with --keep, earlier runs' files are in the same folder
+    res["latent_file"] = max(outs, key=os.path.getmtime) if outs else None
     return res
 
 
@@ -188,11 +191,12 @@ def main():
                          f"{lv['lora_warm']['s'] / p['lora_warm']['s']:.2f}x; peak with LoRA "
                          f"{lv['lora']['peak_mib']:.0f} MiB vs merged {p['lora']['peak_mib']:.0f} MiB")
             if p["latent_file"] and lv["latent_file"]:
+                import torch
                 from safetensors.torch import load_file
                 a = load_file(lv["latent_file"])["latent_tensor"].float()
                 b = load_file(p["latent_file"])["latent_tensor"].float()
-                lines.append(f"- one-step latent with the LoRA, low-VRAM (ComfyUI's per-call bf16 LoRA math) vs merged: "
-                             f"rel err {((a - b).norm() / b.norm()).item():.4f}")
+                lines.append(f"- one-step latent with the LoRA, low-VRAM (patched per call) vs merged: equal "
+                             f"(torch.equal): {torch.equal(a, b)}, rel err {((a - b).norm() / b.norm()).item():.4f}")
         if "prequant" in res and "unet" in res:
             p, d = res["prequant"], res["unet"]
             lines += ["", f"- LoRA patch time, this pack / dense: {(p['lora']['s'] - p['warm']['s']) / (d['lora']['s'] - d['warm']['s']):.2f}x"]
