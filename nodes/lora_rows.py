@@ -17,7 +17,7 @@ import comfy.lora
 import comfy.weight_adapter
 
 from prequant_core.families import pages
-from prequant_core.schemes import qtensor
+from prequant_core.schemes import qtensor, registry
 
 BLOCK_ELEMENTS = 2 << 20  # weight elements per block: an 8 MiB float32 copy (546 rows of 3840, 204 of 10240)
 ROWS = None  # a fixed number of rows per block instead (tests)
@@ -104,8 +104,8 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
     once it is done (the merge; not per call)."""
     spec = op.prequant_spec
     n = originals[0].shape[0]
-    if any(t.ndim == 0 or t.shape[0] != n for t in originals):  # a part not laid out by rows: one block
-        cuts = [(0, n, patches)]
+    if any(t.ndim == 0 or t.shape[0] != n for t in originals) or not registry.codec(spec.kind).rows_alone:
+        cuts = [(0, n, patches)]  # a part not laid out by rows, or rows requantized together: one block
     else:
         cuts = blocks(patches, n, rows_per_block(getattr(op, "in_features", originals[0].shape[-1])))
     new = maps = None

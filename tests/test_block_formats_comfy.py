@@ -129,6 +129,38 @@ def test_nvfp4_lora_patches_only_its_rows_and_unpatches_exactly(comfy, folder):
     assert torch.equal(sample(model), base)
 
 
+def test_nvfp4_lora_is_patched_layer_by_layer(comfy, folder, monkeypatch):
+    """NVFP4's changed rows share one fresh row scale (from the maximum over all of them), so its layers are never cut
+    into blocks of rows (nodes/lora_rows.py): with blocks of 8 rows asked for, the patched parts are the same bytes."""
+    import comfy.model_management as mm
+    import folder_paths
+    from safetensors.torch import save_file
+    nodes, pack = comfy
+    model = load(comfy, built(folder, "nvfp4"))["result"][0]
+    qkv = model.model.diffusion_model.double_blocks[0].img_attn.qkv
+    h = model.model.diffusion_model.hidden_size
+    g = torch.Generator().manual_seed(6)
+    sd = {"transformer.transformer_blocks.0.attn.to_k.lora_B.weight": (torch.randn(h, 4, generator=g) * 0.2)
+          .to(torch.bfloat16),
+          "transformer.transformer_blocks.0.attn.to_k.lora_A.weight": (torch.randn(4, h, generator=g) * 0.2)
+          .to(torch.bfloat16)}
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    save_file(sd, os.path.join(lora_dir, "tiny_flux1_nvfp4_lora_rows.safetensors"))
+    with torch.inference_mode():
+        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
+            model, "tiny_flux1_nvfp4_lora_rows.safetensors", 1.0)[0]
+    patched = []
+    for rows in (None, 8):
+        monkeypatch.setattr(pack.nodes.lora_rows, "ROWS", rows)
+        sample(lora)
+        patched.append([p.clone() for p in qkv.prequant_parts()])
+        mm.unload_all_models()
+    assert qkv.weight.shape[0] > 8 and all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                                           for a, b in zip(*patched))
+    assert not torch.equal(patched[0][2], qkv.weight_scale_2), "the patch gave the changed rows a fresh scale"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # v3: a layer policy mixing NVFP4, per-row fp8 and bf16 layers
 

@@ -222,6 +222,8 @@ class Codec:
     json_parts: frozenset | None = None  # the flattened parts torchao's JSON form may have (None: not checked)
     float8_codes: bool = False  # codes are float8: a device without a float8 dtype keeps them as bytes
     cpu_matmul: str | None = None  # why the quantized matmul runs on a CPU, or None where it does not
+    # requantizing a row depends on that row alone: a LoRA may patch the layer a block of rows at a time
+    rows_alone: bool = True
 
     def tensor_type(self) -> type:  # implement: the torchao class (imported when first asked)
         raise NotImplementedError

@@ -51,6 +51,7 @@ class NVFP4Codec(Codec):
     row scale fp32 [out, 1])``: torchao's one per-tensor scale repeated per row, so rows of weights with different
     scales can be fused (a ``QParts`` then: no torchao tensor holds them)."""
     kind, type_name, block = "nvfp4", "NVFP4Tensor", BLOCK
+    rows_alone = False  # the rows a patch changes share one fresh row scale, from the maximum over all of them
     part_names = ("codes", "block scales", "row scale")
     fields = frozenset({"qdata", "scale", "block_size", "orig_dtype", "per_tensor_scale", "act_per_tensor_scale",
                         "is_swizzled_scales", "use_triton_kernel", "act_quant_kwargs"})
