@@ -5,8 +5,8 @@ A patch is row-local when every output row of the patched weight depends on the 
 patch only: a plain LoRA (``up @ down``: row i of the difference is row i of ``up`` times ``down``), a ``diff`` or a
 ``set``, with or without an ``offset`` along the rows (a LoRA on ``to_k`` patches rows of ComfyUI's fused ``qkv``)
 and ``strength_model``. Everything else (DoRA's norms, LoHa / LoKr / OFT and other adapters, a conversion
-``function`` such as a row permutation, padding) is left whole: ``for_rows`` answers None and the layer is patched in
-one block, as ComfyUI would. Cutting changes no number: each element is the same sum of the same products (the
+``function`` such as a row permutation, padding) is left whole: ``row_local`` says no and the layer is patched in one
+block, as ComfyUI would. So is a kind whose rows are requantized together (the codec's ``rows_alone``: NVFP4). Cutting changes no number: each element is the same sum of the same products (the
 LoRA's rank-deep dot products; checked on the real layer shapes, tests/test_lora_rows.py).
 """
 from __future__ import annotations
