@@ -112,8 +112,16 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
     for start, stop, block_patches in cuts:
         # moved to the device once per block, for the dense copy and the comparison
         parts = tuple((t if len(cuts) == 1 else t[start:stop]).to(device or t.device) for t in originals)
-        out = comfy.lora.calculate_weight(block_patches, qtensor.dense_from_parts(parts, spec, torch.float32), key)
-        same = qtensor.rows_unchanged(out, parts, spec)
+        dense = qtensor.dense_from_parts(parts, spec, torch.float32)
+        if len(cuts) == 1:  # the whole layer: compared a few rows at a time, not against a second float32 copy
+            out = comfy.lora.calculate_weight(block_patches, dense, key)
+            same = qtensor.rows_unchanged(out, parts, spec)
+        else:  # a block: its copy costs less than dequantizing it again
+            before = dense.clone()
+            out = comfy.lora.calculate_weight(block_patches, dense, key)
+            same = (out == before).all(dim=1)
+            del before
+        del dense
         got = op.prequant_quantize_dense(out, parts, same)
         del out, parts
         if len(cuts) == 1:

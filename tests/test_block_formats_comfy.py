@@ -282,6 +282,46 @@ def test_convrot_file_rotates_inputs_and_matches_the_dense_model(comfy, folder):
     assert torch.isfinite(out).all() and rel_rot < 2 * rel_plain + 0.01
 
 
+def test_convrot_lora_in_blocks_of_rows_is_the_whole_layers_patch(comfy, folder, monkeypatch):
+    """A LoRA on a ConvRot layer patches W = W' H (the stored weight rotated back) and requantizes W H: both rotations
+    are along the columns, so patching a block of rows at a time (nodes/lora_rows.py) gives the very codes of patching
+    the whole layer, and unpatching restores the file's."""
+    import comfy.model_management as mm
+    import folder_paths
+    from safetensors.torch import save_file
+    nodes, pack = comfy
+    tensors, meta = convrot_tensors()
+    path = os.path.join(folder, "FLUX.1-schnell-INT8-ConvRot-lora.pt")
+    writers.write_checkpoint(path, tensors, meta, container="pt", overwrite=True)
+    model = load(comfy, os.path.basename(path), scheme="int8")["result"][0]
+    qkv = model.model.diffusion_model.double_blocks[0].img_attn.qkv
+    assert qkv.prequant_spec.rotation == 64
+    orig = [p.clone() for p in qkv.prequant_parts()]
+    h = model.model.diffusion_model.hidden_size
+    g = torch.Generator().manual_seed(7)
+    sd = {"transformer.transformer_blocks.0.attn.to_v.lora_B.weight": (torch.randn(h, 4, generator=g) * 0.2)
+          .to(torch.bfloat16),
+          "transformer.transformer_blocks.0.attn.to_v.lora_A.weight": (torch.randn(4, h, generator=g) * 0.2)
+          .to(torch.bfloat16)}
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    save_file(sd, os.path.join(lora_dir, "tiny_flux1_convrot_lora.safetensors"))
+    with torch.inference_mode():
+        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
+            model, "tiny_flux1_convrot_lora.safetensors", 1.0)[0]
+    patched, outs = [], []
+    for rows in (None, 8):
+        monkeypatch.setattr(pack.nodes.lora_rows, "ROWS", rows)
+        outs.append(sample(lora))
+        patched.append([p.clone() for p in qkv.prequant_parts()])
+        mm.unload_all_models()
+    assert len(pack.nodes.lora_rows.blocks(lora.patches["diffusion_model.double_blocks.0.img_attn.qkv.weight"],
+                                           qkv.weight.shape[0], 8)) > 2
+    assert all(torch.equal(a, b) for a, b in zip(*patched)) and torch.equal(*outs)
+    assert not torch.equal(patched[0][0][2 * h:], orig[0][2 * h:]) and torch.equal(patched[0][0][:2 * h], orig[0][:2 * h])
+    assert all(torch.equal(a, b) for a, b in zip(qkv.prequant_parts(), orig)), "unpatch restores every part"
+
+
 def test_convrot_without_its_rotation_would_be_wrong(comfy, folder):
     """The rotation is doing the work: the same file with the rotation fields removed drifts far from dense."""
     tensors, meta = convrot_tensors()
