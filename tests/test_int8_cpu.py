@@ -104,3 +104,16 @@ def test_a_saturating_kernel_is_refused_and_the_pieces_take_over():
     assert torch.equal(_saturating_int_mm(a, w.t()), torch._int_mm(a, w.t()))  # small codes: exact
     assert not int8_cpu.native_exact(_saturating_int_mm)
     assert not int8_cpu.native_exact(lambda a, b: (_ for _ in ()).throw(RuntimeError("no CPU kernel")))
+
+
+def test_an_exact_but_slower_kernel_is_not_chosen():
+    """Both ways are exact, so the faster one runs: a kernel that returns the right sums but takes far longer than the
+    float32 pieces on the probe (a generic kernel on a CPU without int8 dot products) is passed over."""
+    import time
+
+    def slow(a, b):
+        time.sleep(0.05)
+        return torch._int_mm(a, b)
+    assert int8_cpu.native_exact(slow)
+    assert not int8_cpu.native_chosen(slow)
+    assert not int8_cpu.native_chosen(_saturating_int_mm)  # and an inexact one never is

@@ -54,8 +54,12 @@ class Int8Codec(RowCodec):
     @property
     def cpu_matmul(self) -> str:
         from . import int8_cpu
-        how = ("torch._int_mm, exact on this CPU" if int8_cpu.native_exact() else
-               "integer sums in exact float32 pieces: torch._int_mm is not exact on this CPU")
+        if int8_cpu.native_chosen():
+            how = "torch._int_mm, exact on this CPU"
+        elif int8_cpu.native_exact():
+            how = "integer sums in exact float32 pieces: faster than torch._int_mm on this CPU"
+        else:
+            how = "integer sums in exact float32 pieces: torch._int_mm is not exact on this CPU"
         return f"int8 matmul supported (torchao's result; {how})"
 
     def tensor_type(self):

@@ -8,7 +8,9 @@ no BLAS, a widened copy of the whole weight per call). Two exact ways round it, 
   sums in int32, exactly, at several times a float32 matmul's speed, reading the int8 weight where it lies (measured
   on this project's CI CPU, bench/RESULTS-cpu.md). Without them oneDNN may add pairs of products in saturating 16-bit
   registers, so the kernel is used only once it has returned the exact sums of the worst case (codes of magnitude 127
-  and 128 everywhere) on this machine: ``native_exact``.
+  and 128 everywhere) on this machine (``native_exact``), and only where it is not slower than the float32 pieces on
+  a small probe (``native_chosen``: a CPU without those instructions may run a slow generic kernel; both are exact,
+  so the choice never changes a number).
 * exact float32 pieces: every product of two int8 codes is an integer of magnitude at most 2**14, so a float32 matmul
   over at most 1024 of them sums integers below 2**24 in any order: every partial sum is exact, whatever the BLAS,
   and the int32 sum of those pieces is the same integer. One block of weight rows is widened at a time.
@@ -18,6 +20,8 @@ What follows the sums is torchao's own scaling, in its order: the output is bit 
 pre-scaling goes to torchao itself.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 from torchao.quantization.quant_primitives import MappingType
@@ -77,11 +81,41 @@ def native_exact(kernel=None) -> bool:
     return ok
 
 
+_PROBE = (64, 2048, 2048)  # tokens, columns, output features: a few milliseconds either way
+_chosen: dict = {}
+
+
+def _best_of(fn, runs: int = 3) -> float:
+    fn()  # first call: kernel code generated, pages touched
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def native_chosen(kernel=None) -> bool:
+    """Whether the CPU int8 linear takes ``kernel`` (``torch._int_mm``): exact here (``native_exact``) and not slower
+    than the float32 pieces on a ``_PROBE``-sized product, timed once per process (best of three each)."""
+    kernel = kernel or torch._int_mm
+    if kernel not in _chosen:
+        ok = native_exact(kernel)
+        if ok:
+            g = torch.Generator().manual_seed(0)
+            m, k, n = _PROBE
+            a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+            w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+            ok = _best_of(lambda: kernel(a, w.t())) <= _best_of(lambda: int_mm(a, w, native=False))
+        _chosen[kernel] = ok
+    return _chosen[kernel]
+
+
 def int_mm(a: torch.Tensor, w: torch.Tensor, rows: int = ROW_BLOCK, native: bool | None = None) -> torch.Tensor:
     """``a [M, K] int8 @ w [N, K].T int8`` as int32 [M, N], the exact integer sums (``torch._int_mm(a, w.t())``
-    where that is exact here, else float32 pieces; ``native`` forces one way, for tests and benchmarks)."""
+    where ``native_chosen``, else float32 pieces; ``native`` forces one way, for tests and benchmarks)."""
     if native is None:
-        native = a.device.type == "cpu" and native_exact()
+        native = a.device.type == "cpu" and native_chosen()
     if native:
         return torch._int_mm(a.contiguous(), w.t())
     m, k = a.shape
