@@ -10,12 +10,14 @@ Per method, in a fresh server, four prompts in a row (seed and graph fixed):
 Methods: prequant (this pack, the int8 `.pt`), unet (ComfyUI's UNETLoader on the dense bf16 file of the same
 weights), prequant-lowvram (this pack's model loaded the way ComfyUI's low-VRAM mode loads a model that does not fit:
 every Linear streamed, a LoRA applied per call through ``weight_function``; a bench-only node caps the memory ComfyUI
-may load into, since on a CPU ComfyUI never loads partially by itself). Model: a real-width Z-Image (dim 3840, 30 heads), --layers main layers + 2+2 refiners; the LoRA: rank
---rank on every attention and feed-forward Linear of every layer and refiner (qkv, out, w1, w2, w3), as ComfyUI's
-own key names (``diffusion_model.<module>.lora_up / lora_down / alpha``). Ratios are to the model file's bytes and
+may load into, since on a CPU ComfyUI never loads partially by itself; the patch-time column is then the cost the
+LoRA adds to a step). Model: a real-width Z-Image (dim 3840, 30 heads), --layers main layers + 2+2 refiners; the
+LoRA: rank --rank on every attention and feed-forward Linear of every layer and refiner (qkv, out, w1, w2, w3), as
+ComfyUI's own key names (``diffusion_model.<module>.lora_up / lora_down / alpha``). Ratios are to the model file's bytes and
 to the dense method in the same run.
 
-    .venv/bin/python bench/bench_lora.py [--layers 1] [--rank 32] [--latent 16] [--methods prequant,unet] [--out F]
+    .venv/bin/python bench/bench_lora.py [--layers 1] [--rank 32] [--latent 16] [--methods prequant,unet,prequant-lowvram]
+                                         [--out F] [--keep DIR]
 """
 from __future__ import annotations
 
