@@ -101,14 +101,15 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
     of the block patched by ComfyUI's own ``calculate_weight``, its unchanged rows found (they keep their codes and
     scales), then requantized like the layer. The same bytes whether the patch is merged once (nodes/patcher.py) or
     applied per call in low-VRAM mode (nodes/ops.py). ``give_back_pages``: each block's file pages are given back
-    once it is done (the merge; not per call)."""
+    once it is done (the merge, whose originals live on only in the backup; not per call)."""
     spec = op.prequant_spec
     n = originals[0].shape[0]
     if any(t.ndim == 0 or t.shape[0] != n for t in originals) or not registry.codec(spec.kind).rows_alone:
         cuts = [(0, n, patches)]  # a part not laid out by rows, or rows requantized together: one block
     else:
         cuts = blocks(patches, n, rows_per_block(getattr(op, "in_features", originals[0].shape[-1])))
-    new = maps = None
+    new = None
+    maps = pages.file_mappings() if give_back_pages else None
     for start, stop, block_patches in cuts:
         # moved to the device once per block, for the dense copy and the comparison
         parts = tuple((t if len(cuts) == 1 else t[start:stop]).to(device or t.device) for t in originals)
@@ -124,6 +125,8 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
         del dense
         got = op.prequant_quantize_dense(out, parts, same)
         del out, parts
+        if give_back_pages:  # the block's file pages are done with (unpatch reads them again): not a whole layer's
+            pages.release([t if len(cuts) == 1 else t[start:stop] for t in originals], maps)
         if len(cuts) == 1:
             return got
         if new is None:
@@ -132,8 +135,4 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
             if g.element_size() == 1:  # byte views: index copies have no float8 kernels on every device
                 dst, g = dst.view(torch.uint8), g.view(torch.uint8)
             dst[start:stop] = g
-        if give_back_pages:  # a block's file pages are done with (unpatch reads them again): not a whole layer's
-            if maps is None:
-                maps = pages.file_mappings() or pages.Mappings(([], []))
-            pages.release([t[start:stop] for t in originals], maps)
     return new

@@ -60,13 +60,13 @@ def _file_backups(op, originals) -> list | None:
     split = [qtensor.parts(s)[0] if qtensor.is_quantized(s) else None for s in sources]
     if any(sp is None or len(sp) != len(originals) for sp in split):
         return None
-    out = []
+    out, maps = [], pages.file_mappings()
     for i, orig in enumerate(originals):
         rows, pos = [sp[i] for sp in split], 0
         for r in rows:
             n = r.shape[0] if r.ndim else 0
             same = r.ndim == orig.ndim and _same_bytes(orig[pos:pos + n], r)
-            pages.release([r])
+            pages.release([r], maps)
             if not same:
                 return None
             pos += n
@@ -100,11 +100,9 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
                 kept = _file_backups(op, originals) or [_Backup(t, False) for t in originals]
                 for name, b in zip(PART_NAMES, kept):
                     self.backup[key[:-len("weight")] + name] = b
+            # the originals now live only in the backup: where they are the checkpoint file's own pages, the patch
+            # gives those back as it goes (re-read from the file, byte for byte, when unpatch puts them back in use)
             new = lora_rows.patched_parts(op, originals, self.patches[key], key, device_to)
             op.prequant_assign(new, op.prequant_spec)
-            if fresh:
-                # the originals now live only in the backup: where they are the checkpoint file's own pages, give
-                # those back (re-read from the file, byte for byte, when unpatch puts them back in use)
-                pages.release(originals)
             del originals, new
             quantize.release_free_memory()  # the blocks' temporaries, which glibc's heap would keep

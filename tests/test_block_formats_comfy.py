@@ -97,28 +97,47 @@ def test_nvfp4_model_size_is_the_real_bytes(comfy, folder):
     assert mm["nv"] < 0.8 * mm["fp8"], mm
 
 
-def test_nvfp4_lora_patches_only_its_rows_and_unpatches_exactly(comfy, folder):
-    import comfy.model_management as mm
+def _lora_on(comfy, model, part, seed, name):
+    """``model`` with a rank-4 diffusers-named LoRA on ``transformer_blocks.0.attn.<part>`` (a row slice of ComfyUI's
+    fused qkv) through stock LoraLoaderModelOnly."""
     import folder_paths
     from safetensors.torch import save_file
     nodes, _ = comfy
+    h = model.model.diffusion_model.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    sd = {f"transformer.transformer_blocks.0.attn.{part}.lora_B.weight": (torch.randn(h, 4, generator=g) * 0.2)
+          .to(torch.bfloat16),
+          f"transformer.transformer_blocks.0.attn.{part}.lora_A.weight": (torch.randn(4, h, generator=g) * 0.2)
+          .to(torch.bfloat16)}
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    save_file(sd, os.path.join(lora_dir, name))
+    with torch.inference_mode():
+        return nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(model, name, 1.0)[0]
+
+
+def _patched_in_blocks_and_whole(pack, monkeypatch, lora, layer):
+    """``layer``'s patched parts and the sampled latent, patched whole (the default block size on these tiny layers)
+    and in blocks of 8 rows; unloaded after each."""
+    import comfy.model_management as mm
+    parts, outs = [], []
+    for rows in (None, 8):
+        monkeypatch.setattr(pack.nodes.lora_rows, "ROWS", rows)
+        outs.append(sample(lora))
+        parts.append([p.clone() for p in layer.prequant_parts()])
+        mm.unload_all_models()
+    return parts, outs
+
+
+def test_nvfp4_lora_patches_only_its_rows_and_unpatches_exactly(comfy, folder):
+    import comfy.model_management as mm
     model = load(comfy, built(folder, "nvfp4"))["result"][0]
     base = sample(model)
     qkv = model.model.diffusion_model.double_blocks[0].img_attn.qkv
     h = model.model.diffusion_model.hidden_size
     orig = [p.clone() for p in qkv.prequant_parts()]
     orig_dense = qkv.prequant_dense().clone()
-    g = torch.Generator().manual_seed(5)
-    sd = {"transformer.transformer_blocks.0.attn.to_k.lora_B.weight": (torch.randn(h, 4, generator=g) * 0.2)
-          .to(torch.bfloat16),
-          "transformer.transformer_blocks.0.attn.to_k.lora_A.weight": (torch.randn(4, h, generator=g) * 0.2)
-          .to(torch.bfloat16)}
-    lora_dir = folder_paths.get_folder_paths("loras")[0]
-    os.makedirs(lora_dir, exist_ok=True)
-    save_file(sd, os.path.join(lora_dir, "tiny_flux1_nvfp4_lora.safetensors"))
-    with torch.inference_mode():
-        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
-            model, "tiny_flux1_nvfp4_lora.safetensors", 1.0)[0]
+    lora = _lora_on(comfy, model, "to_k", 5, "tiny_flux1_nvfp4_lora.safetensors")
     with_lora = sample(lora)
     assert torch.isfinite(with_lora).all() and not torch.equal(with_lora, base)
     delta = (qkv.prequant_dense() - orig_dense).abs()
@@ -132,30 +151,11 @@ def test_nvfp4_lora_patches_only_its_rows_and_unpatches_exactly(comfy, folder):
 def test_nvfp4_lora_is_patched_layer_by_layer(comfy, folder, monkeypatch):
     """NVFP4's changed rows share one fresh row scale (from the maximum over all of them), so its layers are never cut
     into blocks of rows (nodes/lora_rows.py): with blocks of 8 rows asked for, the patched parts are the same bytes."""
-    import comfy.model_management as mm
-    import folder_paths
-    from safetensors.torch import save_file
-    nodes, pack = comfy
+    _, pack = comfy
     model = load(comfy, built(folder, "nvfp4"))["result"][0]
     qkv = model.model.diffusion_model.double_blocks[0].img_attn.qkv
-    h = model.model.diffusion_model.hidden_size
-    g = torch.Generator().manual_seed(6)
-    sd = {"transformer.transformer_blocks.0.attn.to_k.lora_B.weight": (torch.randn(h, 4, generator=g) * 0.2)
-          .to(torch.bfloat16),
-          "transformer.transformer_blocks.0.attn.to_k.lora_A.weight": (torch.randn(4, h, generator=g) * 0.2)
-          .to(torch.bfloat16)}
-    lora_dir = folder_paths.get_folder_paths("loras")[0]
-    os.makedirs(lora_dir, exist_ok=True)
-    save_file(sd, os.path.join(lora_dir, "tiny_flux1_nvfp4_lora_rows.safetensors"))
-    with torch.inference_mode():
-        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
-            model, "tiny_flux1_nvfp4_lora_rows.safetensors", 1.0)[0]
-    patched = []
-    for rows in (None, 8):
-        monkeypatch.setattr(pack.nodes.lora_rows, "ROWS", rows)
-        sample(lora)
-        patched.append([p.clone() for p in qkv.prequant_parts()])
-        mm.unload_all_models()
+    lora = _lora_on(comfy, model, "to_k", 6, "tiny_flux1_nvfp4_lora_rows.safetensors")
+    patched, _ = _patched_in_blocks_and_whole(pack, monkeypatch, lora, qkv)
     assert qkv.weight.shape[0] > 8 and all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
                                            for a, b in zip(*patched))
     assert not torch.equal(patched[0][2], qkv.weight_scale_2), "the patch gave the changed rows a fresh scale"
@@ -286,10 +286,7 @@ def test_convrot_lora_in_blocks_of_rows_is_the_whole_layers_patch(comfy, folder,
     """A LoRA on a ConvRot layer patches W = W' H (the stored weight rotated back) and requantizes W H: both rotations
     are along the columns, so patching a block of rows at a time (nodes/lora_rows.py) gives the very codes of patching
     the whole layer, and unpatching restores the file's."""
-    import comfy.model_management as mm
-    import folder_paths
-    from safetensors.torch import save_file
-    nodes, pack = comfy
+    _, pack = comfy
     tensors, meta = convrot_tensors()
     path = os.path.join(folder, "FLUX.1-schnell-INT8-ConvRot-lora.pt")
     writers.write_checkpoint(path, tensors, meta, container="pt", overwrite=True)
@@ -298,23 +295,8 @@ def test_convrot_lora_in_blocks_of_rows_is_the_whole_layers_patch(comfy, folder,
     assert qkv.prequant_spec.rotation == 64
     orig = [p.clone() for p in qkv.prequant_parts()]
     h = model.model.diffusion_model.hidden_size
-    g = torch.Generator().manual_seed(7)
-    sd = {"transformer.transformer_blocks.0.attn.to_v.lora_B.weight": (torch.randn(h, 4, generator=g) * 0.2)
-          .to(torch.bfloat16),
-          "transformer.transformer_blocks.0.attn.to_v.lora_A.weight": (torch.randn(4, h, generator=g) * 0.2)
-          .to(torch.bfloat16)}
-    lora_dir = folder_paths.get_folder_paths("loras")[0]
-    os.makedirs(lora_dir, exist_ok=True)
-    save_file(sd, os.path.join(lora_dir, "tiny_flux1_convrot_lora.safetensors"))
-    with torch.inference_mode():
-        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
-            model, "tiny_flux1_convrot_lora.safetensors", 1.0)[0]
-    patched, outs = [], []
-    for rows in (None, 8):
-        monkeypatch.setattr(pack.nodes.lora_rows, "ROWS", rows)
-        outs.append(sample(lora))
-        patched.append([p.clone() for p in qkv.prequant_parts()])
-        mm.unload_all_models()
+    lora = _lora_on(comfy, model, "to_v", 7, "tiny_flux1_convrot_lora.safetensors")
+    patched, outs = _patched_in_blocks_and_whole(pack, monkeypatch, lora, qkv)
     assert len(pack.nodes.lora_rows.blocks(lora.patches["diffusion_model.double_blocks.0.img_attn.qkv.weight"],
                                            qkv.weight.shape[0], 8)) > 2
     assert all(torch.equal(a, b) for a, b in zip(*patched)) and torch.equal(*outs)

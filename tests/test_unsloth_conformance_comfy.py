@@ -128,3 +128,36 @@ def _through_the_node(nodes, pack, family, folder):
             assert diff == 0.0, f"{family}/{kind}: must equal this pack quantizing the same dense weights at load"
         print(line)
     assert rel["convrot"] < max(1.5 * rel["int8"], 0.03), rel
+
+
+@pytest.mark.parametrize("container", cc.CONTAINERS)
+def test_a_lora_on_an_unsloth_file_backs_up_fused_rows_from_that_file(comfy, container):
+    """An Unsloth-made int8 Z-Image file (diffusers keys: to_q/to_k/to_v fused into ComfyUI's qkv at load), in both
+    containers: the LoRA's backup of the fused qkv is that file's own rows (nodes/patcher.py), checked against the
+    file's bytes, and unpatching restores the loaded weights byte for byte."""
+    import folder_paths
+    import comfy.model_management as mm
+    from test_loader import _make_lora
+    nodes, pack = comfy
+    root = folder_paths.get_folder_paths("prequant")[0]
+    folder = os.path.join(root, "unsloth", "lora")
+    os.makedirs(folder, exist_ok=True)
+    path = cc.corpus_files("z-image", folder, kinds=("int8",))[("int8", container)]
+    with torch.inference_mode():
+        model = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(
+            os.path.relpath(path, root), base_model_id=ub.FAMILIES["z-image"][1], scheme="int8")["result"][0]
+    qkv = model.model.diffusion_model.layers[0].attention.qkv
+    assert len(qkv.prequant_fused_from) == 3
+    orig = [p.clone() for p in qkv.prequant_parts()]
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_unsloth_lora.safetensors"), seed=13)
+    with torch.inference_mode():
+        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
+            model, "tiny_zimage_unsloth_lora.safetensors", 1.0)[0]
+    _sample(lora, "z-image")
+    kept = lora.backup["diffusion_model.layers.0.attention.qkv.weight"]
+    assert isinstance(kept, pack.nodes.patcher._RebuiltFromFile) and torch.equal(kept.weight, orig[0])
+    assert not torch.equal(qkv.weight, orig[0])
+    mm.unload_all_models()
+    assert all(torch.equal(a, b) for a, b in zip(qkv.prequant_parts(), orig))

@@ -93,6 +93,7 @@ def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None, sou
             f"{len(unknown)} tensors have no place in the model: {', '.join(sorted(unknown)[:5])}"
             + (" ..." if len(unknown) > 5 else ""), path=path,
             fix="The checkpoint's family or size does not match; check the family and base model.")
+    maps = None
     for name, parts in fused.items():
         parts.sort(key=lambda p: p[0])
         pos = 0
@@ -106,9 +107,11 @@ def to_comfy(tensors: Mapping, key_map: Mapping, *, path: str | None = None, sou
         except ValueError as e:
             raise CorruptCheckpointError(f"Cannot fuse '{name}': {e}.", path=path) from None
         plain = list(_plain_parts(v for _, _, v in parts))
-        if sources is not None and pages.file_backed(plain):
+        if maps is None:  # one read of /proc/self/maps for every fused weight (the parts stay alive meanwhile)
+            maps = pages.file_mappings()
+        if sources is not None and pages.file_backed(plain, maps):
             sources[name] = [v for _, _, v in parts]
-        pages.release(plain)
+        pages.release(plain, maps)
     return out
 
 

@@ -54,6 +54,11 @@ class Mappings(tuple):
     def spans(self) -> list[tuple[int, int]]:
         return self[1]
 
+    def hold(self, start: int, end: int) -> bool:
+        """Whether [start, end) lies wholly inside one file mapping."""
+        i = bisect.bisect_right(self.starts, start) - 1
+        return i >= 0 and self.spans[i][0] <= start and end <= self.spans[i][1]
+
 
 def file_mappings() -> Mappings | None:
     """A snapshot of this process's file mappings for several ``release`` calls in a row (reading /proc/self/maps
@@ -88,34 +93,30 @@ def release(tensors, maps: Mappings | None = None) -> int:
         maps = file_mappings()
     if maps is None:
         return 0
-    starts, spans_of = maps.starts, maps.spans
     done = 0
     for start, end in spans:
-        i = bisect.bisect_right(starts, start) - 1
-        if i < 0 or not (spans_of[i][0] <= start and end <= spans_of[i][1]):
+        if not maps.hold(start, end):
             continue  # not (wholly) in one file mapping: anonymous memory is never advised
         if madvise(start, end - start, MADV_PAGEOUT) == 0:
             done += end - start
     return done
 
 
-def file_backed(tensors) -> bool:
+def file_backed(tensors, maps: Mappings | None = None) -> bool:
     """Whether every one of these CPU tensors lies wholly inside a mapping of a regular file (a memory-mapped
-    checkpoint), so that its bytes can always be read back from that file instead of being kept in memory."""
+    checkpoint), so that its bytes can always be read back from that file instead of being kept in memory. ``maps``:
+    as for ``release``."""
     tensors = list(tensors)
     if not sys.platform.startswith("linux") or not tensors:
         return False
-    try:
-        maps = _file_mappings()
-    except OSError:
+    if maps is None:
+        maps = file_mappings()
+    if maps is None:
         return False
-    starts = [m[0] for m in maps]
     for t in tensors:
         if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
             return False
         start = t.data_ptr()
-        end = start + t.numel() * t.element_size()
-        i = bisect.bisect_right(starts, start) - 1
-        if i < 0 or not (maps[i][0] <= start and end <= maps[i][1]):
+        if not maps.hold(start, start + t.numel() * t.element_size()):
             return False
     return True
