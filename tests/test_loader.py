@@ -120,6 +120,17 @@ def _make_lora(model, path, rank=4, seed=3):
     save_file(sd, path)
 
 
+def _with_lora(comfy, model, name, seed=3):
+    """``model`` with a ``_make_lora`` file of this name through stock LoraLoaderModelOnly."""
+    import folder_paths
+    nodes, _ = comfy
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    _make_lora(model, os.path.join(lora_dir, name), seed=seed)
+    with torch.inference_mode():
+        return nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(model, name, 1.0)[0]
+
+
 def test_stock_lora_loader_on_quantized_weights(comfy, prequant_files, allow_dir, models_dir):
     import comfy.model_management as mm
     import folder_paths
@@ -161,7 +172,6 @@ def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, pr
     rebuilt when ComfyUI reads the backup. Unpatching restores every byte; patching again gives the same output; a
     layer patched in blocks of 8 rows gives the very bytes of one block (nodes/lora_rows.py)."""
     import comfy.model_management as mm
-    import folder_paths
     from prequant_core.families import pages
     nodes, pack = comfy
     lora_rows, patcher = pack.nodes.lora_rows, pack.nodes.patcher
@@ -176,12 +186,7 @@ def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, pr
     freed = []
     real = pages.release
     monkeypatch.setattr(pages, "release", lambda ts, *a: freed.append(real(ts, *a)) or freed[-1])
-    lora_dir = folder_paths.get_folder_paths("loras")[0]
-    os.makedirs(lora_dir, exist_ok=True)
-    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora_pages.safetensors"))
-    loader = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]()
-    with torch.inference_mode():
-        lora_model = loader.load_lora_model_only(model, "tiny_zimage_lora_pages.safetensors", 1.0)[0]
+    lora_model = _with_lora(comfy, model, "tiny_zimage_lora_pages.safetensors")
     with_lora = sample(lora_model)
     assert not torch.equal(with_lora, base)
     backup = lora_model.backup
@@ -220,17 +225,11 @@ def test_a_lora_in_low_vram_mode_gives_the_merged_output(comfy, prequant_files, 
     through the same row blocks as the merge, so each call computes the very codes the merged LoRA stores and the
     sampled latent equals the full load's bit for bit (issue 38), with nothing merged into the weights."""
     import comfy.model_management as mm
-    import folder_paths
     nodes, pack = comfy
     path = prequant_files("int8")
     allow_dir(os.path.dirname(path))
     model = load_path(comfy, path)
-    lora_dir = folder_paths.get_folder_paths("loras")[0]
-    os.makedirs(lora_dir, exist_ok=True)
-    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora_lowvram.safetensors"), seed=11)
-    with torch.inference_mode():
-        lora_model = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
-            model, "tiny_zimage_lora_lowvram.safetensors", 1.0)[0]
+    lora_model = _with_lora(comfy, model, "tiny_zimage_lora_lowvram.safetensors", seed=11)
     merged = sample(lora_model)
     mm.unload_all_models()
     dm = model.model.diffusion_model

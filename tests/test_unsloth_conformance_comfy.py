@@ -137,7 +137,7 @@ def test_a_lora_on_an_unsloth_file_backs_up_fused_rows_from_that_file(comfy, con
     file's bytes, and unpatching restores the loaded weights byte for byte."""
     import folder_paths
     import comfy.model_management as mm
-    from test_loader import _make_lora
+    from test_loader import _with_lora
     nodes, pack = comfy
     root = folder_paths.get_folder_paths("prequant")[0]
     folder = os.path.join(root, "unsloth", "lora")
@@ -149,12 +149,7 @@ def test_a_lora_on_an_unsloth_file_backs_up_fused_rows_from_that_file(comfy, con
     qkv = model.model.diffusion_model.layers[0].attention.qkv
     assert len(qkv.prequant_fused_from) == 3
     orig = [p.clone() for p in qkv.prequant_parts()]
-    lora_dir = folder_paths.get_folder_paths("loras")[0]
-    os.makedirs(lora_dir, exist_ok=True)
-    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_unsloth_lora.safetensors"), seed=13)
-    with torch.inference_mode():
-        lora = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(
-            model, "tiny_zimage_unsloth_lora.safetensors", 1.0)[0]
+    lora = _with_lora(comfy, model, "tiny_zimage_unsloth_lora.safetensors", seed=13)
     _sample(lora, "z-image")
     kept = lora.backup["diffusion_model.layers.0.attention.qkv.weight"]
     assert isinstance(kept, pack.nodes.patcher._RebuiltFromFile) and torch.equal(kept.weight, orig[0])
