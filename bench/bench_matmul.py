@@ -15,7 +15,10 @@ machine is shared: load drifts between rounds, much less within one).
 ``int8:weight-only`` ... (forced). ``int8:pieces`` is the quantized int8 path with its integer sums taken in exact
 float32 pieces instead of ``torch._int_mm`` (``prequant_core/schemes/int8_cpu.py``: the CPU path before 2026-12-04,
 and where ``_int_mm`` is not exact); its output is compared with ``int8``'s, bit for bit. The file sizes of every
-scheme are printed side by side with the step times.
+scheme are printed side by side with the step times. ``fp8:whole``, ``nvfp4:whole``, ``mxfp8:whole`` run the
+float32 weight-only path as it was before 2026-12-04 (the whole weight dequantized per call, one ``F.linear``) instead
+of ``prequant_core/schemes/cpu_weight_only.py``'s row blocks; their outputs are compared with the loader's choice's,
+bit for bit.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 PIECES = "pieces"
+WHOLE = "whole"
+BEFORE = (PIECES, WHOLE)  # forced variants: the path before, measured against the loader's choice of the same scheme
 
 
 def main():
@@ -57,7 +62,8 @@ def main():
         nodes, pack = comfy_headless.boot(base_dir=base)
         import comfy.sample
         import bench_load
-        from prequant_core.schemes import devices, int8_cpu
+        from prequant_core.schemes import cpu_weight_only, devices, int8_cpu
+        blocks = cpu_weight_only.applies
         t = time.time()
         made = sorted({s for s, _, _ in methods if s != "dense"} | {"fp8"})
         files = bench_load.make_files(os.path.join(base, "models"), args.layers, made)
@@ -73,7 +79,7 @@ def main():
                         "zimage_dense_bf16.safetensors", "default")[0]
                     continue
                 os.environ.pop(devices.ENV, None)
-                if force and force != PIECES:
+                if force and force not in BEFORE:
                     os.environ[devices.ENV] = force
                 res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(bench_load.prequant_name(scheme))
                 os.environ.pop(devices.ENV, None)
@@ -84,6 +90,7 @@ def main():
         def step(key, latent):
             model = models[key]
             int8_cpu._chosen[torch._int_mm] = False if key[1] == PIECES else native
+            cpu_weight_only.applies = (lambda *a: False) if key[1] == WHOLE else blocks
             g = torch.Generator().manual_seed(1)
             cond = [[torch.randn(1, 32, 2560, generator=g), {}]]
             lat = torch.zeros(1, 16, latent, latent)
@@ -108,8 +115,9 @@ def main():
                     times[k].append(step(k, latent)[0])
                 print(f"latent {latent} round {r + 1}: " + ", ".join(f"{k[0]}/{k[1] or 'default'} {times[k][-1]:.2f}s"
                                                                        for k in keys), flush=True)
-            if ("int8", None) in outs and ("int8", PIECES) in outs:
-                same[latent] = torch.equal(outs[("int8", None)], outs[("int8", PIECES)])
+            for k in keys:
+                if k[1] in BEFORE and (k[0], None) in outs:
+                    same[(latent, k)] = torch.equal(outs[(k[0], None)], outs[k])
             d = outs[("dense", None)]
             dense_t = times[("dense", None)]
             for k in keys:
@@ -127,6 +135,7 @@ def main():
                     continue
                 name = "ComfyUI dense bf16" if scheme == "dense" else f"prequant {scheme}, " + (
                     "integer sums in float32 pieces" if force == PIECES else
+                    "whole weight dequantized per call (before)" if force == WHOLE else
                     f"{devices.ENV}={force}" if force else "loader's choice")
                 path = "-" if scheme == "dense" else texts[(scheme, force)].split(" (")[0]
                 lines.append(f"| {latent} ({(latent // 2) ** 2}+32) | {name} | {path} | {r['step_s']:.2f} | "
@@ -134,12 +143,11 @@ def main():
                 if mark == "default":
                     summary.append(f"- latent {latent}: {scheme} (loader's choice: {path}) step / dense = "
                                    f"{r['ratio']:.2f} (median of rounds; lowest {min(r['ratios']):.2f})")
-        for latent in latents:
-            if (latent, ("int8", PIECES)) in results and (latent, ("int8", None)) in results:
-                a, b = results[(latent, ("int8", None))], results[(latent, ("int8", PIECES))]
-                summary.append(f"- latent {latent}: int8 loader's choice / int8 float32 pieces = "
-                               f"{statistics.median(x / y for x, y in zip(a['ratios'], b['ratios'])):.2f} (median of "
-                               f"rounds); outputs equal (torch.equal): {same[latent]}")
+        for (latent, k), equal in same.items():
+            a, b = results[(latent, (k[0], None))], results[(latent, k)]
+            summary.append(f"- latent {latent}: {k[0]} loader's choice / {k[0]}:{k[1]} = "
+                           f"{statistics.median(x / y for x, y in zip(a['ratios'], b['ratios'])):.2f} (median of "
+                           f"rounds); outputs equal (torch.equal): {equal}")
         summary.append("- file sizes: " + ", ".join(f"{s} {sizes[s] / 2**20:.0f} MiB" for s in sizes) + "; " + ", ".join(
             f"{s} / fp8 = {sizes[s] / sizes['fp8']:.2f}" for s in sizes if s not in ("dense", "fp8")))
         table = "\n".join(lines + [""] + summary)

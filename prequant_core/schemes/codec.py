@@ -195,9 +195,14 @@ def weight_only_rows(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tens
     the rounding differs at float32 level. Half-precision compute dequantizes the rows first (``codes`` times a
     large activation sum could overflow fp16 before the scale brings it down)."""
     if input.dtype == torch.float32:
-        w = decode(decode_table(table, qdata.device), qdata) if qdata.dtype == torch.uint8 else \
-            qdata.to(torch.float32)
-        out = torch.nn.functional.linear(input, w)
+        from . import cpu_weight_only
+        fill = cpu_weight_only.codes_rows(qdata, table) if cpu_weight_only.applies(input, qdata) else None
+        if fill is not None:
+            out = cpu_weight_only.linear(input, qdata.shape[0], fill)
+        else:
+            w = decode(decode_table(table, qdata.device), qdata) if qdata.dtype == torch.uint8 else \
+                qdata.to(torch.float32)
+            out = torch.nn.functional.linear(input, w)
         out.mul_(scale.reshape(-1).to(torch.float32))
         if bias is not None:
             out.add_(bias.to(device=input.device, dtype=torch.float32))
@@ -293,8 +298,19 @@ class Codec:
             [(n, getattr(t, n)) for n in names if getattr(t, n) is not None]
 
     def weight_only_linear(self, input, tensors: tuple, spec: QSpec, bias, table: str):
-        """The weight-only matmul: the weight dequantized to the compute dtype, then a dense linear."""
+        """The weight-only matmul: the weight dequantized to the compute dtype, then a dense linear (in float32 on a
+        CPU a block of rows at a time, where the codec can decode one: ``cpu_weight_only``)."""
+        from . import cpu_weight_only
+        fill = self.float32_rows(tensors, spec) if cpu_weight_only.applies(input, tensors[0]) else None
+        if fill is not None:
+            return cpu_weight_only.linear(input, tensors[0].shape[0], fill,
+                                          None if bias is None else bias.to(torch.float32))
         return torch.nn.functional.linear(input, self.dequantize(tensors, spec, input.dtype), bias)
+
+    def float32_rows(self, tensors: tuple, spec: QSpec):
+        """A ``cpu_weight_only.Fill`` writing rows ``i:j`` of ``dequantize(tensors, spec, float32)``, the same numbers
+        bit for bit, or None (then the whole weight is dequantized per call)."""
+        return None
 
     def quantized_linear(self, input, tensors: tuple, spec: QSpec, bias):
         """torchao's quantized matmul on the torchao tensor rebuilt around the parts (no copy)."""

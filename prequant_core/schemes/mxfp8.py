@@ -94,6 +94,20 @@ class MXFP8Codec(Codec):
         scale = c_.decode(c_.decode_table("e8m0", s.device), s).reshape(-1, 1).to(dtype)
         return (data * scale).reshape(q.shape)
 
+    def float32_rows(self, tensors, spec):
+        from . import cpu_weight_only
+        q, s = tensors
+        kw = spec.as_kwargs()
+        codes = cpu_weight_only.fp8_rows(q, kw["elem_dtype"] == torch.float8_e5m2)
+        if codes is None:
+            return None
+        e8m0, bs = c_.decode_table("e8m0", s.device), kw["block_size"]
+
+        def fill(i, j, out):
+            codes(i, j, out)
+            out.view(j - i, -1, bs).mul_(c_.decode(e8m0, s[i:j]).unsqueeze(-1))
+        return fill
+
     def quantize(self, dense, spec, like=None, keep=None):
         kw = spec.as_kwargs()
         act = kw.get("act_quant_kwargs")

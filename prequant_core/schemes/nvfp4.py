@@ -111,6 +111,16 @@ class NVFP4Codec(Codec):
         scale = row.to(torch.float32) * c_.decode(c_.decode_table("e4m3", s.device), s)
         return (vals * scale.unsqueeze(-1)).reshape(rows, cols).to(dtype)
 
+    def float32_rows(self, tensors, spec):
+        q, s, row = tensors
+        vals, e4m3 = c_.decode_table("e2m1x2", q.device), c_.decode_table("e4m3", s.device)
+
+        def fill(i, j, out):
+            torch.index_select(vals, 0, q[i:j].reshape(-1).to(torch.int32), out=out.view(-1, 2))
+            scale = row[i:j].to(torch.float32) * c_.decode(e4m3, s[i:j])  # dequantize's arithmetic, on these rows
+            out.view(j - i, -1, BLOCK).mul_(scale.unsqueeze(-1))
+        return fill
+
     def quantize(self, dense, spec, like=None, keep=None):
         """Rows of ``like`` (all of them, or those in ``keep``) keep their row scale; every other row gets one from
         the maximum of the rows that change."""

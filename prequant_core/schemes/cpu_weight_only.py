@@ -1,0 +1,91 @@
+"""Weight-only matmuls in float32 on a CPU: a block of weight rows decoded at a time, straight into its output columns.
+
+ComfyUI computes in float32 on a CPU. Dequantizing a whole weight per call there costs a fresh float32 copy of it
+(4 bytes a weight, page-faulted in on every call: ~40 ms for a 10240 x 3840 layer) and, for float8 codes, PyTorch's
+element-at-a-time float8 -> float32 conversion (~3 ns a weight): at 1056 tokens that made the fp8 / NVFP4 / MXFP8
+steps 1.3-1.5x ComfyUI's dense one. Here ``ROWS`` rows are decoded into a small buffer that stays in cache and are
+multiplied into their columns of the output (the BLAS writes in place, with the output's row stride): the weights are
+the same numbers, bit for bit, and the output equals the whole-weight matmul's on the real layer shapes
+(tests/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the whole weight to one block.
+
+float8 codes are widened through fp16 bit patterns, which the CPU converts with vector instructions: e5m2 *is*
+fp16's top byte; e4m3's sign, exponent and mantissa land in fp16's fields when shifted by 7, which reads as the code's
+value / 256 (fp16's exponent bias is 8 more than e4m3's; e4m3's subnormals become fp16 subnormals alike), and times
+256 is exact. The one e4m3 code fp16's fields cannot carry, NaN (bytes 0x7f / 0xff), is looked for once per weight;
+a weight that has one keeps the whole-weight path, so its NaNs reach the output as before.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+ROWS = 256  # weight rows per block: 256 x 3840 float32 = 3.75 MiB, decoded while the previous block's product runs
+NAN_ATTR = "_prequant_e4m3_nan"  # on a codes tensor: ((version, data pointer), whether it holds a NaN code)
+
+Fill = Callable[[int, int, torch.Tensor], None]  # fill(i, j, out): weight rows i:j as float32 into out [j - i, K]
+
+
+def applies(input: torch.Tensor, codes: torch.Tensor) -> bool:
+    return input.dtype == torch.float32 and input.device.type == "cpu" and codes.device.type == "cpu"
+
+
+def linear(input: torch.Tensor, rows: int, fill: Fill, bias: torch.Tensor | None = None,
+           block: int = ROWS) -> torch.Tensor:
+    """``F.linear(input, W, bias)`` for the weight W [rows, K] that ``fill`` writes a block of rows of at a time."""
+    k = input.shape[-1]
+    x = input.reshape(-1, k)
+    out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+    buf = torch.empty(min(block, rows), k, dtype=torch.float32)
+    for i in range(0, rows, block):
+        j = min(i + block, rows)
+        w = buf[:j - i]
+        fill(i, j, w)
+        if bias is None:
+            torch.mm(x, w.t(), out=out[:, i:j])
+        else:  # F.linear's addmm, a block of the bias at a time
+            torch.addmm(bias[i:j], x, w.t(), out=out[:, i:j])
+    return out.reshape(*input.shape[:-1], rows)
+
+
+def _holds_e4m3_nan(codes: torch.Tensor) -> bool:
+    tag = (codes._version, codes.data_ptr())
+    seen = getattr(codes, NAN_ATTR, None)
+    if seen is not None and seen[0] == tag:
+        return seen[1]
+    b = codes.view(torch.uint8)
+    found = False
+    for i in range(0, b.shape[0], 4096):  # a few MB of temporaries at a time
+        found = found or bool((b[i:i + 4096] & 0x7F).eq(0x7F).any())
+    setattr(codes, NAN_ATTR, (tag, found))
+    return found
+
+
+def fp8_rows(codes: torch.Tensor, e5m2: bool) -> Fill | None:
+    """A fill widening float8 codes (or their bytes) [rows, K] to float32, exactly; None for e4m3 codes holding a
+    NaN (see the module's text)."""
+    if not e5m2 and _holds_e4m3_nan(codes):
+        return None
+    src = codes.view(torch.int8)
+
+    def fill(i: int, j: int, out: torch.Tensor) -> None:
+        b = torch.empty(out.shape, dtype=torch.int16)
+        b.copy_(src[i:j])  # sign-extended: the sign bit lands in bit 15 (and, for e4m3, again in bit 14)
+        if e5m2:
+            b.bitwise_left_shift_(8)
+            out.copy_(b.view(torch.float16))
+            return
+        b.bitwise_left_shift_(7)
+        b.bitwise_and_(~0x4000)
+        out.copy_(b.view(torch.float16))
+        out.mul_(256.0)
+    return fill
+
+
+def codes_rows(codes: torch.Tensor, table: str = "e4m3") -> Fill | None:
+    """A fill for per-row codes (int8, float8, or float8 kept as bytes decoded by ``table``) as float32 values."""
+    if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return fp8_rows(codes, codes.dtype == torch.float8_e5m2)
+    if codes.dtype == torch.uint8:
+        return fp8_rows(codes, table == "e5m2") if table in ("e4m3", "e5m2") else None
+    return lambda i, j, out: out.copy_(codes[i:j])

@@ -1,0 +1,96 @@
+"""The float32 weight-only matmul on a CPU, a block of weight rows at a time (prequant_core/schemes/cpu_weight_only.py).
+
+Against the whole-weight path it replaces (the weight dequantized per call, then one ``F.linear``): the same output
+bit for bit on Z-Image's real layer shapes, for every scheme; float8 codes widened exactly (every code); a NaN code
+still reaches the output; and no call allocates the whole weight in float32 any more.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from prequant_core import schemes
+from prequant_core.schemes import codec, cpu_weight_only, qtensor, registry
+
+# Z-Image's Linear shapes (out, in): qkv fused, feed-forward up and down
+SHAPES = ((11520, 3840), (10240, 3840), (3840, 10240))
+
+
+def _weight(shape, scheme, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dense = (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+    return qtensor.parts(schemes.quantize_weight(dense, scheme))
+
+
+def _whole(x, ts, spec, bias, table="e4m3"):
+    """The path before: the whole weight dequantized (per-row: the codes, scaled at the output), one F.linear."""
+    if spec.kind in ("int8", "float8"):
+        q = ts[0]
+        w = codec.decode(codec.decode_table(table, q.device), q) if q.dtype == torch.uint8 else q.to(torch.float32)
+        out = torch.nn.functional.linear(x, w) * ts[1].reshape(-1)
+        return out if bias is None else out + bias
+    return torch.nn.functional.linear(x, qtensor.dequantize_parts(ts, spec, torch.float32), bias)
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "int8", "nvfp4", "mxfp8"])
+def test_blocks_equal_the_whole_weight_on_real_shapes(scheme):
+    for n, (rows, cols) in enumerate(SHAPES):
+        ts, spec = _weight((rows, cols), scheme, seed=n)
+        layout = registry.codec(spec.kind)
+        g = torch.Generator().manual_seed(10 + n)
+        x = torch.randn(1, 96 if n else 1056, cols, generator=g)  # one sizeable token count, keeping the test short
+        bias = torch.randn(rows, generator=g) if n != 1 else None
+        got = layout.weight_only_linear(x, ts, spec, bias, "e4m3")
+        assert got.shape == (1, x.shape[1], rows)
+        assert torch.equal(got, _whole(x, ts, spec, bias)), (scheme, rows, cols)
+
+
+def test_every_float8_code_widens_exactly():
+    every = torch.arange(256, dtype=torch.uint8).reshape(2, 128)
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        codes = every.view(dtype)
+        want = codes.to(torch.float32)
+        if dtype == torch.float8_e4m3fn:  # NaN codes take the whole-weight path (next test)
+            codes = codes.clone().view(torch.uint8)
+            codes[(codes & 0x7F) == 0x7F] = 0x7E
+            codes = codes.view(dtype)
+            want = codes.to(torch.float32)
+        for src, table in ((codes, "e4m3"), (codes.view(torch.uint8), "e5m2" if dtype == torch.float8_e5m2 else "e4m3")):
+            out = torch.empty(2, 128)
+            cpu_weight_only.codes_rows(src, table)(0, 2, out)
+            assert torch.equal(out, want) or torch.allclose(out, want, equal_nan=True, rtol=0, atol=0), dtype
+    # e4m3's 0x7e is 448: the largest finite code, subnormals (bytes 1..7) are 2^-9 .. 7 * 2^-9
+    assert float(torch.tensor([0x7E, 1, 7, 0x81], dtype=torch.uint8).view(torch.float8_e4m3fn)[0].float()) == 448
+
+
+def test_a_nan_code_reaches_the_output_and_an_edit_is_seen():
+    ts, spec = _weight((512, 256), "fp8")
+    q = ts[0].clone()
+    x = torch.randn(3, 256)
+    clean = codec.weight_only_rows(x, q, ts[1])
+    assert torch.isfinite(clean).all()
+    q.view(torch.uint8)[5, 7] = 0x7F  # an in-place edit after the first call's check
+    out = codec.weight_only_rows(x, q, ts[1])
+    assert torch.isnan(out[:, 5]).all() and torch.isfinite(out[:, 6:]).all()
+    assert torch.equal(out[:, 6:], clean[:, 6:])
+
+
+def _largest_allocation(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        fn()
+    return max((e.cpu_memory_usage for e in p.events()), default=0)
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "nvfp4", "mxfp8"])
+def test_no_call_allocates_the_whole_weight_in_float32(scheme):
+    rows, cols = 4096, 512
+    ts, spec = _weight((rows, cols), scheme)
+    layout = registry.codec(spec.kind)
+    x = torch.randn(4, cols)
+    layout.weight_only_linear(x, ts, spec, None, "e4m3")  # NaN check, tables: once
+    largest = _largest_allocation(lambda: layout.weight_only_linear(x, ts, spec, None, "e4m3"))
+    assert largest <= cpu_weight_only.ROWS * cols * 4 < rows * cols * 4, (scheme, largest)
+    # the float32 compute path only: half precision still dequantizes the whole weight (what those dtypes need)
+    assert _largest_allocation(lambda: layout.weight_only_linear(x.to(torch.bfloat16), ts, spec, None, "e4m3")) \
+        >= rows * cols * 2
