@@ -86,11 +86,15 @@ _TABLES: dict = {}
 
 def decode_table(name: str, device) -> torch.Tensor:
     """Decode tables (float32), built on the CPU from torch's / torchao's own conversions, copied once per device:
-    ``e4m3`` and ``e8m0`` map a byte to its value, ``e2m1x2`` a packed byte to its two values (low nibble first)."""
+    ``e4m3`` and ``e8m0`` map a byte to its value, ``e2m1x2`` a packed byte to its two values (low nibble first);
+    ``e2m1x2h`` holds those two as one int32, their fp16 bit patterns side by side (each is exact in fp16), for a
+    gather of half the bytes."""
     key = (name, str(device))
     if key not in _TABLES:
         b = torch.arange(256, dtype=torch.uint8)
-        if name == "e4m3":
+        if name == "e2m1x2h":
+            t = decode_table("e2m1x2", "cpu").to(torch.float16).view(torch.int32).reshape(256)
+        elif name == "e4m3":
             t = b.view(torch.float8_e4m3fn).to(torch.float32)
         elif name == "e5m2":
             t = b.view(torch.float8_e5m2).to(torch.float32)

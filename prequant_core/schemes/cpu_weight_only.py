@@ -3,7 +3,7 @@
 ComfyUI computes in float32 on a CPU. Dequantizing a whole weight per call there costs a fresh float32 copy of it
 (4 bytes a weight, page-faulted in on every call: ~40 ms for a 10240 x 3840 layer) and, for float8 codes, PyTorch's
 element-at-a-time float8 -> float32 conversion (~3 ns a weight): at 1056 tokens that made the fp8 / NVFP4 / MXFP8
-steps 1.3-1.5x ComfyUI's dense one. Here ``ROWS`` rows are decoded into a small buffer that stays in cache and are
+steps 1.3-1.5x ComfyUI's dense one. Here a block of rows (``BLOCK_ELEMENTS`` weights) is decoded into a small buffer that stays in cache and are
 multiplied into their columns of the output (the BLAS writes in place, with the output's row stride): the weights are
 the same numbers, bit for bit, and the output equals the whole-weight matmul's on the real layer shapes
 (tests/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the whole weight to one block.
@@ -11,8 +11,8 @@ the same numbers, bit for bit, and the output equals the whole-weight matmul's o
 float8 codes are widened through fp16 bit patterns, which the CPU converts with vector instructions: e5m2 *is*
 fp16's top byte; e4m3's sign, exponent and mantissa land in fp16's fields when shifted by 7, which reads as the code's
 value / 256 (fp16's exponent bias is 8 more than e4m3's; e4m3's subnormals become fp16 subnormals alike), and times
-256 is exact. The one e4m3 code fp16's fields cannot carry, NaN (bytes 0x7f / 0xff), is looked for once per weight;
-a weight that has one keeps the whole-weight path, so its NaNs reach the output as before.
+256 is exact. The one e4m3 code fp16's fields cannot carry, NaN (bytes 0x7f / 0xff), is looked for in each block and
+put back, so a NaN weight reaches the output as before.
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from typing import Callable
 
 import torch
 
-ROWS = 256  # weight rows per block: 256 x 3840 float32 = 3.75 MiB, decoded while the previous block's product runs
-NAN_ATTR = "_prequant_e4m3_nan"  # on a codes tensor: ((version, data pointer), whether it holds a NaN code)
+BLOCK_ELEMENTS = 2 ** 21  # weights per block: 8 MiB in float32 (546 rows of 3840): in cache, and BLAS-sized
 
 Fill = Callable[[int, int, torch.Tensor], None]  # fill(i, j, out): weight rows i:j as float32 into out [j - i, K]
 
@@ -30,10 +29,15 @@ def applies(input: torch.Tensor, codes: torch.Tensor) -> bool:
     return input.dtype == torch.float32 and input.device.type == "cpu" and codes.device.type == "cpu"
 
 
+def block_rows(k: int) -> int:
+    return max(1, BLOCK_ELEMENTS // max(k, 1))
+
+
 def linear(input: torch.Tensor, rows: int, fill: Fill, bias: torch.Tensor | None = None,
-           block: int = ROWS) -> torch.Tensor:
-    """``F.linear(input, W, bias)`` for the weight W [rows, K] that ``fill`` writes a block of rows of at a time."""
+           block: int | None = None) -> torch.Tensor:
+    """``F.linear(input, W, bias)`` for the weight W [rows, K] that ``fill`` writes ``block`` rows of at a time."""
     k = input.shape[-1]
+    block = block or block_rows(k)
     x = input.reshape(-1, k)
     out = torch.empty(x.shape[0], rows, dtype=torch.float32)
     buf = torch.empty(min(block, rows), k, dtype=torch.float32)
@@ -48,29 +52,14 @@ def linear(input: torch.Tensor, rows: int, fill: Fill, bias: torch.Tensor | None
     return out.reshape(*input.shape[:-1], rows)
 
 
-def _holds_e4m3_nan(codes: torch.Tensor) -> bool:
-    tag = (codes._version, codes.data_ptr())
-    seen = getattr(codes, NAN_ATTR, None)
-    if seen is not None and seen[0] == tag:
-        return seen[1]
-    b = codes.view(torch.uint8)
-    found = False
-    for i in range(0, b.shape[0], 4096):  # a few MB of temporaries at a time
-        found = found or bool((b[i:i + 4096] & 0x7F).eq(0x7F).any())
-    setattr(codes, NAN_ATTR, (tag, found))
-    return found
-
-
-def fp8_rows(codes: torch.Tensor, e5m2: bool) -> Fill | None:
-    """A fill widening float8 codes (or their bytes) [rows, K] to float32, exactly; None for e4m3 codes holding a
-    NaN (see the module's text)."""
-    if not e5m2 and _holds_e4m3_nan(codes):
-        return None
+def fp8_rows(codes: torch.Tensor, e5m2: bool) -> Fill:
+    """A fill widening float8 codes (or their bytes) [rows, K] to float32, exactly (see the module's text)."""
     src = codes.view(torch.int8)
 
     def fill(i: int, j: int, out: torch.Tensor) -> None:
+        rows = src[i:j]
         b = torch.empty(out.shape, dtype=torch.int16)
-        b.copy_(src[i:j])  # sign-extended: the sign bit lands in bit 15 (and, for e4m3, again in bit 14)
+        b.copy_(rows)  # sign-extended: the sign bit lands in bit 15 (and, for e4m3, again in bit 14)
         if e5m2:
             b.bitwise_left_shift_(8)
             out.copy_(b.view(torch.float16))
@@ -79,6 +68,9 @@ def fp8_rows(codes: torch.Tensor, e5m2: bool) -> Fill | None:
         b.bitwise_and_(~0x4000)
         out.copy_(b.view(torch.float16))
         out.mul_(256.0)
+        # e4m3 NaN is byte 0x7f (the largest int8) or 0xff (the largest uint8): two cheap maxima over the bytes
+        if rows.numel() and (int(rows.max()) == 0x7F or int(rows.view(torch.uint8).max()) == 0xFF):
+            out[(rows.view(torch.uint8) & 0x7F) == 0x7F] = float("nan")
     return fill
 
 

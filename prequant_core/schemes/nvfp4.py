@@ -113,10 +113,11 @@ class NVFP4Codec(Codec):
 
     def float32_rows(self, tensors, spec):
         q, s, row = tensors
-        vals, e4m3 = c_.decode_table("e2m1x2", q.device), c_.decode_table("e4m3", s.device)
+        pairs, e4m3 = c_.decode_table("e2m1x2h", q.device), c_.decode_table("e4m3", s.device)
 
         def fill(i, j, out):
-            torch.index_select(vals, 0, q[i:j].reshape(-1).to(torch.int32), out=out.view(-1, 2))
+            halves = torch.index_select(pairs, 0, q[i:j].reshape(-1).to(torch.int32))
+            out.copy_(halves.view(torch.float16).view(out.shape))
             scale = row[i:j].to(torch.float32) * c_.decode(e4m3, s[i:j])  # dequantize's arithmetic, on these rows
             out.view(j - i, -1, BLOCK).mul_(scale.unsqueeze(-1))
         return fill
