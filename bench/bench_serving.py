@@ -4,6 +4,8 @@ level, sampled from outside through /proc/PID/status (VmRSS = RssAnon + RssFile 
 
 Methods, each in a fresh server (its own process, so its peak is its own):
   prequant  this pack's loader on the pre-quantized int8 file (`.pt`, diffusers keys: q/k/v fused into qkv at load)
+  prequant-fp8  this pack's loader on the fp8 `.safetensors` of the same weights (weight-only matmul on a CPU: each
+           layer decoded a block of rows at a time, prequant_core/schemes/cpu_weight_only.py)
   unet      ComfyUI's own "Load Diffusion Model" (UNETLoader) on the dense bf16 file of the same weights
   unet-fp8  ComfyUI's own "Load Diffusion Model" with weight_dtype fp8_e4m3fn on that dense file
 Model: a real-width Z-Image (dim 3840, 30 heads), --layers main layers + 2+2 refiners, random weights made here.
@@ -127,15 +129,22 @@ def make_files(base: str, layers: int) -> dict:
     files["int8"] = os.path.join(folder, "prequant", "Z-Image-Turbo-INT8.pt")
     build.build_from_tensors(files["int8"], dense, family=fam, scheme="int8", base_model_id="Tongyi-MAI/Z-Image-Turbo",
                              container="pt")
+    files["fp8"] = os.path.join(folder, "prequant", "Z-Image-Turbo-FP8.safetensors")
+    build.build_from_tensors(files["fp8"], dense, family=fam, scheme="fp8", base_model_id="Tongyi-MAI/Z-Image-Turbo",
+                             container="safetensors")
     del dense
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return files
 
 
+PREQUANT = {"prequant": "int8", "prequant-fp8": "fp8"}  # method -> the file (scheme) it loads
+
+
 def graph(method: str, files: dict, latent: int) -> dict:
-    if method == "prequant":
+    if method in PREQUANT:
+        scheme = PREQUANT[method]
         loader = {"class_type": "PrequantLoadTransformer",
-                  "inputs": {"checkpoint": os.path.basename(files["int8"]), "scheme": "int8"}}
+                  "inputs": {"checkpoint": os.path.basename(files[scheme]), "scheme": scheme}}
     else:
         loader = {"class_type": "UNETLoader", "inputs": {"unet_name": os.path.basename(files["dense"]),
                   "weight_dtype": "fp8_e4m3fn" if method == "unet-fp8" else "default"}}
@@ -155,7 +164,7 @@ def run_one(method: str, base: str, files: dict, latent: int) -> dict:
     from tools.comfy_server import ComfyServer, execution_error
     with ComfyServer(base) as srv:
         time.sleep(3)  # idle: start-up work (node imports, the front end's routes) settles
-        drop_file_cache(files["int8"], files["dense"])
+        drop_file_cache(*files.values())
         meter = OutsidePeak(srv.proc.pid)
         t = time.perf_counter()
         entry = srv.run(graph(method, files, latent), timeout=1800)
@@ -184,7 +193,8 @@ def main():
     base = args.keep or tempfile.mkdtemp(prefix="prequant-serving-")
     try:
         files = {"dense": os.path.join(base, "models", "diffusion_models", "zimage_dense_bf16.safetensors"),
-                 "int8": os.path.join(base, "models", "prequant", "Z-Image-Turbo-INT8.pt")}
+                 "int8": os.path.join(base, "models", "prequant", "Z-Image-Turbo-INT8.pt"),
+                 "fp8": os.path.join(base, "models", "prequant", "Z-Image-Turbo-FP8.safetensors")}
         if not all(os.path.isfile(f) for f in files.values()):
             t = time.time()
             files = make_files(base, args.layers)
@@ -200,6 +210,7 @@ def main():
             res[m] = run_one(m, base, files, args.latent)
             print(f"{m}: {json.dumps(res[m])}", flush=True)
         names = {"prequant": ("this pack's loader, int8 `.pt`", "int8"),
+                 "prequant-fp8": ("this pack's loader, fp8 `.safetensors` (weight-only matmul)", "fp8"),
                  "unet": ("ComfyUI's UNETLoader, dense bf16 file", "dense"),
                  "unet-fp8": ("ComfyUI's UNETLoader, weight_dtype fp8_e4m3fn", "dense")}
         lines = ["| method | file MiB | added peak RSS MiB | / file bytes | anonymous MiB | file-backed MiB | "
