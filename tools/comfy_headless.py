@@ -27,6 +27,8 @@ def link_pack(base_dir: str) -> None:
     """This checkout as ``BASE/custom_nodes/ComfyUI-Prequant``, where ComfyUI looks for custom nodes."""
     os.makedirs(os.path.join(base_dir, "custom_nodes"), exist_ok=True)
     link = os.path.join(base_dir, "custom_nodes", PACK_MODULE)
+    if os.path.islink(link) and os.path.realpath(link) != os.path.realpath(ROOT):
+        os.remove(link)  # a kept folder (bench --keep) last served by another checkout: serve this one's code
     if not os.path.lexists(link):
         os.symlink(ROOT, link)
 
