@@ -105,3 +105,12 @@ def test_no_call_allocates_the_whole_weight_in_float32(scheme):
     # the float32 compute path only: half precision still dequantizes the whole weight (what those dtypes need)
     assert _largest_allocation(lambda: layout.weight_only_linear(x.to(torch.bfloat16), ts, spec, None, "e4m3")) \
         >= rows * cols * 2
+
+
+def test_under_torch_compile_the_whole_weight_form_traces_in_one_graph():
+    """ComfyUI's TorchCompileModel: the blocks' NaN test reads a value, which would break the graph (fullgraph fails)."""
+    ts, spec = _weight((1024, 512), "fp8")
+    x = torch.randn(2, 7, 512)
+    eager = codec.weight_only_rows(x, ts[0], ts[1])
+    compiled = torch.compile(lambda x: codec.weight_only_rows(x, ts[0], ts[1]), backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), eager)

@@ -25,8 +25,16 @@ BLOCK_ELEMENTS = 2 ** 21  # weights per block: 8 MiB in float32 (546 rows of 384
 Fill = Callable[[int, int, torch.Tensor], None]  # fill(i, j, out): weight rows i:j as float32 into out [j - i, K]
 
 
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(getattr(compiler, "is_compiling", lambda: False)())
+
+
 def applies(input: torch.Tensor, codes: torch.Tensor) -> bool:
-    return input.dtype == torch.float32 and input.device.type == "cpu" and codes.device.type == "cpu"
+    """float32 on a CPU, run eagerly: under torch.compile (ComfyUI's TorchCompileModel) the whole-weight form stays,
+    one graph the compiler fuses as it likes, where the block loop and its per-block NaN test would break the graph."""
+    return (input.dtype == torch.float32 and input.device.type == "cpu" and codes.device.type == "cpu"
+            and not _compiling())
 
 
 def block_rows(k: int) -> int:
