@@ -114,3 +114,15 @@ def test_under_torch_compile_the_whole_weight_form_traces_in_one_graph():
     eager = codec.weight_only_rows(x, ts[0], ts[1])
     compiled = torch.compile(lambda x: codec.weight_only_rows(x, ts[0], ts[1]), backend="eager", fullgraph=True)
     assert torch.equal(compiled(x), eager)
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "nvfp4"])
+def test_an_input_that_needs_a_gradient_still_gets_one(scheme):
+    """A training node's input: the gradient flows through to it, as with the whole-weight F.linear."""
+    ts, spec = _weight((256, 128), scheme)
+    layout = registry.codec(spec.kind)
+    x = torch.randn(3, 128, requires_grad=True)
+    out = layout.weight_only_linear(x, ts, spec, None, "e4m3")
+    out.sum().backward()
+    w = qtensor.dequantize_parts(ts, spec, torch.float32)
+    assert torch.allclose(x.grad, w.sum(0).expand(3, -1), rtol=1e-5, atol=1e-6)

@@ -31,10 +31,12 @@ def _compiling() -> bool:
 
 
 def applies(input: torch.Tensor, codes: torch.Tensor) -> bool:
-    """float32 on a CPU, run eagerly: under torch.compile (ComfyUI's TorchCompileModel) the whole-weight form stays,
-    one graph the compiler fuses as it likes, where the block loop and its per-block NaN test would break the graph."""
+    """float32 on a CPU, run eagerly and without a gradient to carry. Under torch.compile (ComfyUI's
+    TorchCompileModel) the whole-weight form stays, one graph the compiler fuses as it likes, where the block loop and
+    its per-block NaN test would break the graph; an input that needs a gradient (a training node) keeps ``F.linear``,
+    as the BLAS writing into the output in place records none."""
     return (input.dtype == torch.float32 and input.device.type == "cpu" and codes.device.type == "cpu"
-            and not _compiling())
+            and not (input.requires_grad and torch.is_grad_enabled()) and not _compiling())
 
 
 def block_rows(k: int) -> int:
