@@ -200,10 +200,8 @@ def weight_only_rows(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tens
     large activation sum could overflow fp16 before the scale brings it down)."""
     if input.dtype == torch.float32:
         from . import cpu_weight_only
-        fill = cpu_weight_only.codes_rows(qdata, table) if cpu_weight_only.applies(input, qdata) else None
-        if fill is not None:
-            out = cpu_weight_only.linear(input, qdata.shape[0], fill)
-        else:
+        out = cpu_weight_only.blocked(input, qdata, lambda: cpu_weight_only.codes_rows(qdata, table))
+        if out is None:
             w = decode(decode_table(table, qdata.device), qdata) if qdata.dtype == torch.uint8 else \
                 qdata.to(torch.float32)
             out = torch.nn.functional.linear(input, w)
@@ -305,10 +303,10 @@ class Codec:
         """The weight-only matmul: the weight dequantized to the compute dtype, then a dense linear (in float32 on a
         CPU a block of rows at a time, where the codec can decode one: ``cpu_weight_only``)."""
         from . import cpu_weight_only
-        fill = self.float32_rows(tensors, spec) if cpu_weight_only.applies(input, tensors[0]) else None
-        if fill is not None:
-            return cpu_weight_only.linear(input, tensors[0].shape[0], fill,
-                                          None if bias is None else bias.to(torch.float32))
+        out = cpu_weight_only.blocked(input, tensors[0], lambda: self.float32_rows(tensors, spec),
+                                      None if bias is None else bias.to(torch.float32))
+        if out is not None:
+            return out
         return torch.nn.functional.linear(input, self.dequantize(tensors, spec, input.dtype), bias)
 
     def float32_rows(self, tensors: tuple, spec: QSpec):

@@ -3,10 +3,11 @@
 ComfyUI computes in float32 on a CPU. Dequantizing a whole weight per call there costs a fresh float32 copy of it
 (4 bytes a weight, page-faulted in on every call: ~40 ms for a 10240 x 3840 layer) and, for float8 codes, PyTorch's
 element-at-a-time float8 -> float32 conversion (~3 ns a weight): at 1056 tokens that made the fp8 / NVFP4 / MXFP8
-steps 1.3-1.5x ComfyUI's dense one. Here a block of rows (``BLOCK_ELEMENTS`` weights) is decoded into a small buffer that stays in cache and are
-multiplied into their columns of the output (the BLAS writes in place, with the output's row stride): the weights are
-the same numbers, bit for bit, and the output equals the whole-weight matmul's on the real layer shapes
-(tests/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the whole weight to one block.
+steps 1.3-1.5x ComfyUI's dense one. Here a block of rows (``BLOCK_ELEMENTS`` weights) is decoded into a small
+buffer that stays in cache and multiplied into its columns of the output (the BLAS writes in place, with the output's
+row stride): the weights are the same numbers, bit for bit, and the output equals the whole-weight matmul's on the
+real layer shapes (tests/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the whole
+weight to one block.
 
 float8 codes are widened through fp16 bit patterns, which the CPU converts with vector instructions: e5m2 *is*
 fp16's top byte; e4m3's sign, exponent and mantissa land in fp16's fields when shifted by 7, which reads as the code's
@@ -43,11 +44,18 @@ def block_rows(k: int) -> int:
     return max(1, BLOCK_ELEMENTS // max(k, 1))
 
 
-def linear(input: torch.Tensor, rows: int, fill: Fill, bias: torch.Tensor | None = None,
-           block: int | None = None) -> torch.Tensor:
-    """``F.linear(input, W, bias)`` for the weight W [rows, K] that ``fill`` writes ``block`` rows of at a time."""
+def blocked(input: torch.Tensor, codes: torch.Tensor, make_fill: Callable[[], Fill | None],
+            bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``linear`` for a weight whose codes are ``codes`` [rows, ...], where it ``applies`` and ``make_fill`` gives a
+    fill; None otherwise (the caller dequantizes the whole weight)."""
+    fill = make_fill() if applies(input, codes) else None
+    return None if fill is None else linear(input, codes.shape[0], fill, bias)
+
+
+def linear(input: torch.Tensor, rows: int, fill: Fill, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(input, W, bias)`` for the weight W [rows, K] that ``fill`` writes a block of rows of at a time."""
     k = input.shape[-1]
-    block = block or block_rows(k)
+    block = block_rows(k)
     x = input.reshape(-1, k)
     out = torch.empty(x.shape[0], rows, dtype=torch.float32)
     buf = torch.empty(min(block, rows), k, dtype=torch.float32)
