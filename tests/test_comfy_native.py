@@ -152,6 +152,14 @@ def _bytes_set(v):
     return f
 
 
+def _code_at(row, v):
+    def f(t):
+        t = t.clone()
+        t.view(torch.uint8)[row, 7] = v
+        return t
+    return f
+
+
 NAN = float("nan")
 # (format, options, the side tensor, how it is poisoned, what the refusal says)
 POISONS = [
@@ -171,6 +179,12 @@ POISONS = [
     ("mxfp8", {}, "_scale", _bytes_set(0xFF), "NaN"),
     ("mxfp8", {}, "_scale", _bytes_set(0xFE), "infinite"),
     ("mxfp8", {}, "_scale", _bytes_set(250), "infinite"),
+    # round 5: NaN codes under a finite scale sampled a NaN latent with no error
+    ("float8_e4m3fn", {}, "", _code_at(5, 0x7F), "Row 5"),
+    ("float8_e4m3fn", {}, "", _code_at(9, 0xFF), "Row 9"),
+    ("float8_e5m2", {}, "", _code_at(5, 0x7C), "Row 5"),
+    ("float8_e5m2", {}, "", _code_at(6, 0xFE), "Row 6"),
+    ("mxfp8", {}, "", _code_at(5, 0xFF), "Row 5"),
 ]
 
 

@@ -158,6 +158,66 @@ def refuse_nan_scales(key: str, bad: bool, path: str) -> None:
                                      "that layer would be NaN.", path=path, fix="Download or build the file again.")
 
 
+# Float8 codes that are not numbers: (byte & mask) == mask. e4m3fn: 0x7f / 0xff are NaN; e5m2 (also its infinities):
+# exponent bits 0x7c all set. Tested eight bytes at a time: with the mask applied each byte is at most ``mask``, and
+# adding ``carry`` sets its top bit exactly when it equals the mask, without carrying into the next byte.
+_SPECIAL = {torch.float8_e4m3fn: (0x7F, 0x01), torch.float8_e5m2: (0x7C, 0x04)}
+SCAN_ROWS_BYTES = 1 << 23  # a block of rows scanned at a time: 8 MiB of codes, its temporaries stay in cache
+
+
+def _words(b: torch.Tensor):
+    """``b`` (uint8, contiguous) as the widest integer view its size and address allow."""
+    for dt, n in ((torch.int64, 8), (torch.int32, 4)):
+        if b.numel() % n == 0 and b.data_ptr() % n == 0:
+            return b.view(dt), n
+    return b, 1
+
+
+def _repeat(byte: int, n: int) -> int:
+    v = int.from_bytes(bytes([byte]) * n, "little")
+    return v - (1 << (8 * n)) if v >= 1 << (8 * n - 1) else v  # as a signed word
+
+
+def first_special_row(codes: torch.Tensor, dtype: torch.dtype) -> tuple[int, int] | None:
+    """(row, count of such rows in its block) of the first row of float8 ``codes`` (stored as ``dtype`` or as bytes)
+    that holds a NaN (or, for e5m2, an infinity); None when every code is a number. One pass over the bytes, a block
+    of rows at a time (bench/bench_nan_scan.py measures it against reading the file)."""
+    mask, carry = _SPECIAL[dtype]
+    b = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
+    if b.ndim != 2 or 0 in b.shape:
+        return None
+    step = max(1, SCAN_ROWS_BYTES // max(1, b.shape[1]))
+    for r0 in range(0, b.shape[0], step):
+        blk = b[r0:r0 + step]
+        if not blk.is_contiguous():
+            blk = blk.contiguous()
+        w, n = _words(blk.reshape(-1))
+        if n == 1:
+            hit = bool(((w & mask) == mask).any())
+        else:
+            hit = bool((((w & _repeat(mask, n)) + _repeat(carry, n)) & _repeat(0x80, n)).any())
+        if hit:
+            bad = ((blk & mask) == mask).any(dim=1)
+            return r0 + int(bad.nonzero()[0, 0]), int(bad.sum())
+    return None
+
+
+def refuse_special_codes(key: str, codes: torch.Tensor, dtype: torch.dtype, path: str, what: str = "float8") -> None:
+    """``CorruptCheckpointError`` naming the tensor and the first row whose codes are NaN (or infinite): that row's
+    output would be NaN in every image, with no error."""
+    found = first_special_row(codes, dtype)
+    if found is None:
+        return
+    row, n = found
+    name = str(dtype).replace("torch.", "")
+    kind = "NaN" if dtype == torch.float8_e4m3fn else "NaN or infinite"
+    raise CorruptCheckpointError(
+        f"Row {row} of quantized tensor '{key[:80]}' holds {kind} {what} codes ({name}): every output of that row "
+        "would be NaN, and so would the image.", path=path, expected=f"finite {name} codes",
+        found=f"{kind} codes in row {row}" + (f" and {n - 1} more row(s) near it" if n > 1 else ""),
+        fix="Download or build the file again; if it was made by a converter, convert it again from the dense model.")
+
+
 def block_scale_problem(t, cols: int, block: int) -> str | None:
     """Why a per-block weight's scales do not fit its data (``cols`` logical columns in blocks of ``block``)."""
     from torchao.prototype.mx_formats.utils import ceil_div
@@ -231,6 +291,19 @@ class Codec:
     cpu_matmul: str | None = None  # why the quantized matmul runs on a CPU, or None where it does not
     # requantizing a row depends on that row alone: a LoRA may patch the layer a block of rows at a time
     rows_alone: bool = True
+    # every class a ``torch.save`` of this kind's tensor names ("module:Class"), besides torch's own: torch's
+    # weights-only reader is allowed exactly these (formats/containers/pt.py). Listed here, not taken from whatever
+    # torchao happened to register as safe when some module was imported: a fresh process must read every file.
+    pickled: tuple = ()
+
+    def pickle_classes(self) -> list:
+        """The classes ``pickled`` names, imported (what the weights-only reader may rebuild)."""
+        import importlib
+        out = []
+        for ref in self.pickled:
+            mod, _, name = ref.partition(":")
+            out.append(getattr(importlib.import_module(mod), name))
+        return out
 
     def tensor_type(self) -> type:  # implement: the torchao class (imported when first asked)
         raise NotImplementedError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CorruptCheckpointError
+from . import codec as c_
 from .codec import RowCodec
 from . import field_checks as c
 from .record import Scheme
@@ -86,6 +87,10 @@ class Float8Codec(RowCodec):
     fields = frozenset({"qdata", "scale", "block_size", "mm_config", "act_quant_kwargs", "kernel_preference"})
     fingerprint_fields = ("qdata", "scale")
     float8_codes = True
+    pickled = ("torchao.quantization.quantize_.workflows:Float8Tensor", "torchao.quantization.granularity:PerRow",
+               "torchao.float8.inference:Float8MMConfig",
+               "torchao.quantization.quantize_.common.kernel_preference:KernelPreference",
+               "torchao.quantization.quantize_.workflows.float8.float8_tensor:QuantizeTensorToFloat8Kwargs")
 
     def tensor_type(self):
         from torchao.quantization.quantize_.workflows import Float8Tensor
@@ -109,24 +114,24 @@ class Float8Codec(RowCodec):
                                                          act_quant_kwargs=kw.get("act_quant_kwargs")))
 
     def check_values(self, key, t, tensors, path):
-        # Only rows whose scale is 0 are read: where torchao's quantizer leaves NaN codes (an all-zero row); a full
-        # pass over every code would cost a read of the whole file at each load
         q, s = tensors[0], tensors[1]
         if q.ndim != 2 or s.numel() != q.shape[0]:
             return
         zero = s.reshape(-1) == 0
-        if not bool(zero.any()):
-            return
-        b = q[zero].contiguous().view(torch.uint8)
-        nan = (b & 0x7F) == 0x7F if q.dtype == torch.float8_e4m3fn else (b & 0x7C) == 0x7C
-        if bool(nan.any()):
-            row = int(zero.nonzero()[nan.any(dim=1).nonzero()[0, 0], 0])
-            raise CorruptCheckpointError(
-                f"Row {row} of quantized tensor '{key[:80]}' has scale 0 and NaN float8 codes: an all-zero weight row "
-                "quantized without a floor (torchao's per-row fp8), which makes every output of that layer NaN.",
-                path=path, found=f"{int(nan.any(dim=1).sum())} such row(s)",
-                fix="Rebuild the file with Build Prequant Checkpoint or `python -m prequant_core build` (all-zero rows "
-                    "stay zero), or use the repo's int8 file.")
+        if bool(zero.any()):
+            # named apart: an all-zero weight row quantized without a floor (torchao's per-row fp8), a known cause
+            b = q[zero].contiguous().view(torch.uint8)
+            nan = (b & 0x7F) == 0x7F if q.dtype == torch.float8_e4m3fn else (b & 0x7C) == 0x7C
+            if bool(nan.any()):
+                row = int(zero.nonzero()[nan.any(dim=1).nonzero()[0, 0], 0])
+                raise CorruptCheckpointError(
+                    f"Row {row} of quantized tensor '{key[:80]}' has scale 0 and NaN float8 codes: an all-zero weight "
+                    "row quantized without a floor (torchao's per-row fp8), which makes every output of that layer NaN.",
+                    path=path, found=f"{int(nan.any(dim=1).sum())} such row(s)",
+                    fix="Rebuild the file with Build Prequant Checkpoint or `python -m prequant_core build` (all-zero "
+                        "rows stay zero), or use the repo's int8 file.")
+        # any other NaN (or e5m2 infinite) code under a finite scale: one pass over the codes
+        c_.refuse_special_codes(key, q, q.dtype, path)
 
     def check_fields(self, t):
         from torchao.quantization.quantize_.common import KernelPreference

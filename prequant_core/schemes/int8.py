@@ -50,6 +50,9 @@ class Int8Codec(RowCodec):
                         "act_pre_scale", "act_quant_scale", "act_quant_zero_point"})
     fingerprint_fields = ("qdata", "scale", "zero_point", "act_quant_scale", "act_quant_zero_point", "act_pre_scale")
     json_parts = frozenset({"qdata", "scale", "zero_point"})
+    pickled = ("torchao.quantization.quantize_.workflows:Int8Tensor", "torchao.quantization.granularity:PerRow",
+               "torchao.quantization.quant_primitives:MappingType",
+               "torchao.quantization.quantize_.workflows.int8.int8_tensor:QuantizeTensorToInt8Kwargs")
 
     @property
     def cpu_matmul(self) -> str:

@@ -55,6 +55,10 @@ class MXFP8Codec(Codec):
     fields = frozenset({"qdata", "scale", "elem_dtype", "block_size", "orig_dtype", "kernel_preference",
                         "act_quant_kwargs", "is_swizzled_scales"})
     fingerprint_fields = ("qdata", "scale")
+    pickled = ("torchao.prototype.mx_formats.mx_tensor:MXTensor",
+               "torchao.prototype.mx_formats.mx_tensor:QuantizeTensorToMXKwargs",
+               "torchao.prototype.mx_formats.config:ScaleCalculationMode",
+               "torchao.quantization.quantize_.common.kernel_preference:KernelPreference")
 
     def tensor_type(self):
         from torchao.prototype.mx_formats.mx_tensor import MXTensor
@@ -142,6 +146,8 @@ class MXFP8Codec(Codec):
                 "would be infinite.", path=path, expected=f"block exponents <= {MAX_EXPONENT}",
                 found=str(top), fix="Download or build the file again.")
         c_.refuse_nan_scales(key, bool((bs == 0xFF).any()), path)
+        c_.refuse_special_codes(key, tensors[0], t.elem_dtype if isinstance(t, self.tensor_type()) else
+                                torch.float8_e4m3fn, path, "MX element")
 
     def from_json(self, d, parts):
         from . import json_values as j  # imports torchao: only when a file is read

@@ -57,6 +57,8 @@ class NVFP4Codec(Codec):
                         "is_swizzled_scales", "use_triton_kernel", "act_quant_kwargs"})
     fingerprint_fields = ("qdata", "scale", "per_tensor_scale")
     json_parts = frozenset({"qdata", "scale", "per_tensor_scale", "act_per_tensor_scale"})
+    pickled = ("torchao.prototype.mx_formats.nvfp4_tensor:NVFP4Tensor",
+               "torchao.prototype.mx_formats.nvfp4_tensor:QuantizeTensorToNVFP4Kwargs")
 
     def tensor_type(self):
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor

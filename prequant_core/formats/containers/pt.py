@@ -18,9 +18,37 @@ LEGACY_V1_MARKERS = ("LinearActivationQuantizedTensor", "AffineQuantizedTensor",
 
 
 def _safe_globals():
-    import torchao  # noqa: F401  (registers Int8Tensor / Float8Tensor & their kwargs as safe globals)
+    """What torch's weights-only reader may rebuild besides its own types: every class each registered scheme's
+    tensors pickle (``Codec.pickled``), so a file of any scheme reads the same in a fresh process as after other
+    code imported torchao's modules (which register some classes as safe on import, others not)."""
     from torch.torch_version import TorchVersion
-    return [TorchVersion]
+    from ...schemes import registry
+    out = [TorchVersion]
+    for codec in registry.codecs():
+        try:
+            out += [c for c in codec.pickle_classes() if c not in out]
+        except ImportError:  # an older torchao without this kind's classes: its files are refused by name below
+            continue
+    return out
+
+
+def _needs_torchao(global_name: str, path: str) -> Exception | None:
+    """A class a registered kind pickles, which this torchao could not import: say so instead of "unsafe"."""
+    from ...errors import DependencyError
+    from ...schemes import registry
+    for codec in registry.codecs():
+        for ref in codec.pickled:
+            if global_name.split(".")[-1] == ref.partition(":")[2] and global_name.startswith("torchao."):
+                try:
+                    codec.pickle_classes()
+                except ImportError as e:
+                    import torchao
+                    return DependencyError(
+                        f"The file holds torchao's {ref.partition(':')[2]} ({codec.kind} weights), which this "
+                        "torchao cannot import.", path=path, expected=f"a torchao that has {ref.replace(':', '.')}",
+                        found=f"torchao {getattr(torchao, '__version__', '?')}: {e}",
+                        fix="pip install -U torchao in ComfyUI's Python environment.")
+    return None
 
 
 def load_weights_only(src, *, mmap: bool = True):
@@ -57,6 +85,8 @@ def _translate(msg: str, path: str) -> Exception:
     if any(m in msg for m in LEGACY_V1_MARKERS):
         return _LegacyV1(msg)
     g = _GLOBAL.search(msg)
+    if g and _needs_torchao(g.group(1), path) is not None:
+        return _needs_torchao(g.group(1), path)
     if g:
         return UnsafeCheckpointError(
             "Refused to load: the file asks Python to import something that is not a tensor type (a pickle that "
