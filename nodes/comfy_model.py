@@ -130,16 +130,45 @@ def key_map_for(family: Family, unet_config: dict, path: str | None = None) -> d
 
 def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dict, path: str | None = None,
                     model_config=None, sources: dict | None = None) -> dict:
-    if layout == "comfyui":
-        tensors = dict(tensors)
-        if model_config is not None:  # ComfyUI's own renames for original-release names (key moves only)
-            tensors = model_config.process_unet_state_dict(tensors)
-        return tensors
-    key_map = key_map_for(family, unet_config, path)
-    if key_map is None:
-        return dict(tensors)
-    tensors, key_map = keymap.apply_row_permutations(tensors, key_map, path=path)
-    return keymap.to_comfy(tensors, key_map, path=path, sources=sources)
+    if layout != "comfyui":
+        key_map = key_map_for(family, unet_config, path)
+        if key_map is not None:
+            tensors, key_map = keymap.apply_row_permutations(tensors, key_map, path=path)
+            tensors = keymap.to_comfy(tensors, key_map, path=path, sources=sources)
+    tensors = dict(tensors)
+    if model_config is not None:
+        # ComfyUI's own renames from a family's original names to this ComfyUI's module names (key moves only): the
+        # pack's maps write the original release's names (FLUX's q/k norm ``.scale``), and each ComfyUI version says
+        # what its modules are called (0.33's RMSNorm ``.weight``)
+        moved = model_config.process_unet_state_dict(tensors)
+        if sources:
+            new_name = {id(v): k for k, v in moved.items()}
+            for k in [k for k in sources if k in tensors and new_name.get(id(tensors[k]), k) != k]:
+                sources[new_name[id(tensors[k])]] = sources.pop(k)
+        tensors = moved
+    return tensors
+
+
+def check_names_match(model, tensors: dict, family: Family, path: str | None = None) -> None:
+    """Refuse, as a version mismatch rather than a damaged file, tensors whose names differ from this ComfyUI's
+    model only where the same module holds them under another attribute name (``.scale`` / ``.weight``): what a
+    ComfyUI release that renamed a module's parameter looks like. Any other mismatch is left to the placement's own
+    check, which names the tensors."""
+    expected = set(placement.expected_entries(model))
+    missing = sorted(k for k in expected if k not in tensors and k not in (family.fill_missing or {}))
+    unexpected = sorted(k for k in tensors if k not in expected)
+    if not missing or not unexpected:
+        return
+    modules = lambda keys: {k.rpartition(".")[0] for k in keys}  # noqa: E731
+    if modules(missing) != modules(unexpected):
+        return
+    theirs, ours = unexpected[0].rpartition(".")[2], missing[0].rpartition(".")[2]
+    raise ComfyVersionError(
+        f"This ComfyUI ({comfy_version()}) names {len(missing)} of {family.title}'s tensors differently from what this "
+        f"version of ComfyUI-Prequant maps them to (e.g. '{missing[0]}' where the pack gives '{unexpected[0]}'): a "
+        "ComfyUI and pack version mismatch, not a damaged file.", path=path,
+        expected=f"ComfyUI {comfy_version()}'s names ('.{ours}')", found=f"the pack's names ('.{theirs}')",
+        fix="Update ComfyUI-Prequant (or use the ComfyUI version the pack's README lists as tested).")
 
 
 def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *, path: str | None = None,
@@ -156,6 +185,7 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     model_config.custom_operations = make_ops(base_ops)
     # Only the diffusion model's layers take device=meta; model_sampling and buffers stay real.
     model = model_config.get_model({}, "", device=torch.device("meta"))
+    check_names_match(model.diffusion_model, tensors, family, path)
     held = placement.assign(model.diffusion_model, tensors, path=path, fill_missing=family.fill_missing,
                             hold_quantized=True, cast_plain=dtype)
     for sub, attr, t in held:

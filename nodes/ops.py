@@ -113,8 +113,11 @@ def make_ops(base):
 
             def prequant_assign(self, tensors, spec):
                 tensors = tuple(tensors)
-                if tensors[0].dtype == torch.float8_e5m2:
-                    self.prequant_fp8_e5m2 = True
+                # which float8 the codes are: their dtype, or the spec where they are bytes (set and cleared here,
+                # so a LoRA's requantized weight is read as what it now is)
+                codes = tensors[0].dtype
+                self.prequant_fp8_e5m2 = codes == torch.float8_e5m2 or (
+                    codes == torch.uint8 and spec.kind == "float8" and spec.as_kwargs().get("codes") == "e5m2")
                 if self.prequant_bytes and tensors[0].dtype != torch.uint8:
                     tensors = (tensors[0].view(torch.uint8),) + tensors[1:]
                 # New Parameters, never in-place writes: ModelPatcher backups keep pointing at the originals.

@@ -194,7 +194,8 @@ class PrequantLoadTextEncoder:
                 tok = _tokenizer(kind, ck.metadata.get("base_model_id"), status)
                 tensors[tokenizer_source.SPIECE_KEY] = tok.data
             extra = []
-            for name in hosted.with_encoders:
+            if hosted.with_encoders:  # one input, one file: read once, whatever the family names it
+                name = " / ".join(hosted.with_encoders)
                 extra_path = paths.resolve_comfy_encoder(with_encoder)
                 if extra_path is None:
                     raise ValidationError(f"{fam.title}'s CLIP takes a {name} encoder next to this {kind.name}.",

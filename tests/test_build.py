@@ -673,3 +673,27 @@ def test_killed_build_leaves_no_file_and_temps_do_not_accumulate(small_dense, tm
         sleeper.wait()
     assert output_file.clean_stale_temps(str(out_dir)) == [str(live)]
     assert temps_in(out_dir) == []
+
+
+def test_cli_finds_the_comfyui_it_is_installed_in_for_comfyui_native_output(comfy, dense_files, tmp_path):
+    """Round 5: ``build --container comfyui-native`` from a diffusers-layout Z-Image needed ``--comfyui DIR``, which
+    no page named. Run from ``ComfyUI/custom_nodes/ComfyUI-Prequant`` (as a shell there sets $PWD) it finds that
+    ComfyUI's key map; from elsewhere it says which option to add and where it is found by itself."""
+    from tools.comfy_headless import COMFY, link_pack
+    link_pack(COMFY)
+    inside = os.path.join(COMFY, "custom_nodes", "ComfyUI-Prequant")
+    out = tmp_path / "native.safetensors"
+    r = subprocess.run([PY, "-m", "prequant_core", "build", "-i", dense_files["diffusers"], "-o", str(out),
+                        "--scheme", "fp8", "--container", "comfyui-native", "--quiet"], cwd=inside,
+                       env={**os.environ, "PWD": inside, "PYTHONPATH": inside}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ck = formats.read(str(out))
+    assert ck.container == "comfyui-native" and any(".qkv." in k for k in ck.tensors)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([PY, "-m", "prequant_core", "build", "-i", dense_files["diffusers"], "-o",
+                        str(tmp_path / "no.safetensors"), "--scheme", "fp8", "--container", "comfyui-native",
+                        "--quiet"], cwd=str(elsewhere), env={**os.environ, "PWD": str(elsewhere), "PYTHONPATH": ROOT},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--comfyui DIR" in r.stderr and "custom_nodes" in r.stderr, r.stderr[-2000:]

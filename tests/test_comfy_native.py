@@ -217,3 +217,19 @@ def test_a_nan_scale_in_an_older_scaled_fp8_file_is_refused_by_the_command_line(
     p = subprocess.run([sys.executable, "-m", "prequant_core", "info", path], capture_output=True, text=True,
                        cwd=root, timeout=300)
     assert p.returncode == 2 and "not finite" in p.stderr and "blocks.0.mlp.0.weight" in p.stderr, p.stderr[-2000:]
+
+
+def test_e5m2_codes_held_as_bytes_decode_and_requantize_as_e5m2():
+    """A device without a float8 dtype (and the LoRA path) holds codes as bytes: an e5m2 layer's bytes are read as
+    e5m2, and a LoRA's requantization keeps the layer e5m2 (round 5: decoded as e4m3, wrong weights)."""
+    from torchao.quantization import PerRow
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+    from prequant_core.schemes import registry
+    w = _dense()["blocks.0.mlp.0.weight"]
+    codec = registry.codec("float8")
+    (q, s), spec = codec.parts(Float8Tensor.from_hp(w, float8_dtype=torch.float8_e5m2, granularity=PerRow()))
+    want = codec.dequantize((q, s), spec, torch.float32)
+    assert torch.equal(codec.dequantize((q.view(torch.uint8), s), spec, torch.float32), want)
+    q2, s2 = codec.quantize(want.to(torch.bfloat16), spec)
+    assert q2.dtype == torch.float8_e5m2
+    assert torch.equal(codec.dequantize((q2, s2), spec, torch.float32), want)

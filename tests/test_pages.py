@@ -76,3 +76,10 @@ def test_a_mappings_snapshot_serves_several_releases(tmp_path):
     assert snap is not None and len(snap.starts) == len(snap.spans) > 0
     assert sum(pages.release([a[i:i + 128]], snap) for i in range(0, 512, 128)) > 0
     assert pages.release([torch.randn(1024, 1024)], snap) == 0  # anonymous memory: never advised
+
+
+def test_pages_are_given_back_in_the_kernels_own_page_size():
+    # round 5: a hard-coded 4096 made madvise fail on 16K / 64K-page kernels (pages never given back)
+    import mmap
+    from prequant_core.families import pages
+    assert pages._PAGE == mmap.PAGESIZE

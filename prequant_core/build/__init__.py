@@ -305,6 +305,28 @@ def build_from_tensors(dest: str, dense: Mapping, *, family: Family, scheme: str
 # ComfyUI's key maps for the command line (prequant_core/cli/build_commands.py)
 # ----------------------------------------------------------------------------------------------------------------
 
+def find_comfyui() -> str | None:
+    """The ComfyUI this pack is installed in (``<ComfyUI>/custom_nodes/<this pack>``), or None. Looked for from the
+    pack's own folder and from the shell's current folder as typed (``$PWD`` keeps a symlinked custom_nodes entry,
+    which ``os.getcwd()`` resolves away)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    starts = [here]
+    if os.environ.get("PWD"):
+        starts.append(os.environ["PWD"])
+    for start in starts:
+        d = start
+        for _ in range(4):  # the pack's root, or a folder inside it
+            parent = os.path.dirname(d)
+            if os.path.basename(parent) == "custom_nodes":
+                root = os.path.dirname(parent)
+                if os.path.isfile(os.path.join(root, "comfy", "utils.py")):
+                    return root
+            if parent == d:
+                break
+            d = parent
+    return None
+
+
 def comfy_key_map_from(comfy_dir: str) -> Callable[[Family, dict], Mapping]:
     """Key-map provider backed by a ComfyUI checkout's ``comfy.utils`` (imported from ``comfy_dir``)."""
     comfy_dir = os.path.abspath(comfy_dir)

@@ -44,8 +44,10 @@ def add(subparsers) -> None:
                    help="which transformer of the model the input is, recorded in the metadata (default: "
                         "%(default)s; transformer_2 for the low-noise expert of Wan 2.2 A14B)")
     p.add_argument("--comfyui", metavar="DIR", default=None,
-                   help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names (only "
-                        "needed for ComfyUI-layout files), or diffusers names to ComfyUI's for comfyui-native output")
+                   help="a ComfyUI folder whose key map converts ComfyUI-layout input to diffusers names, or "
+                        "diffusers names to ComfyUI's for comfyui-native output (only needed for families whose map "
+                        "is ComfyUI's: Z-Image, FLUX.1, Qwen-Image, ...). Default: the ComfyUI this pack is installed "
+                        "in, when it runs from ComfyUI/custom_nodes/")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar (the summary and path still print)")
     p.set_defaults(func=run_build)
 
@@ -76,7 +78,8 @@ def add(subparsers) -> None:
 def run_build(args) -> int:
     from .. import build, families, schemes
     family = None if args.family == "auto" else args.family
-    key_map = build.comfy_key_map_from(args.comfyui) if args.comfyui else None
+    comfy_dir = args.comfyui or build.find_comfyui()
+    key_map = build.comfy_key_map_from(comfy_dir) if comfy_dir else None
     with BuildBar(quiet=args.quiet) as bar:
         if args.container == NATIVE:
             res = _native(args, family, bar)
@@ -112,11 +115,13 @@ def _native(args, family: str | None, bar):
         shapes = {k: tuple(v.shape) for k, v in tensors.items()}
         if callable(fam.comfy_key_map):
             km = fam.comfy_key_map(fam.config_from_shapes(shapes, args.input))
-        elif args.comfyui:
-            km = build.comfy_key_map_from(args.comfyui)(fam, shapes)
+        elif args.comfyui or build.find_comfyui():
+            km = build.comfy_key_map_from(args.comfyui or build.find_comfyui())(fam, shapes)
         else:
             raise BuildError(f"{fam.title} files in diffusers' layout need ComfyUI's key map for ComfyUI-native "
-                             "output.", path=args.input, fix="Add --comfyui DIR (your ComfyUI folder).")
+                             "output, and no ComfyUI was found (this pack is not run from ComfyUI/custom_nodes/).",
+                             path=args.input, fix="Add --comfyui DIR (your ComfyUI folder), or run the command from "
+                                                  "ComfyUI/custom_nodes/ComfyUI-Prequant.")
         tensors = keymap.to_comfy_layout(tensors, km, path=args.input)
     output = args.output
     if output is None or os.path.isdir(output):

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import mmap
 import sys
 
 MADV_PAGEOUT = 21  # Linux >= 5.4
-_PAGE = 4096
+_PAGE = mmap.PAGESIZE  # 4 KiB on x86; 16 / 64 KiB kernels on some ARM machines (madvise needs its alignment)
 _libc = None
 
 

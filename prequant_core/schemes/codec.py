@@ -423,9 +423,10 @@ class RowCodec(Codec):
 
     def dequantize(self, tensors, spec, dtype):
         q, s = tensors[0], tensors[1]
-        if q.dtype == torch.uint8:  # float8 codes kept as bytes
-            q = q.view(torch.float8_e4m3fn) if q.device.type in ("cpu", "cuda") else \
-                decode(decode_table("e4m3", q.device), q)
+        if q.dtype == torch.uint8:  # float8 codes kept as bytes: the spec says which float8 (e4m3 unless noted)
+            name = spec.as_kwargs().get("codes", "e4m3")
+            q = q.view(torch.float8_e5m2 if name == "e5m2" else torch.float8_e4m3fn) \
+                if q.device.type in ("cpu", "cuda") else decode(decode_table(name, q.device), q)
         return (q.to(torch.float32) * s.to(torch.float32)).to(dtype)
 
     # rows quantized at a time: each row's codes and scale depend on that row alone (``from_dense`` is per row), so a

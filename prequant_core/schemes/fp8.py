@@ -97,8 +97,11 @@ class Float8Codec(RowCodec):
         return Float8Tensor
 
     def spec_attrs(self, t):
-        return {"mm_config": t.mm_config, "act_quant_kwargs": t.act_quant_kwargs,
-                "kernel_preference": t.kernel_preference}
+        out = {"mm_config": t.mm_config, "act_quant_kwargs": t.act_quant_kwargs,
+               "kernel_preference": t.kernel_preference}
+        if t.qdata.dtype == torch.float8_e5m2:  # ComfyUI-native e5m2: decoded, and requantized by a LoRA, as e5m2
+            out["codes"] = "e5m2"
+        return out
 
     def make(self, qdata, scale, block_size, spec):
         kw = spec.as_kwargs()
@@ -109,7 +112,9 @@ class Float8Codec(RowCodec):
     def from_dense(self, dense, spec):
         from torchao.quantization import PerRow
         kw = spec.as_kwargs()
-        return keep_zero_rows(self.tensor_type().from_hp(dense, granularity=PerRow(), mm_config=kw.get("mm_config"),
+        dt = torch.float8_e5m2 if kw.get("codes") == "e5m2" else torch.float8_e4m3fn
+        return keep_zero_rows(self.tensor_type().from_hp(dense, float8_dtype=dt, granularity=PerRow(),
+                                                         mm_config=kw.get("mm_config"),
                                                          kernel_preference=kw.get("kernel_preference"),
                                                          act_quant_kwargs=kw.get("act_quant_kwargs")))
 
