@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Sets up the pinned dev environment if needed, then runs the whole test suite in three legs:
-#   core          prequant_core alone, ComfyUI absent (tests/no_comfyui.py): CORE_TESTS below
-#   comfyui       everything else on ComfyUI 0.3.75 (.comfyui): in-process, as a server, the browser
-#   comfyui-0.12  COMFY012_TESTS on ComfyUI 0.12.1 (.cache/comfyui-0.12, its own venv; scripts/setup_comfyui012.sh)
-# With test paths as arguments it runs just those (one pytest run), on 0.3.75, or on 0.12.1 with
-# PREQUANT_TEST_COMFYUI=0.12 in the environment, and sets up only what those files need.
+# Sets up the pinned dev environment if needed, then runs the whole test suite in four legs:
+#   core            prequant_core alone, ComfyUI absent (tests/no_comfyui.py): CORE_TESTS below
+#   comfyui-0.33.0  everything else on ComfyUI 0.33.0 (.cache/comfyui-0.33; scripts/setup_comfyui033.sh): in-process,
+#                   as a server, the browser. The ComfyUI users run today (0.33-0.38): the main leg.
+#   comfyui-0.3.75  COMPAT_TESTS on ComfyUI 0.3.75 (.comfyui, .venv's python): the files where the pack meets
+#                   ComfyUI's internals, on the oldest ComfyUI the pack supports
+#   comfyui-0.12.1  COMPAT_TESTS on ComfyUI 0.12.1 (.cache/comfyui-0.12, its own venv; scripts/setup_comfyui012.sh)
+# With test paths as arguments it runs just those (one pytest run), on 0.33.0, or on 0.3.75 / 0.12.1 with
+# PREQUANT_TEST_COMFYUI=0.3.75 / 0.12 in the environment, and sets up only what those files need.
 #   --changed     the test files that the uncommitted and unpushed changes touch (docs/DEVELOPING.md: the quick loop)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -76,6 +79,12 @@ summary() {
   local all=$((SECONDS - t_start))
   printf '[test]   %-14s %3d:%02d\n' "total" $((all / 60)) $((all % 60))
 }
+c033="$root/.cache/comfyui-0.33"
+run033() {  # pytest on ComfyUI 0.33.0: its venv's python (which sees .venv's packages), its source tree as COMFY
+  "$root/scripts/setup_comfyui033.sh"
+  PREQUANT_COMFYUI="$c033/comfyui-0.33.0" PREQUANT_EXPECT_COMFYUI=0.33.0 \
+    TORCHINDUCTOR_CACHE_DIR="$root/.cache/torchinductor033" "$c033/venv/bin/python" -m pytest "$@"
+}
 c012="$root/.cache/comfyui-0.12"
 run012() {  # pytest on ComfyUI 0.12.1: its venv's python, tools/comfy_headless.py told where its root is
   "$root/scripts/setup_comfyui012.sh"
@@ -125,7 +134,8 @@ if [ "${#paths[@]}" -gt 0 ]; then
     [ "$is_core" -eq 1 ] || all_core=0
   done
   if [ "$all_core" -eq 1 ]; then PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${args[@]}"; exit $?; fi
-  .venv/bin/python -m pytest "${args[@]}"; exit $?
+  if [ "${PREQUANT_TEST_COMFYUI:-}" = "0.3.75" ]; then .venv/bin/python -m pytest "${args[@]}"; exit $?; fi
+  run033 "${args[@]}"; exit $?
 fi
 
 "$root/scripts/setup_test_extras.sh"
@@ -153,46 +163,54 @@ slow=(--durations=12)
 r=0; PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${par[@]}" "${slow[@]}" "${CORE_TESTS[@]}" "$@" \
   || r=$?
 leg_done core "$r"; [ "$r" -eq 0 ] || rc=$r
-echo "[test] ComfyUI tier: the real ComfyUI 0.3.75 in-process, as a server, and in the browser"
+echo "[test] ComfyUI tier: the real ComfyUI 0.33.0 in-process, as a server, and in the browser"
+"$root/scripts/setup_comfyui033.sh"
 COMFY_TESTS=()  # every other test file, the heaviest first
 for f in "${COMFY_HEAVY[@]}" tests/test_*.py; do
   skip=0
   for c in "${CORE_TESTS[@]}" "${COMFY_TESTS[@]}"; do [ "$f" = "$c" ] && skip=1; done
   [ "$skip" -eq 1 ] || COMFY_TESTS+=("$f")
 done
-r=0; PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest "${par[@]}" "${slow[@]}" "${COMFY_TESTS[@]}" "$@" || r=$?
-leg_done comfyui-0.3.75 "$r"; [ "$r" -eq 0 ] || rc=$r
-# The ComfyUI-side tests again on ComfyUI 0.12.1 (pip-installable distribution, its own venv with the same torch and
-# torchao pins): the files where the pack meets ComfyUI (model classes and configs of every family, folders and file
-# lists, ModelPatcher / LoRA / low-VRAM loading, matmul paths, the dense fallback, nodes over a real server), chosen
-# to keep .ci/run short on 2 cores (this leg: ~8 min build once, ~8 min of tests on 2026-12-02). Not run here:
+r=0; run033 "${par[@]}" "${slow[@]}" "${COMFY_TESTS[@]}" "$@" || r=$?
+leg_done comfyui-0.33.0 "$r"; [ "$r" -eq 0 ] || rc=$r
+# The files where the pack meets ComfyUI's internals, again on the older ComfyUIs users still run: 0.3.75 (.comfyui,
+# .venv's python) and 0.12.1 (pip-installable distribution, its own venv with the same torch and torchao pins): model
+# classes and configs of every family, folders and file lists, ModelPatcher / LoRA / low-VRAM loading, matmul paths,
+# the dense fallback, nodes over a real server; chosen to keep .ci/run short on 2 cores. Not run there (covered on
+# 0.33.0, the same code on either side of the ComfyUI contact points):
 #   test_browser.py      0.12.1's distribution is started with an empty --front-end-root: its front end is another
-#                        package than 0.3.75's and is not what this machine's browser scripts drive
+#                        package than 0.33's and is not what this machine's browser scripts drive
 #   test_example_workflows.py, test_hub*.py, test_token_safety.py: the Hub client and its local test hub, which are
-#                        ComfyUI-independent and covered on 0.3.75 (the 0.12.1 venv carries another huggingface_hub)
+#                        ComfyUI-independent (the 0.12.1 venv carries another huggingface_hub)
 #   test_compile.py, test_concurrency.py, test_build.py, test_diffusers_loader.py, test_legacy_formats.py,
-#   test_memory_guard.py, test_path_safety.py: same ComfyUI contact points as the files
-#                        below, heavier; covered on 0.3.75
+#   test_memory_guard.py, test_path_safety.py, test_fresh_process.py: same ComfyUI contact points as the files
+#                        below, heavier
 #   test_families.py::test_prequant_equals_load_time_quantization: the quantizer across families (ComfyUI-independent,
-#                        ~4 min); the families' ComfyUI classes and configs are checked on 0.12.1 by the other tests
+#                        ~4 min); the families' ComfyUI classes and configs are checked by the other tests
+# and on 0.12.1 only:
 #   test_text_encoder_server.py::test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub: the Hub
 #                        client again (its refusals through the 0.12.1 server run)
 #   the two stock-LoRA strength-0 checks (test_loader / test_matmul_path): 0.12.1's distribution keeps "which patches
 #                        are on the weights" per ModelPatcher copy instead of on the shared model, so a clone used
 #                        after a LoRA'd clone is not unpatched; a stock dense Linear stays patched there too
-COMFY012_TESTS=(tests/test_server.py tests/test_families.py tests/test_loader.py tests/test_matmul_path.py
-                tests/test_info.py tests/test_block_formats_comfy.py tests/test_comfyui_version.py tests/test_fallback.py
-                tests/test_comfy_native_comfy.py tests/test_text_encoder_comfy.py tests/test_text_encoder_server.py
-                tests/test_lora_rows.py)
-COMFY012_DESELECT=(--deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
+COMPAT_TESTS=(tests/test_server.py tests/test_families.py tests/test_loader.py tests/test_matmul_path.py
+              tests/test_info.py tests/test_block_formats_comfy.py tests/test_comfyui_version.py tests/test_fallback.py
+              tests/test_comfy_native_comfy.py tests/test_text_encoder_comfy.py tests/test_text_encoder_server.py
+              tests/test_lora_rows.py)
+COMPAT_DESELECT=(--deselect tests/test_families.py::test_prequant_equals_load_time_quantization)
+COMFY012_DESELECT=("${COMPAT_DESELECT[@]}"
+                   --deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
                    --deselect tests/test_text_encoder_server.py::test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub
-                   --deselect tests/test_matmul_path.py::test_weight_only_stock_lora
-                   --deselect tests/test_families.py::test_prequant_equals_load_time_quantization)
+                   --deselect tests/test_matmul_path.py::test_weight_only_stock_lora)
+echo "[test] ComfyUI 0.3.75 tier: ${#COMPAT_TESTS[@]} files on the real ComfyUI 0.3.75, in-process and as a server"
+r=0; PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest "${par[@]}" "${slow[@]}" "${COMPAT_TESTS[@]}" \
+  "${COMPAT_DESELECT[@]}" "$@" || r=$?
+leg_done comfyui-0.3.75 "$r"; [ "$r" -eq 0 ] || rc=$r
 r=0; wait "$pid012" || r=$?
 cat "$log012"
 leg_done set-up-0.12.1 "$r"; [ "$r" -eq 0 ] || { echo "[test] ComfyUI 0.12.1 did not set up (above)" >&2; summary; exit "$r"; }
-echo "[test] ComfyUI 0.12.1 tier: ${#COMFY012_TESTS[@]} files on the real ComfyUI 0.12.1, in-process and as a server"
-r=0; run012 "${par[@]}" "${slow[@]}" "${COMFY012_TESTS[@]}" "${COMFY012_DESELECT[@]}" "$@" || r=$?
+echo "[test] ComfyUI 0.12.1 tier: ${#COMPAT_TESTS[@]} files on the real ComfyUI 0.12.1, in-process and as a server"
+r=0; run012 "${par[@]}" "${slow[@]}" "${COMPAT_TESTS[@]}" "${COMFY012_DESELECT[@]}" "$@" || r=$?
 leg_done comfyui-0.12.1 "$r"; [ "$r" -eq 0 ] || rc=$r
 summary
 exit "$rc"

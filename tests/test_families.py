@@ -26,7 +26,10 @@ def test_every_registered_family_has_a_tiny_model():
     """Adding a family means adding its tiny model and thereby these tests."""
     # z-image: tests/test_loader.py; DIFFUSERS_ONLY (no ComfyUI class here): tests/test_diffusers_loader.py
     assert set(FAMILIES) | set(tf.DIFFUSERS_ONLY) == set(families.FAMILIES) - {"z-image"}
-    assert all(families.get(f).unet_config is None for f in tf.DIFFUSERS_ONLY)
+    # a diffusers-only family is either not mapped into ComfyUI yet, or mapped with a record of its diffusers forward
+    # to prove the map against (its class needs a diffusers newer than the pinned one: a subprocess makes the record)
+    assert all((families.get(f).unet_config is None) == (tf.DIFFUSERS_ONLY[f].record is None)
+               for f in tf.DIFFUSERS_ONLY)
     assert all(families.get(f).unet_config is not None for f in FAMILIES)
 
 
@@ -399,22 +402,108 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     assert r.family == family and r.quantized_count >= 4
     assert not info(path, {"base_model_id": "someone/Other-Model", "scheme": "int8"}).valid
 
-    with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
-        nodes_, _ = comfy
-        nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("families/" + name, base_model_id=t.base_model_id,
-                                                                     scheme="int8")
-    msg = str(e.value)
-    assert "0.38.1" in msg and fam.title in msg and fam.comfy_models[0] in msg
-    assert comfy_model(comfy).comfy_version() in msg
+    nodes_, _ = comfy
+    load = lambda: nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(  # noqa: E731
+        "families/" + name, base_model_id=t.base_model_id, scheme="int8")
+    if not hosts_here(comfy, fam):
+        with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
+            load()
+        msg = str(e.value)
+        assert fam.min_comfy in msg and fam.title in msg and fam.comfy_models[0] in msg
+        assert comfy_model(comfy).comfy_version() in msg
+        return
+    # this ComfyUI hosts it: the node's model is ComfyUI's class, and computes what the same weights quantized at load
+    # compute (the int8 file's tensors placed again by the pack from a dense copy quantized here)
+    with torch.inference_mode():
+        res = load()
+    model = res["result"][0]
+    assert type(model.model.model_config).__name__ == fam.comfy_models[0]
+    assert res["ui"]["prequant"][0]["family"] == family
+    rec = _record(family)
+    dense_sd = {k[len("dense."):]: v.to(torch.bfloat16) for k, v in rec.items() if k.startswith("dense.")}
+    q, _ = quantize.quantize_tensors(dense_sd, "int8", exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra))
+    ref = comfy_model(comfy).build_patcher(fam, "diffusers", q, {})
+    dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {})
+    got, want, d = (_recorded_velocity(m, rec) for m in (model, ref, dense_model))
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+    assert 0 < ((got - d).norm() / d.norm()).item() < 0.1
+
+
+def hosts_here(comfy, fam) -> bool:
+    """Whether this ComfyUI has the class the pack maps ``fam`` into (the version the family records, and the class)."""
+    cm = comfy_model(comfy)
+    if fam.unet_config is None or cm._older_than(cm.comfy_version(), fam.min_comfy):
+        return False
+    try:
+        cm.model_class_for(fam, {})
+        return True
+    except ComfyVersionError:
+        return False
+
+
+_records: dict = {}
+
+
+def _record(family):
+    """The family's tiny model and one forward pass of its diffusers class (diffusers 0.42.1, in a subprocess:
+    tools/diffusers_check.py forward)."""
+    if family not in _records:
+        import subprocess
+        import sys
+        import tempfile
+        from safetensors.torch import load_file
+        from conftest import ROOT
+        side = os.path.join(ROOT, ".cache", "diffusers042")
+        dev_py = os.path.join(ROOT, ".venv", "bin", "python")
+        path = os.path.join(tempfile.mkdtemp(prefix="record-"), f"{family}.safetensors")
+        p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable, "-m", "tools.diffusers_check",
+                            "forward", family, path], cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT])), capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        _records[family] = load_file(path)
+    return _records[family]
+
+
+def _recorded_velocity(patcher, rec):
+    x, sigma = rec["x"], rec["sigma"]
+    with torch.inference_mode():
+        return comfy_velocity(patcher, x.to(torch.float32), float(sigma), rec["context"], {})
+
+
+@pytest.mark.parametrize("family", [f for f, t in tf.DIFFUSERS_ONLY.items() if t.record is not None])
+def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family):
+    """Krea 2 (ComfyUI 0.33.0's Krea2): ComfyUI's model with the pack's mapped weights computes what diffusers' own
+    class computes; a ComfyUI without the class refuses it naming the version that has it."""
+    fam = families.get(family)
+    rec = _record(family)
+    dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
+    if not hosts_here(comfy, fam):
+        with pytest.raises(ComfyVersionError) as e:
+            comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+        assert fam.min_comfy in str(e.value)
+        return
+    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+    assert type(patcher.model.model_config).__name__ == fam.comfy_models[0]
+    got, want = _recorded_velocity(patcher, rec), rec["output"]
+    rel = ((got - want).norm() / want.norm()).item()
+    print(f"\n[{family}] ComfyUI vs diffusers forward (fp32): relative difference {rel:.2e}")
+    assert rel < 1e-4, f"{family}: ComfyUI's model with our mapped weights differs from diffusers by {rel}"
 
 
 @pytest.mark.parametrize("family", list(tf.DIFFUSERS_ONLY))
 def test_a_family_this_comfyui_cannot_build_is_refused_before_any_download(comfy, monkeypatch, family):
-    """Picking Krea 2 / Qwen-Image 2.1 on an older ComfyUI must not fetch gigabytes first: the version error comes
-    before the Hub is asked (offline here, so without the early check the error would be the Hub's)."""
+    """Picking Krea 2 / Qwen-Image 2.1 on a ComfyUI without their class must not fetch gigabytes first: the version
+    error comes before the Hub is asked (offline here, so without the early check the error would be the Hub's). A
+    ComfyUI that hosts the family goes on to the Hub (the offline error then names the repo)."""
+    from prequant_core.errors import PrequantError
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     nodes_, pack = comfy
-    with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
+    fam = families.get(family)
+    with pytest.raises(PrequantError) as e, torch.inference_mode():
         nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(pack.nodes.paths.NONE_CHOICE, family=family,
                                                                      scheme="fp8")
-    assert families.get(family).min_comfy in str(e.value)
+    if hosts_here(comfy, fam):
+        assert not isinstance(e.value, ComfyVersionError) and next(iter(fam.hosted_repos)) in str(e.value), str(e.value)
+    else:
+        assert isinstance(e.value, ComfyVersionError) and fam.min_comfy in str(e.value)

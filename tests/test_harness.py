@@ -44,12 +44,12 @@ def _extras_of(paths: list[str]) -> dict[str, str]:
 
 def test_every_listed_file_exists_and_each_test_file_runs_in_one_leg():
     core, heavy = _array("CORE_TESTS"), _array("COMFY_HEAVY")
-    on012 = _array("COMFY012_TESTS")
+    on012 = _array("COMPAT_TESTS")
     for f in core + heavy + on012:
         assert os.path.isfile(os.path.join(ROOT, f)), f"scripts/test.sh lists {f}, which does not exist"
     assert len(set(core)) == len(core) and len(set(heavy)) == len(heavy)
     assert not set(core) & set(heavy), "a file listed both in the core tier and in the ComfyUI tier"
-    assert not set(core) & set(on012), "a core-tier file listed for ComfyUI 0.12.1"
+    assert not set(core) & set(on012), "a core-tier file listed for the compatibility legs (0.3.75, 0.12.1)"
     every = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py"))}
     assert set(core) <= every and set(heavy) <= every
 

@@ -100,9 +100,23 @@ def build_file(family: str, scheme: str, path: str) -> str:
                                     overwrite=True)
 
 
+def forward_record(family: str, path: str) -> str:
+    """The family's tiny model (float32) and one forward pass of its diffusers class, saved for a ComfyUI process that
+    cannot import this diffusers: ``{"dense": state dict, "inputs": ..., "output": ...}`` (tests/test_families.py
+    holds ComfyUI's model with the mapped weights against it)."""
+    from safetensors.torch import save_file
+    m = tf.any_diffusers_model(family, 0, torch.float32)
+    rec = tf.DIFFUSERS_ONLY[family].record(m)
+    save_file({**{"dense." + k: v.contiguous() for k, v in m.state_dict().items()},
+               **{k: v.contiguous() for k, v in rec.items()}}, path)
+    return path
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "build":  # build FAMILY SCHEME PATH
         print(json.dumps({"path": build_file(*sys.argv[2:5])}))
+    elif sys.argv[1] == "forward":  # forward FAMILY PATH
+        print(json.dumps({"path": forward_record(*sys.argv[2:4])}))
     else:  # FAMILY SCHEME CONTAINER OUT_DIR
         fam_, scheme_, container_, out = sys.argv[1:5]
         print(json.dumps(check(fam_, scheme_, container_, out)))

@@ -21,14 +21,18 @@ TE_NODE_TESTED = {"Gemma2-2B": "node on ComfyUI 0.3.75 and 0.12.1 (full size): c
                               "too); node: refused naming ComfyUI 0.38.1 (its class), before any download"}
 TE_CORE_TESTED = "files read, judged and renamed (tiny real config); node not run at full size"
 
-# What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.3.75 and 0.12.1, or
-# the diffusers loader only where no testable ComfyUI has the class.
-NODE_TESTED = "node + diffusers loader, every kind (CPU, tiny)"
+# What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.33.0 (and 0.3.75 /
+# 0.12.1 where they have the class), or the diffusers loader only where no testable ComfyUI has the class.
+NODE_TESTED = "node (ComfyUI 0.33.0, 0.3.75, 0.12.1) + diffusers loader, every kind (CPU, tiny)"
+NEWER_NODE_TESTED = ("node on ComfyUI {min_comfy} (map proven against diffusers' forward; int8 equal to load-time "
+                     "quantization) + diffusers loader, every kind (CPU, tiny, diffusers 0.42.1)")
 DIFFUSERS_ONLY_TESTED = "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI {min_comfy}+"
 
 
 def _status(fam) -> str:
-    return NODE_TESTED if fam.unet_config is not None else DIFFUSERS_ONLY_TESTED.format(min_comfy=fam.min_comfy)
+    if fam.unet_config is None:
+        return DIFFUSERS_ONLY_TESTED.format(min_comfy=fam.min_comfy)
+    return NEWER_NODE_TESTED.format(min_comfy=fam.min_comfy) if fam.min_comfy.startswith("0.33") else NODE_TESTED
 
 
 def _names(repo: str, scheme: str, component: str) -> str:
@@ -42,7 +46,8 @@ def rows() -> list[str]:
     out = ["| Family | Hosted repo | Schemes it holds (in the order auto tries them) | File names tried, in order | "
            "ComfyUI class | Tested here |", "|---|---|---|---|---|---|"]
     for fam in families.FAMILIES.values():
-        cls = " / ".join(fam.comfy_models) + ("" if fam.unet_config is not None else f" ({fam.min_comfy}+)")
+        newer = fam.unet_config is None or fam.min_comfy.startswith("0.33")
+        cls = " / ".join(fam.comfy_models) + (f" ({fam.min_comfy}+)" if newer else "")
         status = _status(fam)
         for i, repo in enumerate(fam.hosted):
             held = sources.schemes_for_repo(repo)

@@ -266,6 +266,26 @@ def _krea2_forward(m, g, dtype):
              timestep=torch.tensor([0.7]), position_ids=pos, return_dict=False)[0]
 
 
+def _krea2_record(m) -> dict:
+    """Inputs as ComfyUI's Krea2 takes them (a [1, 16, 8, 8] latent, sigma 0.7, text as [1, n, layers * dim]) and the
+    diffusers model's velocity for them, in ComfyUI's latent layout (2x2 patches, the same sigma as timestep:
+    ComfyUI's FLUX-type sampling feeds sigma, diffusers scales it by 1000 inside, as ComfyUI's embedding does)."""
+    g = torch.Generator().manual_seed(3)
+    cfg = m.config
+    c, h, w, n_txt = cfg.in_channels // 4, 8, 8, 6
+    x = _randn(g, 1, c, h, w)
+    ctx = _randn(g, 1, n_txt, cfg.num_text_layers * cfg.text_hidden_dim)
+    hp, wp = h // 2, w // 2
+    pos = torch.zeros(n_txt + hp * wp, 3)
+    pos[n_txt:, 1] = torch.arange(hp).repeat_interleave(wp)
+    pos[n_txt:, 2] = torch.arange(wp).repeat(hp)
+    tokens = _pack2(x)
+    with torch.no_grad():
+        out = m(hidden_states=tokens, encoder_hidden_states=ctx.reshape(1, n_txt, cfg.num_text_layers, -1),
+                timestep=torch.tensor([0.7]), position_ids=pos, return_dict=False)[0]
+    return {"x": x, "context": ctx, "sigma": torch.tensor([0.7]), "output": _unpack2(out, c, h, w)}
+
+
 def _qwen21_forward(m, g, dtype):
     n_txt, h, w = 6, 4, 4  # one target image of 4x4 latent tokens: 4 image slots of 2x2 tokens after the text
     cfg = m.config
@@ -351,15 +371,20 @@ class TinyDiffusersOnly:
     file_stem: str = ""
     # the form the hosted files hold, from the freshly built class (MiniMax-H3's pruned adaLN)
     hosted_form: Callable | None = None
+    # (model) -> {"x", "context", "sigma", "output"}: ComfyUI-shaped inputs and the class's output for them, where
+    # ComfyUI has the family's class (tools/diffusers_check.py forward)
+    record: Callable | None = None
 
 
 DIFFUSERS_ONLY: dict[str, TinyDiffusersOnly] = {t.family: t for t in [
     TinyDiffusersOnly("krea-2", "krea/Krea-2-Turbo", "Krea2Transformer2DModel",
+                      # ComfyUI 0.33's Krea2: FFN width int(2/3 * dim) * 4 rounded up to 128 (1408 at 512), two
+                      # layer-wise and two refiner text blocks, as the release has
                       dict(in_channels=64, num_layers=1, attention_head_dim=128, num_attention_heads=4,
-                           num_key_value_heads=4, intermediate_size=1024, text_hidden_dim=512, num_text_layers=2,
-                           text_num_attention_heads=4, text_num_key_value_heads=4, text_intermediate_size=1024,
-                           num_layerwise_text_blocks=1, num_refiner_text_blocks=1),
-                      _krea2_forward, "Krea-2-Turbo"),
+                           num_key_value_heads=4, intermediate_size=1408, text_hidden_dim=512, num_text_layers=2,
+                           text_num_attention_heads=4, text_num_key_value_heads=4, text_intermediate_size=1408,
+                           num_layerwise_text_blocks=2, num_refiner_text_blocks=2),
+                      _krea2_forward, "Krea-2-Turbo", record=_krea2_record),
     TinyDiffusersOnly("qwen-image-2.1", "Qwen/Qwen-Image-2.1", "QwenImage21Transformer2DModel",
                       dict(in_channels=64, num_layers=1, attention_head_dim=128, num_attention_heads=4,
                            context_in_dim=512),

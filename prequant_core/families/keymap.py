@@ -146,8 +146,17 @@ def swap_halves(t):
     return _qtensor().cat_rows([_qtensor().slice_rows(t, h, h), _qtensor().slice_rows(t, 0, h)])
 
 
+def flatten_table(t):
+    """A plain (never quantized) modulation table ``[n, dim]`` -> ``[n * dim]``: diffusers keeps Krea 2's per-block
+    table as rows, ComfyUI as one vector of the same values in the same order."""
+    if _qtensor().is_quantized(t):
+        raise ValueError("a quantized tensor cannot be reshaped")
+    return t.reshape(-1)
+
+
 ROW_PERMUTATIONS: dict[str, Callable] = {
     "swap_scale_shift": swap_halves,  # the name ComfyUI's own function carries (comfy.utils.swap_scale_shift)
+    "flatten_table": flatten_table,  # a plain table's rows laid end to end (no quantized tensor is ever one)
 }
 
 
