@@ -218,7 +218,7 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
     fam = families.get(family)
     sd = tf.meta_state_dict(family)
     model_config, cfg = cm.model_config_for(fam, sd, {})
-    converted = cm.to_comfy_layout(fam, "diffusers", sd, cfg)
+    converted = cm.to_comfy_layout(fam, "diffusers", sd, cfg, model_config=model_config)
     model_config.set_inference_dtype(torch.bfloat16, None)
     model_config.custom_operations = ops.disable_weight_init
     skeleton = {k: tuple(v.shape) for k, v in

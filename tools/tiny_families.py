@@ -465,6 +465,28 @@ def dense(family: str, seed: int = 0, dtype=torch.bfloat16, **overrides) -> dict
     return {k: v.to(dtype).contiguous() for k, v in m.state_dict().items()}
 
 
+def dense_from_subprocess(family: str, dtype=torch.bfloat16) -> dict:
+    """A ``DIFFUSERS_ONLY`` family's tiny dense state dict (seed 0), made by its diffusers class in a subprocess
+    with diffusers 0.42.1 first on the path (``.cache/diffusers042``; the pinned diffusers lacks the class):
+    ``tools/diffusers_check.py forward``, which records the dense weights with one forward pass."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from safetensors.torch import load_file
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    side = os.path.join(root, ".cache", "diffusers042")
+    dev_py = os.path.join(root, ".venv", "bin", "python")
+    path = os.path.join(tempfile.mkdtemp(prefix="tiny-"), f"{family}.safetensors")
+    p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable, "-m", "tools.diffusers_check", "forward",
+                        family, path], cwd=root, env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, root])),
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode:
+        raise RuntimeError(f"tools.diffusers_check forward {family} failed:\n{p.stderr[-3000:]}")
+    rec = load_file(path)
+    return {k[len("dense."):]: v.to(dtype).contiguous() for k, v in rec.items() if k.startswith("dense.")}
+
+
 def conditioning(family: str, seed: int = 0):
     """(cross_attn, extras): ComfyUI conditioning ``[[cross_attn, extras]]`` for the family's tiny model."""
     return TINY[family].cond(torch.Generator().manual_seed(seed))

@@ -30,8 +30,46 @@ def needs_newer_comfyui(workflow: dict) -> str | None:
     return need
 
 
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"  # ComfyUI 0.33+: a combo whose chosen option brings inputs of its own
+
+
 def _is_widget(spec) -> bool:
-    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES
+    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES or spec[0] == DYNAMIC_COMBO
+
+
+def _opts(spec) -> dict:
+    return spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+
+
+def widgets(node_input: dict, values: list) -> tuple[list, int]:
+    """``([(name, spec, required, value, control)], positions used)`` for the widgets a UI node stores in
+    ``widgets_values``, in the UI's order: a seed's control value ("fixed", "randomize" ...) is ``control``, a dynamic
+    combo is followed by the widgets of the option it holds (their API names ``combo.name``, as ComfyUI 0.33's front
+    end sends them), hidden inputs are left out. ``value`` is ``MISSING`` past the stored values."""
+    out, pos = [], 0
+
+    def walk(inp: dict, prefix: str):
+        nonlocal pos
+        for section in ("required", "optional"):
+            for name, spec in (inp.get(section) or {}).items():
+                if not _is_widget(spec) or _opts(spec).get("hidden"):
+                    continue
+                value = values[pos] if pos < len(values) else MISSING
+                pos += 1
+                control = None
+                if _opts(spec).get("control_after_generate") or (name in ("seed", "noise_seed") and spec[0] == "INT"):
+                    control = values[pos] if pos < len(values) else MISSING
+                    pos += 1  # the UI stores "fixed" / "randomize" after the seed
+                out.append((prefix + name, spec, section == "required", value, control))
+                if spec[0] == DYNAMIC_COMBO and value is not MISSING:
+                    chosen = next((o for o in _opts(spec).get("options", []) if o.get("key") == value), None)
+                    if chosen is not None:
+                        walk(chosen.get("inputs") or {}, prefix + name + ".")
+    walk(node_input, "")
+    return out, pos
+
+
+MISSING = object()
 
 
 def _inputs(info):
@@ -89,18 +127,11 @@ def to_api(workflow: dict, object_info: dict, overrides: dict | None = None) -> 
         linked = {i["name"]: links[i["link"]] for i in n.get("inputs", []) if i.get("link") is not None}
         inputs = {name: [str(l[1]), l[2]] for name, l in linked.items()}
         values = list(n.get("widgets_values") or [])
-        pos = 0
-        for name, spec in _inputs(info):
-            if not _is_widget(spec):
-                continue
-            if pos >= len(values):
+        for name, spec, _, value, _ in widgets(info.get("input", {}), values)[0]:
+            if value is MISSING:
                 break
             if name not in linked:
-                inputs[name] = values[pos]
-            pos += 1
-            opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-            if opts.get("control_after_generate") or (name in ("seed", "noise_seed") and spec[0] == "INT"):
-                pos += 1  # the UI stores "fixed" / "randomize" after the seed
+                inputs[name] = value
         prompt[str(n["id"])] = {"class_type": n["type"], "inputs": inputs,
                                 "_meta": {"title": n.get("title") or n["type"]}}
     for key, vals in (overrides or {}).items():
