@@ -277,7 +277,8 @@ class PrequantBuildCheckpoint:
                 fam = model_family(model, family)
                 sd = model_state_dict(model)
                 # ComfyUI's own map for the config ComfyUI built this model from; None: the names are diffusers'
-                key_map = key_map_for(fam, dict(model.model.model_config.unet_config))
+                key_map = key_map_for(fam, dict(model.model.model_config.unet_config),
+                                      model_config=model.model.model_config)  # its names, this ComfyUI's
                 res = core.build(sd, dest, scheme=scheme, family=fam, base_model_id=base, min_features=min_features,
                                  container=container, overwrite=overwrite, key_map=key_map,
                                  layout="comfyui" if key_map is not None else "diffusers", progress=progress,

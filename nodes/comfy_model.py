@@ -1,6 +1,7 @@
 """Family -> ComfyUI's own model class, built on ``meta`` and filled by assignment (never a dense allocation)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -114,39 +115,50 @@ def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.
     return cls(dict(unet_config)), unet_config
 
 
-def key_map_for(family: Family, unet_config: dict, path: str | None = None) -> dict | None:
-    """The family's diffusers -> ComfyUI map with ComfyUI's row functions named (data); None: same names."""
+def key_map_for(family: Family, unet_config: dict, path: str | None = None, model_config=None) -> dict | None:
+    """The family's diffusers -> ComfyUI map with ComfyUI's row functions named (data); None: same names. With
+    ``model_config`` its targets are this ComfyUI's names: the maps name a family's original release (FLUX's q/k norm
+    ``.scale``), and ComfyUI's own ``process_unet_state_dict`` says what each version calls them (0.33's RMSNorm
+    ``.weight``), in both directions (loading a file, building from a loaded MODEL)."""
     km = family.comfy_key_map
     if km is None:
         return None
     if callable(km):
-        return km(unet_config)
-    fn = getattr(comfy.utils, km, None)
-    if fn is None:
-        raise _needs_newer(family, f"cannot convert diffusers-layout {family.title} files (no comfy.utils.{km})",
-                           path)
-    return keymap.named(fn(unet_config))  # its functions (comfy.utils.swap_scale_shift) by name
+        out = km(unet_config)
+    else:
+        fn = getattr(comfy.utils, km, None)
+        if fn is None:
+            raise _needs_newer(family, f"cannot convert diffusers-layout {family.title} files (no comfy.utils.{km})",
+                               path)
+        out = keymap.named(fn(unet_config))  # its functions (comfy.utils.swap_scale_shift) by name
+    return out if model_config is None else _in_this_comfyuis_names(out, model_config)
+
+
+def _in_this_comfyuis_names(key_map: dict, model_config) -> dict:
+    parsed = keymap.parse_map(key_map)
+    names = {t.name: t.name for t in parsed.values()}
+    try:  # ComfyUI's renames are key moves: fed the names as values, it says where each one goes
+        moved = model_config.process_unet_state_dict(dict(names))
+    except Exception:  # noqa: BLE001 - one that looks at values: this ComfyUI renames nothing by name
+        return key_map
+    rename = {old: new for new, old in moved.items() if isinstance(old, str) and old != new}
+    if not rename:
+        return key_map
+    return {dk: dataclasses.replace(t, name=rename.get(t.name, t.name)) for dk, t in parsed.items()}
 
 
 def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dict, path: str | None = None,
                     model_config=None, sources: dict | None = None) -> dict:
-    if layout != "comfyui":
-        key_map = key_map_for(family, unet_config, path)
-        if key_map is not None:
-            tensors, key_map = keymap.apply_row_permutations(tensors, key_map, path=path)
-            tensors = keymap.to_comfy(tensors, key_map, path=path, sources=sources)
-    tensors = dict(tensors)
-    if model_config is not None:
-        # ComfyUI's own renames from a family's original names to this ComfyUI's module names (key moves only): the
-        # pack's maps write the original release's names (FLUX's q/k norm ``.scale``), and each ComfyUI version says
-        # what its modules are called (0.33's RMSNorm ``.weight``)
-        moved = model_config.process_unet_state_dict(tensors)
-        if sources:
-            new_name = {id(v): k for k, v in moved.items()}
-            for k in [k for k in sources if k in tensors and new_name.get(id(tensors[k]), k) != k]:
-                sources[new_name[id(tensors[k])]] = sources.pop(k)
-        tensors = moved
-    return tensors
+    if layout == "comfyui":
+        tensors = dict(tensors)
+        if model_config is not None:  # ComfyUI's own renames for original-release names (key moves only)
+            tensors = model_config.process_unet_state_dict(tensors)
+        return tensors
+    key_map = key_map_for(family, unet_config, path, model_config)
+    if key_map is None:
+        return dict(tensors)
+    tensors, key_map = keymap.apply_row_permutations(tensors, key_map, path=path)
+    return keymap.to_comfy(tensors, key_map, path=path, sources=sources)
 
 
 def check_names_match(model, tensors: dict, family: Family, path: str | None = None) -> None:

@@ -236,7 +236,8 @@ class PrequantLoadTransformer:
             if p.path == "pre-quantized":
                 status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "
                            f"{p.opened.family.name} model")
-                with reading(p.opened.checkpoint.path, "loaded"):  # any raw error from a file's bytes: typed
+                # the file was read and judged already: a raw error here is typed by what happened (errors.reading)
+                with reading(p.opened.checkpoint.path, "loaded", parsing=False):
                     patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout)
                 s = _summary(p.opened, patcher.model_size())
             else:

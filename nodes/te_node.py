@@ -205,7 +205,7 @@ class PrequantLoadTextEncoder:
                 import comfy.utils
                 extra.append(comfy.utils.load_torch_file(extra_path, safe_load=True))
             status.say(f"building ComfyUI's {kind.name} encoder ({fam.title}, {comp})")
-            with reading(ck.path, "loaded"):
+            with reading(ck.path, "loaded", parsing=False):
                 clip = build_clip([tensors, *extra], hosted.clip_type, strict=[True] + [False] * len(extra),
                                   path=ck.path)
         n8, b8, n, b = encoder_checks.fp8_share(tensors)

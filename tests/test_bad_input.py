@@ -233,3 +233,44 @@ def test_a_repo_id_the_hub_would_refuse_is_refused_typed_before_any_request(repo
         sources.plan(hub_repo=repo, family="z-image")
     assert "is not a Hugging Face repo id" in str(e.value) and "at most 96 characters" in str(e.value)
     assert "\n/y" not in str(e.value).split("\n")[0]  # one line stays one line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round 5: errors say what happened. Only a reader's own parsing failures become "damaged"; out of memory, a file that
+# is not the checkpoint, and a failure after the file was judged (a bug, a ComfyUI API change) say so.
+
+def _raised(exc, parsing=True, path="/models/prequant/x.safetensors"):
+    from prequant_core.errors import reading
+    with pytest.raises(Exception) as e:
+        with reading(path, "loaded", parsing=parsing):
+            raise exc
+    return e.value
+
+
+def test_out_of_memory_is_a_memory_error_not_a_damaged_file():
+    from prequant_core.errors import MemoryBudgetError
+    for exc in (MemoryError(), RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                torch.OutOfMemoryError("out of memory")):
+        for parsing in (True, False):
+            e = _raised(exc, parsing)
+            assert isinstance(e, MemoryBudgetError) and "memory" in e.message and "Unload" in e.fix, e
+
+
+def test_another_files_error_names_that_file_and_clears_the_checkpoint():
+    from prequant_core.errors import InternalError
+    missing = FileNotFoundError(2, "No such file or directory", "/comfy/text_encoders/llama_tokenizer/tokenizer.json")
+    e = _raised(missing)
+    assert isinstance(e, InternalError) and "tokenizer.json" in e.message and "not at fault" in e.fix
+    # the checkpoint's own OSError stays the reader's: damaged or truncated
+    from prequant_core.errors import CorruptCheckpointError
+    own = OSError(5, "Input/output error", "/models/prequant/x.safetensors")
+    assert isinstance(_raised(own), CorruptCheckpointError)
+
+
+def test_a_failure_after_the_file_was_judged_asks_for_a_report():
+    from prequant_core.errors import CorruptCheckpointError, InternalError
+    bug = AttributeError("'NextDiT' object has no attribute 'norm_final'")
+    e = _raised(bug, parsing=False)
+    assert isinstance(e, InternalError) and "report" in e.fix and "norm_final" in e.found
+    assert not isinstance(e, CorruptCheckpointError) and "Download or build the file again" not in e.fix
+    assert isinstance(_raised(bug, parsing=True), CorruptCheckpointError)  # a reader on a stranger's bytes

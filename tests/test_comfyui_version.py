@@ -1,12 +1,12 @@
-"""Which ComfyUI the ComfyUI tier runs: scripts/test.sh runs it on 0.3.75 (.comfyui) and on 0.12.1
-(.cache/comfyui-0.12) and names the version each leg must find in PREQUANT_EXPECT_COMFYUI."""
+"""Which ComfyUI the ComfyUI tier runs: scripts/test.sh runs it on 0.33.0 (.cache/comfyui-0.33), 0.3.75
+(.comfyui) and 0.12.1 (.cache/comfyui-0.12) and names the version each leg must find in PREQUANT_EXPECT_COMFYUI."""
 from __future__ import annotations
 
 import os
 
 from tools.comfy_server import ComfyServer
 
-KNOWN = ("0.3.75", "0.12.1")
+KNOWN = ("0.33.0", "0.3.75", "0.12.1")
 
 
 def expected() -> str | None:

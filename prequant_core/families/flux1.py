@@ -6,7 +6,8 @@ from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
 
 def config(shapes: Shapes) -> dict:
     hidden, in_ch = first(shapes, "x_embedder.weight", "img_in.weight")
-    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale")[0]
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale",
+                 "double_blocks.0.img_attn.norm.query_norm.weight")[0]  # ComfyUI 0.33+ names it .weight
     # ComfyUI's detection assumes hidden 3072 / 24 heads; FLUX.1's head is 128 wide (rope axes 16/56/56) at any size.
     return {
         "image_model": "flux", "in_channels": in_ch // 4, "patch_size": 2,

@@ -10,7 +10,8 @@ from ._base import Family, Shapes, blocks, first, has_any
 
 def config(shapes: Shapes) -> dict:
     hidden, in_ch = first(shapes, "x_embedder.weight", "img_in.weight")
-    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale")[0]
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale",
+                 "double_blocks.0.img_attn.norm.query_norm.weight")[0]  # ComfyUI 0.33+ names it .weight
     # ComfyUI's detection hard-codes FLUX.2-dev's 48 heads; klein (24) and tiny models need heads = hidden / 128.
     return {
         "image_model": "flux2", "in_channels": in_ch, "patch_size": 1,

@@ -11,7 +11,8 @@ from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
 def config(shapes: Shapes) -> dict:
     w = first(shapes, "x_embedder.proj.weight", "img_in.proj.weight")
     hidden, in_ch, patch = w[0], w[1], list(w[2:])
-    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale")[0]
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "double_blocks.0.img_attn.norm.query_norm.scale",
+                 "double_blocks.0.img_attn.norm.query_norm.weight")[0]  # ComfyUI 0.33+ names it .weight
     out_rows = first(shapes, "proj_out.weight", "final_layer.linear.weight")[0]
     n_patch = 1
     for p in patch:
