@@ -131,6 +131,20 @@ def model_family(patcher, family: str) -> Family:
                                  fix="Pick the family on the node.") from None
 
 
+def unpatched(patcher, what: str, fix: str) -> None:
+    """Refuse a ModelPatcher that carries weight patches (a LoRA the build would silently drop), and put back the
+    pristine weights where another clone of the same model applied its patches in place (ComfyUI patches the shared
+    module): the build reads what the input really is, whichever branch of the graph ran before."""
+    if getattr(patcher, "patches", None):
+        raise BuildError(f"This {what} carries {len(patcher.patches)} weight patches (e.g. a LoRA); the build reads "
+                         "the base weights and would silently drop them.", fix=fix)
+    applied = getattr(patcher.model, "current_weight_patches_uuid", None)
+    if applied is not None and applied != getattr(patcher, "patches_uuid", None):
+        # Another clone of this model (e.g. with a LoRA) is loaded with its patches applied in place: unloading
+        # restores the pristine weights before they are read.
+        mm.unload_all_models()
+
+
 def model_state_dict(patcher) -> dict:
     """The MODEL's dense diffusion-model weights in ComfyUI layout, refusing what would build the wrong thing."""
     model = patcher.model
@@ -142,15 +156,7 @@ def model_state_dict(patcher) -> dict:
                          "from it would quantize quantized weights.", expected="a dense MODEL, e.g. from Load "
                          "Diffusion Model", found="quantized Linear layers",
                          fix="Connect the dense model, or use the checkpoint you loaded it from.")
-    if getattr(patcher, "patches", None):
-        raise BuildError(f"This MODEL carries {len(patcher.patches)} weight patches (e.g. a LoRA); the build reads "
-                         "the base weights and would silently drop them.",
-                         fix="Connect the MODEL straight from its loader (before LoRA nodes).")
-    applied = getattr(model, "current_weight_patches_uuid", None)
-    if applied is not None and applied != getattr(patcher, "patches_uuid", None):
-        # Another clone of this model (e.g. with a LoRA) is loaded with its patches applied in place: unloading
-        # restores the pristine weights before they are read.
-        mm.unload_all_models()
+    unpatched(patcher, "MODEL", "Connect the MODEL straight from its loader (before LoRA nodes).")
     return dm.state_dict()
 
 
@@ -301,6 +307,7 @@ def build_encoder(clip, family: str, base: str, filename: str, container: str, o
     if container == core.NATIVE:
         raise BuildError("A text encoder is written in Unsloth's format (safetensors or pt), not comfyui-native.",
                          found=container, expected="safetensors / pt", fix="Set container to safetensors.")
+    unpatched(clip.patcher, "CLIP", "Connect the CLIP straight from its loader (before LoRA nodes).")
     sd = clip.cond_stage_model.state_dict()
     found = text_encoder.detect_comfy_encoder(sd)
     if found is None:

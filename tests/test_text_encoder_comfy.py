@@ -238,3 +238,33 @@ def test_an_encoder_of_another_size_is_refused_naming_the_tensor_and_both_shapes
         assert e.value.path == os.path.realpath(path) and "preset" in e.value.fix
     finally:
         os.remove(path)
+
+
+def test_build_from_a_clip_refuses_its_lora_and_reads_pristine_weights_after_another_branchs_lora(comfy, tmp_path):
+    nodes_, pack = comfy
+    """Round 5: a CLIP carrying a LoRA was built without it, silently; a plain CLIP built after another branch ran a
+    LoRA on the same loaded encoder got that LoRA baked in (ComfyUI patches the shared module in place). Now the first
+    is refused like a patched MODEL, and the second is unpatched before it is read."""
+    import comfy.model_management as mm
+    import comfy.sd
+    from prequant_core.errors import BuildError
+    from tools import tiny_assets
+    path = tiny_assets.write_clip(str(tmp_path / tiny_assets.CLIP_NAME))
+    plain = comfy.sd.load_clip(ckpt_paths=[path], clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION)
+    node = pack.nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]()
+    build = lambda clip: node.build("(none: use the model input)", "int8", 512, "", "auto", "",  # noqa: E731
+                                    "safetensors", False, clip=clip)
+    key = next(k for k, v in plain.cond_stage_model.state_dict().items() if v.ndim == 2 and "mlp" in k)
+    pristine = plain.cond_stage_model.state_dict()[key].clone()
+    lora = plain.clone()
+    lora.add_patches({key: (torch.ones_like(pristine),)}, 1.0)  # a "diff" patch: +1 everywhere
+    with pytest.raises(BuildError) as e:
+        build(lora)
+    assert "carries 1 weight patches" in e.value.message and "before LoRA" in e.value.fix
+    # the LoRA'd branch runs (ComfyUI applies its patch to the shared module), then the plain CLIP is built
+    mm.load_models_gpu([lora.patcher])
+    assert not torch.equal(plain.cond_stage_model.state_dict()[key], pristine)
+    with pytest.raises(BuildError) as e:  # CLIP-L is not an encoder this pack writes: refused after the read
+        build(plain)
+    assert "holds no text encoder this pack writes" in e.value.message
+    assert torch.equal(plain.cond_stage_model.state_dict()[key], pristine), "the build read the LoRA'd weights"
