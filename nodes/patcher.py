@@ -16,6 +16,7 @@ import torch
 import comfy.model_patcher
 import comfy.utils
 
+from prequant_core.errors import CorruptCheckpointError
 from prequant_core.families import pages
 from prequant_core.schemes import qtensor, quantize
 
@@ -25,17 +26,34 @@ from .ops import PART_NAMES, is_prequant_linear
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])
 
 
+def _digest(t: torch.Tensor) -> bytes:
+    """A digest of a tensor's bytes, read in place (no copy): what a backup's file rows held when they were kept."""
+    import hashlib
+    return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy(), digest_size=16).digest()
+
+
 class _RebuiltFromFile(tuple):
     """A backup entry as ComfyUI reads it (``.weight``, ``.inplace_update``) whose weight is concatenated from the
-    memory-mapped rows it was fused from when it is read, then those pages are given back again."""
+    memory-mapped rows it was fused from when it is read, then those pages are given back again. The rows' digests,
+    taken when they were found equal to the weight, are checked again then: a file rewritten in place between patch
+    and unpatch is refused, never restored unchecked."""
     __slots__ = ()
 
-    def __new__(cls, rows: list, dtype: torch.dtype):
-        return tuple.__new__(cls, (tuple(rows), dtype))
+    def __new__(cls, rows: list, dtype: torch.dtype, digests: list):
+        return tuple.__new__(cls, (tuple(rows), dtype, tuple(digests)))
 
     @property
     def weight(self) -> torch.Tensor:
-        rows, dtype = self
+        rows, dtype, digests = self
+        changed = [i for i, (r, d) in enumerate(zip(rows, digests)) if _digest(r) != d]
+        if changed:
+            pages.release(rows)
+            raise CorruptCheckpointError(
+                "The checkpoint file changed on disk while its model was loaded: the rows a LoRA's unpatch restores "
+                "from it no longer hold what they held when the LoRA was applied.",
+                found=f"{len(changed)} of {len(rows)} fused parts differ", expected="the file as it was loaded",
+                fix="Do not overwrite a checkpoint that ComfyUI has loaded; load the model again (Unload Models, "
+                    "then queue).")
         out = torch.cat([r.view(torch.uint8) if r.element_size() == 1 else r for r in rows])
         pages.release(rows)
         return out.view(dtype)
@@ -62,17 +80,18 @@ def _file_backups(op, originals) -> list | None:
         return None
     out, maps = [], pages.file_mappings()
     for i, orig in enumerate(originals):
-        rows, pos = [sp[i] for sp in split], 0
+        rows, pos, digests = [sp[i] for sp in split], 0, []
         for r in rows:
             n = r.shape[0] if r.ndim else 0
             same = r.ndim == orig.ndim and _same_bytes(orig[pos:pos + n], r)
+            digests.append(_digest(r) if same else None)
             pages.release([r], maps)
             if not same:
                 return None
             pos += n
         if pos != orig.shape[0]:
             return None
-        out.append(_RebuiltFromFile(rows, orig.dtype))
+        out.append(_RebuiltFromFile(rows, orig.dtype, digests))
     return out
 
 

@@ -210,6 +210,34 @@ def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, pr
     assert torch.equal(dm.layers[0].attention.qkv.weight, orig["layers.0.attention.qkv"])
 
 
+def test_unpatching_rows_of_a_file_rewritten_under_the_loaded_model_is_refused(comfy, prequant_files, allow_dir,
+                                                                                 tmp_path):
+    """Round 5: the fused qkv's backup is the file's own to_q / to_k / to_v rows, re-read at unpatch; a file
+    rewritten in place between patch and unpatch (same size, NaN scales) was restored unchecked, and the model gave
+    NaN after the LoRA was removed. The rows are checked against what they held when the LoRA was applied."""
+    import json
+    import shutil
+    import struct
+    import comfy.model_management as mm
+    from prequant_core.errors import CorruptCheckpointError
+    path = str(tmp_path / "Z-Image-Turbo-INT8.safetensors")
+    shutil.copy(prequant_files("int8", "safetensors"), path)
+    allow_dir(tmp_path)
+    model = load_path(comfy, path)
+    assert len(model.model.diffusion_model.layers[0].attention.qkv.prequant_fused_from) == 3
+    lora_model = _with_lora(comfy, model, "tiny_zimage_lora_rewrite.safetensors")
+    sample(lora_model)  # the LoRA is applied: the qkv backup is the file's rows
+    with open(path, "r+b") as f:  # a same-size rewrite in place: layer 0's to_q scales become NaN
+        n = struct.unpack("<Q", f.read(8))[0]
+        entry = json.loads(f.read(n))["layers.0.attention.to_q._weight_scale"]
+        a, b = entry["data_offsets"]
+        f.seek(8 + n + a)
+        f.write(struct.pack("<f", float("nan")) * ((b - a) // 4))
+    with pytest.raises(CorruptCheckpointError) as e:
+        mm.unload_all_models()
+    assert "changed on disk while its model was loaded" in e.value.message and "load the model again" in e.value.fix
+
+
 def _low_vram(model):
     """The model as ComfyUI loads it when the device has no room for it: ComfyUI never loads partially on a CPU by
     itself, so the memory it may load into is capped (each Linear streamed, a LoRA applied per call)."""

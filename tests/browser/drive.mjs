@@ -52,8 +52,8 @@ await run(cfg, context, result, async () => {
     const app = window.comfyAPI.app.app;
     const nodes = app.graph.nodes;
     return {
-      info: nodes.filter((n) => n.comfyClass === "PrequantInfo").map((n) => n.id),
-      loader: nodes.filter((n) => n.comfyClass === "PrequantLoadTransformer").map((n) => n.id),
+      info: nodes.filter((n) => n.comfyClass === "PrequantInfo").map((n) => Number(n.id)),
+      loader: nodes.filter((n) => n.comfyClass === "PrequantLoadTransformer").map((n) => Number(n.id)),
       placeholders: [...document.querySelectorAll(".prequant-info .prequant-placeholder")].map((e) => e.textContent),
     };
   });
@@ -91,7 +91,7 @@ await run(cfg, context, result, async () => {
       const elm = w?.element;
       const verdict = elm?.querySelector(".prequant-verdict");
       out.push({
-        id: n.id, type: n.comfyClass, title: n.title,
+        id: Number(n.id), type: n.comfyClass, title: n.title,
         widgetValue: w ? (w.value ?? null) : null,
         domText: elm ? elm.innerText : null,
         verdictClass: verdict ? verdict.className : null,

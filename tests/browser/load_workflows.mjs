@@ -33,7 +33,7 @@ await run(cfg, context, result, async () => {
     const r = await page.evaluate(async () => {
       const app = window.comfyAPI.app.app;
       const nodes = app.graph.nodes.map((n) => ({
-        id: n.id, type: n.type, comfyClass: n.comfyClass ?? null, hasErrors: !!n.has_errors,
+        id: Number(n.id), type: n.type, comfyClass: n.comfyClass ?? null, hasErrors: !!n.has_errors,
         registered: !!window.LiteGraph?.registered_node_types?.[n.type] || !!n.constructor?.nodeData || !!n.isVirtualNode,
         widgets: Object.fromEntries((n.widgets ?? []).filter((w) => w.serialize !== false).map((w) => [w.name, w.value])),
         // what the node draws by default: the front end folds inputs marked advanced ("Show Advanced" unfolds)

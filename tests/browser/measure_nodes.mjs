@@ -44,7 +44,7 @@ await run(cfg, context, result, async () => {
         app.canvas.ds.offset = [-n.pos[0] + 100, -n.pos[1] + 170];
         app.canvas.draw(true, true);
         const widths = (n.widgets ?? []).map((w) => w.__prequantWidth ?? 0);
-        out.push({ id: n.id, type: n.type, min: [...n.computeSize()], width: Math.ceil(Math.max(0, ...widths)) });
+        out.push({ id: Number(n.id), type: n.type, min: [...n.computeSize()], width: Math.ceil(Math.max(0, ...widths)) });
       }
       return out;
     });

@@ -37,7 +37,7 @@ const measure = () => {
       const pr = panel?.getBoundingClientRect();
       const b = n.boundingRect;
       return {
-        id: n.id, type: n.type, title: n.title, box: [b[0], b[1], b[2], b[3]], size: [...n.size],
+        id: Number(n.id), type: n.type, title: n.title, box: [b[0], b[1], b[2], b[3]], size: [...n.size],
         // the node's box on the page (CSS px) at the current view, to compare with its panel's
         screen: [rect.left + (b[0] + ds.offset[0]) * ds.scale, rect.top + (b[1] + ds.offset[1]) * ds.scale,
           b[2] * ds.scale, b[3] * ds.scale],
@@ -215,7 +215,7 @@ await run(cfg, context, result, async () => {
       const n = window.LiteGraph.createNode(type);
       n.pos = [x, 80];
       app.graph.add(n);
-      added.push({ id: n.id, type, size: [...n.size] });
+      added.push({ id: Number(n.id), type, size: [...n.size] });
       x += n.size[0] + 60;
     }
     return added;
