@@ -160,3 +160,18 @@ def test_build_shows_one_progress_bar_and_a_summary(zimage_dense, tmp_path):
     r = subprocess.run([sys.executable, PREQUANT_PY, "build", "-i", dense, "-o", out, "--scheme", "int8", "-q"],
                        cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "--overwrite" in r.stderr, r.stderr[-2000:]
+
+
+def test_an_output_name_with_terminal_escapes_or_an_unwritable_folder_is_refused_plainly(zimage_dense, tmp_path):
+    """Round 5: ``-o`` took a name with terminal escapes and printed it raw (the node refuses such names);
+    ``-o /proc/self/x.safetensors`` ended as "unexpected FileNotFoundError ... please report"."""
+    from tools import tiny_models
+    dense = tiny_models.save_dense_safetensors(zimage_dense, str(tmp_path / "dense.safetensors"))
+    run = lambda out: subprocess.run([sys.executable, PREQUANT_PY, "build", "-i", dense, "-o", out, "-q"],  # noqa: E731
+                                     cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
+    p = run(str(tmp_path / "bad\x1b[2J\x1b[31mname.safetensors"))
+    assert p.returncode == 2 and "control or reserved characters" in p.stderr, p.stderr[-2000:]
+    assert "\x1b" not in p.stderr + p.stdout and not any("bad" in n for n in os.listdir(tmp_path))
+    p = run("/proc/self/x.safetensors")
+    assert p.returncode == 2 and "Nothing can be written in the output folder" in p.stderr, p.stderr[-2000:]
+    assert "report" not in p.stderr and "Traceback" not in p.stderr

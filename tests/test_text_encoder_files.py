@@ -284,3 +284,28 @@ def test_the_builder_refuses_an_untied_model_without_its_lm_head(tmp_path):
         build_text_encoder(dense, str(tmp_path / "out.safetensors"), family="hidream-i1")
     assert "lm_head.weight" in e.value.message
     assert not os.path.exists(tmp_path / "out.safetensors")
+
+
+def test_a_tokenizer_donor_is_sized_from_its_header_and_named_when_it_is_broken(tmp_path):
+    """Round 5: a sparse file in models/text_encoders declaring a 3 GB spiece_model cost +5.7 GB RSS before the
+    64 MiB refusal, and a broken donor was reported as the encoder file being corrupt. Its header says the size: the
+    refusal comes before any byte is read, and names the donor."""
+    import resource
+    import struct
+    kind = encoders.for_class("Gemma2Model")
+    header = {k: {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]} for k in kind.markers}
+    huge = 3 << 30
+    header["spiece_model"] = {"dtype": "U8", "shape": [huge], "data_offsets": [2, 2 + huge]}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    donor = tmp_path / "gemma_2_2b.safetensors"
+    with open(donor, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + 2 + huge)  # sparse: no disk, gigabytes declared
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CorruptCheckpointError) as e:
+        tokenizer_source.from_comfy_files(kind, [str(tmp_path)])
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert e.value.path == str(donor) and "tokenizer donor gemma_2_2b.safetensors" in e.value.message
+    assert "not at fault" in e.value.fix and str(huge) in e.value.found
+    assert grown_mib < 64, f"the donor was read before its size was checked: +{grown_mib:.0f} MiB"

@@ -56,7 +56,22 @@ def default_free_space(folder: str) -> int:
     return shutil.disk_usage(folder).free
 
 
+def check_writable(folder: str) -> None:
+    """A folder files can be written in: not read-only, not a virtual file system (/proc, /sys: no blocks at all)."""
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):  # no statvfs (Windows), or the folder is gone: the write itself will say
+        return
+    if st.f_flag & getattr(os, "ST_RDONLY", 1) or st.f_blocks == 0:
+        raise BuildError("Nothing can be written in the output folder.", path=folder,
+                         found="a read-only file system" if st.f_flag & getattr(os, "ST_RDONLY", 1) else
+                         "a virtual file system (no disk behind it)",
+                         fix="Pick a folder you can write files in (e.g. ComfyUI/models/prequant).")
+
+
 def check_free_space(folder: str, needed: int, free_space: FreeSpaceFn | None = None) -> int:
+    if free_space is None:
+        check_writable(folder)
     free = (free_space or default_free_space)(folder)
     if free < needed:
         raise BuildError("Not enough free disk space for the output; nothing was written.", path=folder,
@@ -160,6 +175,8 @@ def check_output_name(name: str, *, origin: str = "filename") -> str:
                          expected="e.g. Z-Image-Turbo-INT8.safetensors (no folders, no '..', not hidden, no control "
                                   "characters)",
                          fix="Type a plain name in 'filename'." if origin == "filename" else
+                             "Give the output a plain file name (the command line's -o, the node's filename)."
+                             if origin == "output" else
                              f"The name was derived from {origin}; type a plain name in 'filename' instead.")
     return name
 
@@ -198,12 +215,20 @@ def atomic_output(dest: str, *, overwrite: bool = False):
     """
     dest = os.path.abspath(dest)
     folder = os.path.dirname(dest)
+    # every output, typed on the command line or in the node, is a plain file name: no terminal escapes reach the
+    # messages that print it
+    check_output_name(os.path.basename(dest), origin="output")
     _refuse_existing(dest, overwrite)
     if not os.path.isdir(folder):
         raise BuildError("The output folder does not exist.", path=folder, fix="Create it or pick another folder.")
     clean_stale_temps(folder)
     tmp = os.path.join(folder, temp_name())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as e:  # /proc, a read-only mount, no permission: the folder, not a bug
+        raise BuildError("Nothing can be written in the output folder.", path=folder,
+                         found=f"{type(e).__name__}: {e.strerror}",
+                         fix="Pick a folder you can write files in (e.g. ComfyUI/models/prequant).") from None
     os.close(fd)
     try:
         yield tmp

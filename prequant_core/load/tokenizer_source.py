@@ -53,11 +53,35 @@ def from_comfy_files(kind: EncoderKind, folders: Iterable[str]) -> Tokenizer | N
             entry = index[SPIECE_KEY]
             if entry.get("dtype") != "U8" or len(entry.get("shape") or ()) != 1:
                 continue
-            from safetensors import safe_open
-            with safe_open(full, framework="pt", device="cpu") as f:
-                t = f.get_tensor(SPIECE_KEY)
-            return Tokenizer(_checked(t.numpy().tobytes(), full), f"the spiece_model of {n} (models/text_encoders)")
+            return Tokenizer(_donor_bytes(full, entry), f"the spiece_model of {n} (models/text_encoders)")
     return None
+
+
+def _donor_bytes(full: str, entry: dict) -> torch.Tensor:
+    """The donor's ``spiece_model``, its size checked from the header before a byte is read (a sparse file may
+    declare gigabytes); any failure names the donor, never the encoder file being loaded."""
+    fix = (f"Remove or replace {os.path.basename(full)} in models/text_encoders (a ComfyUI text-encoder file of the same "
+           "model lends its tokenizer); the pre-cast encoder file itself is not at fault.")
+    try:
+        size = int(entry["shape"][0])
+        a, b = (int(x) for x in entry["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        size, a, b = -1, 0, 0
+    if not 0 < size <= MAX_BYTES or b - a != size:
+        raise CorruptCheckpointError(
+            f"The tokenizer donor {os.path.basename(full)} declares a spiece_model of {size} bytes, which is no "
+            "SentencePiece model.", path=full, expected=f"1 byte to {MAX_BYTES >> 20} MiB, as its offsets span",
+            found=f"{size} bytes declared, {b - a} by its offsets", fix=fix)
+    try:
+        from safetensors import safe_open
+        with safe_open(full, framework="pt", device="cpu") as f:
+            t = f.get_tensor(SPIECE_KEY)
+        return _checked(t.numpy().tobytes(), full)
+    except PrequantError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a stranger's file: whatever the reader raises, the donor is named
+        raise CorruptCheckpointError(f"The tokenizer donor {os.path.basename(full)} could not be read.", path=full,
+                                     found=f"{type(e).__name__}: {str(e)[:200]}", fix=fix) from None
 
 
 def from_hub(kind: EncoderKind, base_repo: str, *, token: str | None = None, status=None, check=None) -> Tokenizer:
