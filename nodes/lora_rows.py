@@ -11,6 +11,8 @@ LoRA's rank-deep dot products; checked on the real layer shapes, tests/test_lora
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 import comfy.lora
@@ -96,6 +98,22 @@ def blocks(patches, n: int, rows: int) -> list[tuple[int, int, list]]:
     return [(s, min(s + rows, n), for_rows(patches, s, min(s + rows, n), n)) for s in range(0, n, rows)]
 
 
+class _OncePerLayer(logging.Filter):
+    """ComfyUI logs a patch it cannot apply (a rank that does not fit, a shape mismatch) from ``calculate_weight``:
+    once per call, so once per block of rows here. The same message passes once per layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record):
+        msg = record.getMessage()
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
 def patched_parts(op, originals, patches, key, device=None, give_back_pages: bool = True) -> tuple:
     """A quantized Linear's parts ``originals`` with ComfyUI ``patches`` applied: per block of rows, one float32 copy
     of the block patched by ComfyUI's own ``calculate_weight``, its unchanged rows found (they keep their codes and
@@ -108,6 +126,16 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
         cuts = [(0, n, patches)]  # a part not laid out by rows, or rows requantized together: one block
     else:
         cuts = blocks(patches, n, rows_per_block(getattr(op, "in_features", originals[0].shape[-1])))
+    once = _OncePerLayer()
+    logging.getLogger().addFilter(once)
+    try:
+        return _patched_blocks(op, originals, cuts, spec, key, device, give_back_pages)
+    finally:
+        logging.getLogger().removeFilter(once)
+
+
+def _patched_blocks(op, originals, cuts, spec, key, device, give_back_pages):
+    n = originals[0].shape[0]
     new = None
     maps = pages.file_mappings() if give_back_pages else None
     for start, stop, block_patches in cuts:

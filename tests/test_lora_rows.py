@@ -85,3 +85,31 @@ def test_patches_that_are_not_row_local_are_left_whole(comfy):
         cuts = lora_rows.blocks([plain, p], n, 100)
         assert len(cuts) == 1 and cuts[0][2] == [plain, p], p
     assert len(lora_rows.blocks([plain], 80, 100)) == 1  # no larger than a block
+
+
+def test_a_patch_comfyui_cannot_apply_is_logged_once_per_layer_not_once_per_block(comfy, zimage_dense, caplog,
+                                                                                  monkeypatch):
+    """Round 5: a LoRA whose rank does not fit logged ComfyUI's "Calculate Weight Failed" once per block of rows
+    (43 times for one layer); the layer is left as it was and the message is logged once."""
+    import logging
+    from prequant_core import families, schemes
+    from prequant_core.schemes import quantize
+    from comfy.weight_adapter import LoRAAdapter
+    _, pack = comfy
+    lora_rows = pack.nodes.lora_rows
+    q, _ = quantize.quantize_tensors(zimage_dense, "int8", exclude=schemes.exclude_tokens("int8"))
+    model = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", q, {})
+    op = model.model.diffusion_model.layers[0].feed_forward.w1
+    rows, cols = op.weight.shape
+    g = torch.Generator().manual_seed(5)
+    bad = LoRAAdapter(set(), (torch.randn(rows, 8, generator=g), torch.randn(4, cols, generator=g),  # rank 8 vs 4
+                              torch.tensor(4.0), None, None, None))
+    monkeypatch.setattr(lora_rows, "ROWS", 8)
+    originals = op.prequant_parts()
+    assert len(lora_rows.blocks([(1.0, bad, 1.0, None, None)], rows, lora_rows.rows_per_block(cols))) > 10
+    with caplog.at_level(logging.WARNING):
+        new = lora_rows.patched_parts(op, originals, [(1.0, bad, 1.0, None, None)], "diffusion_model.w1.weight",
+                                      give_back_pages=False)
+    failed = [r for r in caplog.records if "diffusion_model.w1.weight" in r.getMessage()]
+    assert len(failed) == 1, [r.getMessage() for r in failed][:3]
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(new, originals))
