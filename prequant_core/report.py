@@ -376,7 +376,7 @@ def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) 
         else:
             fp_reasons = _verify_fingerprint(light, fp, fh)
             fp_verified = not fp_reasons
-            reasons += [f"fingerprint: {r}" for r in fp_reasons]
+            reasons += list(fp_reasons)  # each reason names the fingerprint itself
     elif fp_present:
         notes.append("fingerprint not verified: turn on verify_fingerprint (command line: --verify-fingerprint) to "
                      "hash every quantized weight against it (reads the whole file)")

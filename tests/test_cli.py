@@ -175,3 +175,38 @@ def test_an_output_name_with_terminal_escapes_or_an_unwritable_folder_is_refused
     p = run("/proc/self/x.safetensors")
     assert p.returncode == 2 and "Nothing can be written in the output folder" in p.stderr, p.stderr[-2000:]
     assert "report" not in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_messages_a_new_user_met_say_what_is_meant(prequant_files, tmp_path):
+    """Round 5 as a new user: build on a non-checkpoint asked for "a pre-quantized transformer" (it wants a dense
+    one); a missing input had no Fix line; verify's VALID did not say the weights were not hashed; its --help lacked
+    ltx-2.3; a fingerprint reason read "fingerprint: fingerprint: ..."."""
+    import shutil
+    import struct
+    junk = tmp_path / "notes.safetensors"
+    junk.write_text("hello")
+    run = lambda *a: subprocess.run([sys.executable, PREQUANT_PY, *a], cwd=str(tmp_path), capture_output=True,  # noqa
+                                    text=True, timeout=300)
+    p = run("build", "-i", str(junk), "-o", str(tmp_path / "o.safetensors"))
+    assert p.returncode == 2 and "not a model file" in p.stderr and "dense" in p.stderr, p.stderr
+    assert "pre-quantized transformer" not in p.stderr
+    p = run("build", "-i", str(tmp_path / "absent.safetensors"), "-o", str(tmp_path / "o.safetensors"))
+    assert p.returncode == 2 and "does not exist" in p.stderr and "Fix: " in p.stderr, p.stderr
+    path = prequant_files("int8", "safetensors")
+    p = run("verify", path, "--base", "Tongyi-MAI/Z-Image-Turbo", "--scheme", "int8")
+    assert p.returncode == 0 and "VALID" in p.stdout and "weights not hashed" in p.stdout, p.stdout
+    p = run("verify", path, "--base", "Tongyi-MAI/Z-Image-Turbo", "--scheme", "int8", "--verify-fingerprint")
+    assert p.returncode == 0 and "not hashed" not in p.stdout, p.stdout
+    assert "ltx-2.3" in run("verify", "--help").stdout
+    # one quantized weight changed after the build: the reason names the fingerprint once
+    bad = tmp_path / "changed.safetensors"
+    shutil.copy(path, bad)
+    with open(bad, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        a, _ = json.loads(f.read(n))["layers.0.attention.to_q._weight_qdata"]["data_offsets"]
+        f.seek(8 + n + a)
+        byte = f.read(1)
+        f.seek(8 + n + a)
+        f.write(bytes([byte[0] ^ 1]))
+    p = run("verify", str(bad), "--base", "Tongyi-MAI/Z-Image-Turbo", "--scheme", "int8", "--verify-fingerprint")
+    assert p.returncode == 1 and "weights differ" in p.stdout and "fingerprint: fingerprint" not in p.stdout, p.stdout

@@ -35,7 +35,7 @@ def add(subparsers) -> None:
     v.add_argument("--min-features", type=int, default=None, metavar="N",
                    help="require this min_features setting (only Linears with in and out features >= N quantized)")
     v.add_argument("--family", default=None, metavar="F", choices=choices.accepted_families(),
-                   help=f"require this model family ({', '.join(choices.families())})")
+                   help=f"require this model family ({', '.join(choices.accepted_families())})")
     v.add_argument("--verify-fingerprint", action="store_true",
                    help="also hash every quantized weight against the recorded fingerprint (reads the whole file)")
     v.add_argument("--json", action="store_true", help="print the full report as JSON instead of the verdict")
@@ -64,4 +64,8 @@ def run_verify(args) -> int:
         print(f"{escape(r.file)}: {escape(r.verdict_line())}")
         for reason in r.reasons:
             print(f"  - {escape(reason)}")
+        if r.valid and not args.verify_fingerprint:
+            # VALID judges the metadata and structure; the weights' bytes were not hashed (Info says the same)
+            print("  (weights not hashed: add --verify-fingerprint to check every quantized weight against the "
+                  "recorded fingerprint; it reads the whole file)")
     return 0 if r.valid else 1

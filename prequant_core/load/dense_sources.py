@@ -308,7 +308,13 @@ def file_source(path: str) -> SafetensorsSource:
             with open(index, encoding="utf-8") as f:
                 if os.path.basename(real) in set(json.load(f)["weight_map"].values()):
                     return _folder_source(folder)
-    if sniff(real) != "safetensors":
+    try:
+        kind = sniff(real)
+    except CorruptCheckpointError as e:  # the sniffer speaks of checkpoints: here the input is a dense model
+        raise BuildError("The input is not a model file.", path=real,
+                         expected="a dense (bf16) .safetensors transformer, or a diffusers folder", found=e.found,
+                         fix="Pick the dense model's .safetensors file (or its diffusers folder).") from None
+    if kind != "safetensors":
         raise BuildError("Dense input must be a .safetensors file or a diffusers folder.", path=real,
                          found="a torch.save archive", fix="Convert it to safetensors first (pickles are not read).")
     hints = {}
@@ -372,7 +378,8 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
             src = file_source(path)
         else:
             raise BuildError("The input does not exist.", path=path,
-                             expected="a dense .safetensors file or a diffusers folder")
+                             expected="a dense .safetensors file or a diffusers folder",
+                             fix="Check the path given to --input (or the node's dense_file).")
     infos = src.infos()
     _refuse_quantized(infos, src.path)
     keys = list(infos)
