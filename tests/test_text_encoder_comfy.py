@@ -218,16 +218,16 @@ def test_an_encoder_of_another_size_is_refused_naming_the_tensor_and_both_shapes
     path = os.path.join(models_dir, "prequant", name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     te_builder.build_file(path, "Qwen3ForCausalLM", base_model_id="Tongyi-MAI/Z-Image-Turbo", family="z-image")
+    from conftest import absent_comfy_tokenizer
     from prequant_core.errors import InternalError, PrequantError
-    from tools.comfy_headless import COMFY
     # ComfyUI 0.33.0 as shipped here lacks two large tokenizer files (../shared/comfyui-0.33/README.md), one of them
     # the tokenizer of the class its key detection takes this tiny file for: the refusal then names that file and
     # clears the checkpoint, where it used to call the file damaged
-    absent = os.path.join(COMFY, "comfy", "text_encoders", "llama_tokenizer", "tokenizer.json")
+    absent = absent_comfy_tokenizer()
     try:
         with pytest.raises(PrequantError) as e:
             pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]().load(name)
-        if os.path.isdir(os.path.dirname(absent)) and not os.path.exists(absent):
+        if absent:
             assert isinstance(e.value, InternalError) and absent in e.value.message, e.value
             assert "not at fault" in e.value.fix and "Download or build the file again" not in e.value.fix
             return

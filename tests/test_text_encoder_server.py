@@ -17,21 +17,13 @@ import pytest
 
 import unsloth_builder
 import unsloth_te_builder as te_builder
-from conftest import BASE_ID
+from conftest import BASE_ID, absent_comfy_tokenizer
 from hub_server import HubServer, free_port
 from tools.comfy_server import ComfyServer, execution_error
 
 TE = "PrequantLoadTextEncoder"
 REPO, NAME = "unsloth/Z-Image-Turbo-FP8", "Z-Image-Turbo-text_encoder-FP8.safetensors"
 TOO_SMALL = "Tensor 'model.embed_tokens.weight' has shape (256, 64), ComfyUI's encoder expects ("
-
-
-def too_small() -> str:
-    """What the tiny encoder's refusal says: the tensor that does not fit, or on ComfyUI 0.33.0 as shipped here
-    (which lacks the tokenizer of the class its detection takes the tiny file for) the missing file of ComfyUI's."""
-    from tools.comfy_headless import COMFY
-    absent = os.path.join(COMFY, "comfy", "text_encoders", "llama_tokenizer", "tokenizer.json")
-    return absent if os.path.isdir(os.path.dirname(absent)) and not os.path.exists(absent) else TOO_SMALL
 
 
 def graph(**inputs) -> dict:
@@ -62,7 +54,8 @@ def test_what_does_not_fit_is_refused_with_the_reason_in_the_prompts_error(serve
     env = {"HF_HUB_OFFLINE": "1"}  # nothing here may download: a download attempt fails with the Hub's error
     with ComfyServer(str(base), env=env) as server:
         cases = [
-            (graph(text_encoder=NAME), too_small()),  # judged valid, then ComfyUI's full-size class takes its shapes
+            # judged valid, then ComfyUI's full-size class takes its shapes
+            (graph(text_encoder=NAME), absent_comfy_tokenizer() or TOO_SMALL),
             (graph(text_encoder=NAME, family="z-image", component="text_encoder_2"),
              "component is 'text_encoder', requested 'text_encoder_2'"),
             (graph(text_encoder=NAME, base_model_id="Qwen/Qwen-Image"),
@@ -85,7 +78,7 @@ def test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub(served
         env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
         with ComfyServer(str(base), env=env) as server:
             err = execution_error(server.run(graph(preset="Z-Image / text_encoder"), timeout=300))
-            assert err and too_small() in err, err  # downloaded, judged, handed to ComfyUI
+            assert err and (absent_comfy_tokenizer() or TOO_SMALL) in err, err  # downloaded, judged, handed to ComfyUI
         asked = [r["filename"] for r in hub.requests("HEAD")]
         assert asked and asked[0] == NAME, asked
     got = prequant / "unsloth" / "Z-Image-Turbo-FP8" / NAME
@@ -96,5 +89,5 @@ def test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub(served
            "HF_TOKEN": ""}
     with ComfyServer(str(base), env=env) as server:
         err = execution_error(server.run(graph(preset="Z-Image / text_encoder"), timeout=300))
-        assert err and too_small() in err, err
+        assert err and (absent_comfy_tokenizer() or TOO_SMALL) in err, err
     assert os.path.getsize(got) == os.path.getsize(served["te"])

@@ -45,7 +45,10 @@ await run(cfg, context, result, async () => {
     const r = await page.evaluate((id) => {
       clearInterval(window.__pqSampler);
       const p = window.comfyAPI.app.app.graph.getNodeById(id).prequantPanel;
-      const dialogs = [...document.querySelectorAll(".p-dialog")].map((d) => d.innerText);
+      // ComfyUI's own error display: a dialog in the 0.3.x front ends, a toast or a side panel in newer ones
+      const dialogs = [...document.querySelectorAll(".p-dialog, [role='dialog'], .p-toast-message, [role='alert'], " +
+        "[role='status'], [class*='toast' i]")]
+        .map((d) => d.innerText).filter((t) => t && t.trim());
       return { seen: window.__pqSeen, events: window.__pqEvents, final: p.innerText, state: p.dataset.state,
         dialogs };
     }, cfg.loaderId);
