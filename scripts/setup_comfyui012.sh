@@ -6,20 +6,14 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 . "$root/scripts/lib.sh"
 dest="$root/.cache/comfyui-0.12"
-# The archive sits in ../shared beside the checkout; a clone made elsewhere (CI's clean clone of main) finds it beside
-# the repository it was cloned from, or where PREQUANT_SHARED points.
-origin="$(git -C "$root" config --get remote.origin.url 2>/dev/null || true)"
-shared=""
-for cand in "${PREQUANT_SHARED:-}" "$root/../shared" "${origin:+$origin/../shared}"; do
-  if [ -n "$cand" ] && [ -f "$cand/comfyui-0.12/setup.sh" ]; then shared="$(cd "$cand/comfyui-0.12" && pwd)"; break; fi
-done
+shared="$(shared_dir "$root" comfyui-0.12)"
 # the test runner's pins (from requirements-dev.txt): a change of them re-installs just these
 pins=$(grep -E '^(pytest|pytest-xdist|execnet|hypothesis)==' "$root/requirements-dev.txt")
 stamp="$dest/venv/.prequant-tests-$(echo "$pins soundfile-bundled" | sha256sum | cut -c1-16)"  # bump the words to redo the steps below
 if [ ! -f "$stamp" ]; then
   if [ ! -f "$dest/venv/.ready" ]; then
     [ -n "$shared" ] || { echo "[setup] ../shared/comfyui-0.12/setup.sh (the ComfyUI 0.12.1 archive) is missing: looked" \
-      "beside this checkout, beside its origin ($origin) and in PREQUANT_SHARED" >&2; exit 1; }
+      "beside this checkout, beside the repository it was cloned from and in PREQUANT_SHARED" >&2; exit 1; }
     echo "[setup] building ComfyUI 0.12.1 in $dest (a few minutes, once)"
     t0=$SECONDS
     # torch 2.14.1 / torchvision 0.29.1 / torchao 0.18.0 (and torch's CUDA libraries) are the same pins as ./.venv's:

@@ -8,16 +8,10 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 . "$root/scripts/lib.sh"
 dest="$root/.cache/comfyui-0.33"
-# The archive sits in ../shared beside the checkout; a clone made elsewhere (CI's clean clone of main) finds it beside
-# the repository it was cloned from, or where PREQUANT_SHARED points.
-origin="$(git -C "$root" config --get remote.origin.url 2>/dev/null || true)"
-shared=""
-for cand in "${PREQUANT_SHARED:-}" "$root/../shared" "${origin:+$origin/../shared}"; do
-  if [ -n "$cand" ] && [ -f "$cand/comfyui-0.33/setup.sh" ]; then shared="$(cd "$cand/comfyui-0.33" && pwd)"; break; fi
-done
+shared="$(shared_dir "$root" comfyui-0.33)"
 if [ ! -f "$dest/venv/.ready" ] || [ ! -f "$dest/comfyui-0.33.0/main.py" ]; then
   [ -n "$shared" ] || { echo "[setup] ../shared/comfyui-0.33/setup.sh (the ComfyUI 0.33.0 archive) is missing: looked" \
-    "beside this checkout, beside its origin ($origin) and in PREQUANT_SHARED" >&2; exit 1; }
+    "beside this checkout, beside the repository it was cloned from and in PREQUANT_SHARED" >&2; exit 1; }
   "$root/scripts/setup_dev.sh" >/dev/null
   echo "[setup] building ComfyUI 0.33.0 in $dest (once)"
   t0=$SECONDS

@@ -309,3 +309,35 @@ def test_a_tokenizer_donor_is_sized_from_its_header_and_named_when_it_is_broken(
     assert e.value.path == str(donor) and "tokenizer donor gemma_2_2b.safetensors" in e.value.message
     assert "not at fault" in e.value.fix and str(huge) in e.value.found
     assert grown_mib < 64, f"the donor was read before its size was checked: +{grown_mib:.0f} MiB"
+
+
+@pytest.mark.parametrize("te_class,family", [("Gemma2Model", "z-image"), ("Qwen3ForCausalLM", "lumina-2"),
+                                             ("T5EncoderModel", "z-image")])
+def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(tmp_path, te_class, family):
+    """Round 5: a Gemma2-2B (Lumina 2's encoder), a Qwen3 given with another family's name, ... were written as that
+    family's encoder and judged VALID by Info and verify. The builder refuses the input, and a file labelled with one
+    class but holding another's tensors (made by the restated Unsloth builder, relabelled) is INVALID with the reason."""
+    import subprocess
+    import sys
+    from safetensors.torch import save_file
+    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core.errors import BuildError
+    from conftest import ROOT
+    from prequant_core import families as fams
+    model = te_builder.encoder(te_class)
+    dense = str(tmp_path / "dense.safetensors")
+    save_file(_comfy_layout(te_class, te_builder.state_dict(model)), dense)
+    with pytest.raises(BuildError) as e:
+        build_text_encoder(dense, str(tmp_path / "out.safetensors"), family=family)
+    assert "The input is not a" in e.value.message and not os.path.exists(tmp_path / "out.safetensors"), e.value
+    # a file holding this encoder's cast tensors, labelled as the family's encoder class
+    fam_class = fams.get(family).text_encoders[0].te_class
+    base = fams.get(family).base_repos[0]
+    sd = te_builder.state_dict(te_builder.cast_layerwise(model))
+    meta = te_builder.metadata(te_class=fam_class, base_model_id=base, family=family)
+    path = te_builder.save_safetensors(str(tmp_path / "relabelled.safetensors"), sd, meta)
+    r = report.info(path, {"base_model_id": base, "scheme": "fp8", "component": "text_encoder"})
+    assert not r.valid and any("but the tensors are not a" in x for x in r.reasons), r.reasons
+    p = subprocess.run([sys.executable, "-m", "prequant_core", "verify", path, "--base", base, "--scheme", "fp8"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "INVALID" in p.stdout and "tensors are not a" in p.stdout, p.stdout + p.stderr

@@ -71,8 +71,13 @@ def comfyui_version() -> str:
     if is_package_layout():
         import comfy
         return comfy.__version__
-    import comfyui_version as v
-    return v.__version__
+    try:
+        import comfyui_version as v
+        return v.__version__
+    except ImportError:  # not booted in this process (a test that only starts servers): read the tree's own file
+        import re
+        with open(os.path.join(COMFY, "comfyui_version.py"), encoding="utf-8") as f:
+            return re.search(r'__version__\s*=\s*"([^"]+)"', f.read()).group(1)
 
 
 def boot(base_dir: str | None = None, extra_args: tuple = ()):

@@ -35,6 +35,23 @@ class EncoderKind:
     min_comfy: str | None = None  # the first ComfyUI with a class for it, where that is newer than any tested here
     schemes: tuple[str, ...] = ("fp8",)  # the forms Unsloth hosts it in (int8: the int8 ConvRot file)
 
+    def not_this_encoder(self, keys: Iterable[str]) -> list[str]:
+        """The marker tensors ``keys`` lacks in both namings (ComfyUI's, and the transformers class's that the files
+        hold), any layer index standing for the marker's (a smaller model of the same class has fewer layers): non-empty
+        when the tensors are another encoder's (a Gemma2 or a CLIP-L labelled as this one). Only for the encoders the
+        pack maps (a name map both ways is known)."""
+        import re
+        if not self.hostable:
+            return []
+        keys = set(keys)
+
+        def lacking(names):
+            pats = [re.compile(re.sub(r"\\\.\d+\\\.", r"\\.\\d+\\.", re.escape(m)) + "$") for m in names]
+            return [m for m, p in zip(names, pats) if not any(p.match(k) for k in keys)]
+        if not lacking(self.markers):
+            return []
+        return lacking([self.from_comfy(m) for m in self.markers])
+
     @property
     def hostable(self) -> bool:
         """Whether the node can hand it to ComfyUI (a key map to ComfyUI's class is known)."""

@@ -152,6 +152,11 @@ def validate(ckpt, req: Request) -> Verdict:
             reasons.append(f"{families.get(req.family).title}'s {hosted.component} is a "
                            f"{kinds.for_class(hosted.te_class).name}, this file holds a {kind.name} ({te_class})")
 
+    if kind is not None:
+        wrong = kind.not_this_encoder(ckpt.tensors)
+        if wrong:  # labelled as one encoder, holding another's tensors (round 5: a Gemma2 built as Z-Image's Qwen3)
+            reasons.append(f"te_class {_text(te_class)!r} says {kind.name}, but the tensors are not a {kind.name}'s "
+                           f"(no '{_text(wrong[0])}')")
     quantized = [k for k, v in ckpt.tensors.items() if qtensor.is_quantized(v)]
     if quantized:
         reasons.append(f"{len(quantized)} torchao-quantized tensors (e.g. '{_text(quantized[0])}'): a pre-cast "
