@@ -341,3 +341,21 @@ def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(
     p = subprocess.run([sys.executable, "-m", "prequant_core", "verify", path, "--base", base, "--scheme", "fp8"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and "INVALID" in p.stdout and "tensors are not a" in p.stdout, p.stdout + p.stderr
+
+
+def test_an_encoder_input_without_its_embedding_or_with_an_empty_weight_is_not_written(tmp_path):
+    """Round 5: an input with no embedding, or with a 0-row weight, was written."""
+    from safetensors.torch import save_file
+    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core.errors import BuildError
+    sd = _comfy_layout("Qwen3ForCausalLM", te_builder.state_dict(te_builder.encoder("Qwen3ForCausalLM")))
+    cases = {"no-embedding": ({k: v for k, v in sd.items() if "embed_tokens" not in k}, "no token embedding"),
+             "empty-weight": ({**sd, "model.layers.0.mlp.up_proj.weight": torch.zeros(0, 64, dtype=torch.bfloat16)},
+                              "has no elements")}
+    for name, (tensors, says) in cases.items():
+        dense = str(tmp_path / f"{name}.safetensors")
+        save_file(tensors, dense)
+        out = tmp_path / f"{name}-out.safetensors"
+        with pytest.raises(BuildError) as e:
+            build_text_encoder(dense, str(out), family="z-image")
+        assert says in e.value.message and not out.exists(), (name, e.value)

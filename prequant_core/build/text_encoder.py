@@ -130,6 +130,11 @@ def build_text_encoder_from(src, dest: str, *, family: str, component: str | Non
     for copy, of in kind.tied:
         if copy not in shapes and of in shapes:
             shapes[copy] = shapes[of]
+    if not any(k.rsplit(".", 2)[-2] in kind.embeddings for k in shapes if k.count(".") >= 1):
+        raise BuildError(f"The input has no token embedding ({' / '.join(kind.embeddings)}): a {kind.name} without "
+                         "it cannot encode a prompt; nothing was written.", path=input_path,
+                         expected=f"the encoder's full state dict, with its {kind.embeddings[0]}",
+                         found=f"{len(shapes)} tensors without one", fix="Build from the complete encoder file.")
     lacking = [k for k in kind.needs if k not in shapes]
     if lacking:
         raise BuildError(f"The input has no {', '.join(lacking)}, which Unsloth's loader needs for a {kind.name} "

@@ -65,6 +65,11 @@ def check_dense(key: str, t: torch.Tensor, path: str | None) -> None:
     """A dense input's tensor is a finite float as it is read (one pass, while it is in memory anyway): a NaN would
     be quantized into the output, an integer weight quantized as if its codes were values."""
     from ..formats.validate_tensors import check_plain_tensors
+    if key.endswith(".weight") and t.ndim >= 1 and 0 in t.shape:
+        # a weight with no rows or no columns builds a file no model can load (round 5: it was written)
+        raise BuildError(f"Tensor '{key[:80]}' has no elements (shape {tuple(t.shape)}); nothing was written.",
+                         path=path, expected="a complete dense model", found=f"{key[:80]}: {tuple(t.shape)}",
+                         fix="Build from the complete model file (this one is truncated or cut down).")
     if t.is_floating_point() or key.endswith(".weight"):  # integer buffers (ids, counters) pass as they are
         check_plain_tensors({key: t}, path or "the input model")
 
