@@ -111,3 +111,14 @@ def test_the_first_load_of_a_fresh_server_reads_each_file(made, tmp_path):
             entry = server.run(graph, timeout=300)
             assert execution_error(entry) is None, (key, execution_error(entry))
             assert entry.get("status", {}).get("completed") is not False, (key, entry.get("status"))
+
+
+def test_reading_a_pt_leaves_the_process_wide_safe_classes_as_they_were(tmp_path):
+    """The reader allows its classes for its own read only, and never takes away one that other code registered for
+    the whole process (torchao registers its tensor classes on import; torch's context removes what it was given)."""
+    from prequant_core import formats
+    path = str(tmp_path / "Z-Image-Turbo-INT8.pt")
+    ub.build(ub.tiny_model("z-image"), "z-image", "int8", [path])
+    before = set(torch.serialization.get_safe_globals())
+    formats.read(path)
+    assert set(torch.serialization.get_safe_globals()) == before

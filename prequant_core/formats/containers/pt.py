@@ -58,7 +58,10 @@ def load_weights_only(src, *, mmap: bool = True):
         path = f.path
         pickle_guard.checked_pickle(f)
         try:
-            with torch.serialization.safe_globals(_safe_globals()):
+            # only what is not allowed already: torch's context removes every class it was given on exit, and a
+            # class torchao registered for the whole process must stay allowed for other code (ComfyUI, the user's)
+            already = set(torch.serialization.get_safe_globals())
+            with torch.serialization.safe_globals([c for c in _safe_globals() if c not in already]):
                 return torch.load(f.io_path, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
             raise _translate(str(e), path) from None
