@@ -384,7 +384,12 @@ def test_node_builds_from_a_stock_comfyui_model(comfy, dense_files, reference):
         comfy_utils.set_progress_bar_global_hook(old)
     path = res["result"][0]
     assert res["ui"]["prequant_build"][0]["input_layout"] == "comfyui"
-    assert len(hook_calls) > 20 and hook_calls[-1][0] == hook_calls[-1][1], "progress per layer, ending complete"
+    # ComfyUI 0.33's ProgressBar sends an update at most every few ms (first and last always): fewer calls reach the
+    # hook there, the same per-layer updates are made
+    throttled = hasattr(comfy_utils.ProgressBar(1), "_last_update_time")
+    assert len(hook_calls) > (3 if throttled else 20) and hook_calls[-1][0] == hook_calls[-1][1], \
+        "progress per layer, ending complete"
+    assert [v for v, _ in hook_calls] == sorted(v for v, _ in hook_calls), "progress only moves forward"
     assert [v for v, _ in hook_calls] == sorted(v for v, _ in hook_calls)
     ck = formats.read(path)
     assert "layers.0.attention.to_q.weight" in ck.tensors and not any(".qkv." in k for k in ck.tensors)
