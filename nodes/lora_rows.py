@@ -126,12 +126,16 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
         cuts = [(0, n, patches)]  # a part not laid out by rows, or rows requantized together: one block
     else:
         cuts = blocks(patches, n, rows_per_block(getattr(op, "in_features", originals[0].shape[-1])))
-    once = _OncePerLayer()
-    logging.getLogger().addFilter(once)
+    # on the root logger's handlers: ComfyUI logs from the root (0.33) or from a module's logger (0.12.1's
+    # comfy.weight_adapter.lora), whose records reach the root's handlers but not the root logger's own filters
+    filters = [(h, _OncePerLayer()) for h in logging.getLogger().handlers]  # one each: a handler sees each record
+    for h, once in filters:
+        h.addFilter(once)
     try:
         return _patched_blocks(op, originals, cuts, spec, key, device, give_back_pages)
     finally:
-        logging.getLogger().removeFilter(once)
+        for h, once in filters:
+            h.removeFilter(once)
 
 
 def _patched_blocks(op, originals, cuts, spec, key, device, give_back_pages):

@@ -96,6 +96,6 @@ def absent_comfy_tokenizer() -> str | None:
     """The tokenizer file ComfyUI 0.33.0 as shipped here lacks (../shared/comfyui-0.33/README.md: two large tokenizer
     files are left out), where the ComfyUI under test is that copy: the class its key detection takes a tiny Qwen3
     encoder for needs it, so the node then names that file (the checkpoint not at fault) instead of a tensor's shape."""
-    from tools.comfy_headless import COMFY
+    from tools.comfy_headless import COMFY, comfyui_version
     absent = os.path.join(COMFY, "comfy", "text_encoders", "llama_tokenizer", "tokenizer.json")
-    return absent if os.path.isdir(os.path.dirname(absent)) and not os.path.exists(absent) else None
+    return absent if comfyui_version() == "0.33.0" and not os.path.exists(absent) else None
