@@ -195,7 +195,8 @@ def first_special_row(codes: torch.Tensor, dtype: torch.dtype) -> tuple[int, int
         if n == 1:
             hit = bool(((w & mask) == mask).any())
         else:
-            hit = bool((((w & _repeat(mask, n)) + _repeat(carry, n)) & _repeat(0x80, n)).any())
+            t = w & _repeat(mask, n)  # the block's one temporary; the rest in place
+            hit = bool(t.add_(_repeat(carry, n)).bitwise_and_(_repeat(0x80, n)).any())
         if hit:
             bad = ((blk & mask) == mask).any(dim=1)
             return r0 + int(bad.nonzero()[0, 0]), int(bad.sum())
