@@ -19,6 +19,26 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+
+def _quiet() -> None:
+    """Other packages' notices are kept out of what the user reads (the demo's own lines and errors still print):
+    torch's deprecation note about torchao's enums, diffusers' note on torchao's old tensor classes, library warnings.
+    Children inherit it through the environment."""
+    import logging
+    import warnings
+    # the demo speaks through print(): logging below ERROR (ComfyUI's "torchaudio missing", torch's and diffusers'
+    # notices) is not for the person running it; errors still show
+    logging.disable(logging.WARNING)
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+_quiet()
+
 from tools.rss_peak import RssPeak  # noqa: E402
 
 WORKFLOW = os.path.join(ROOT, "example_workflows", "z_image_turbo_prequant.json")
