@@ -29,16 +29,26 @@ def test_the_table_shows_what_repos_really_hold():
     assert "`Wan2.2-T2V-A14B-transformer_2-NVFP4.pt`" in t
 
 
-def test_every_shipped_workflow_has_a_thumbnail():
-    """ComfyUI's template browser shows example_workflows/<name>.jpg as the card picture of <name>.json
-    (regenerate: python -m tools.make_thumbnails)."""
+def test_every_shipped_workflow_has_a_readable_card():
+    """ComfyUI's template browser shows example_workflows/<name>.jpg as the card picture of <name>.json: each is the
+    card rendered from that very workflow (model, what it does, its nodes as large boxes, the file and the ComfyUI it
+    needs; round 5: editor screenshots nobody could read at 640 x 375). Regenerate: python -m tools.workflow_cards."""
+    import json
     from PIL import Image
+    from tools import workflow_cards
     folder = os.path.join(ROOT, "example_workflows")
     names = sorted(n[:-5] for n in os.listdir(folder) if n.endswith(".json"))
     assert names
     for n in names:
         jpg = os.path.join(folder, n + ".jpg")
-        assert os.path.isfile(jpg), f"{n}.json has no thumbnail: run python -m tools.make_thumbnails {n}"
+        assert os.path.isfile(jpg), f"{n}.json has no card: run python -m tools.workflow_cards {n}"
         with Image.open(jpg) as img:
-            assert img.format == "JPEG" and img.width >= 320 and 0.3 < img.height / img.width < 1.2, (n, img.size)
+            assert img.format == "JPEG" and img.size == workflow_cards.SIZE, (n, img.size)
+        with open(os.path.join(folder, n + ".json"), encoding="utf-8") as f:
+            wf = json.load(f)
+        with open(jpg, "rb") as f:
+            assert f.read() == workflow_cards.encoded(workflow_cards.card(wf)), \
+                f"{n}.jpg is not the card of {n}.json: run python -m tools.workflow_cards {n}"
+        d = workflow_cards.describe(wf)
+        assert d["stages"][0] == ("Load Prequant\nTransformer", True) and d["checkpoint"] and d["repo"], (n, d)
     assert not [f for f in os.listdir(folder) if f.endswith(".jpg") and f[:-4] not in names], "a picture without a workflow"

@@ -1,14 +1,11 @@
-"""Regenerates the template browser's card pictures, ``example_workflows/<name>.jpg`` (ComfyUI's Workflow > Browse
-Templates shows a same-name .jpg beside each workflow JSON), from the real front end:
+"""Regenerates the README's picture of a workflow in the real front end (docs/images/z_image_workflow.png). The
+template browser's card pictures (``example_workflows/<name>.jpg``) are rendered cards: tools/workflow_cards.py.
 
-    .venv/bin/python -m tools.make_thumbnails            # every shipped workflow
     .venv/bin/python -m tools.make_thumbnails z_image_turbo_prequant
 
 A real ComfyUI 0.3.75 server with this pack starts on 127.0.0.1 (scripts/setup_dev.sh makes it,
-scripts/setup_test_extras.sh browser the headless Chromium), each workflow is opened in the front end and fitted into the canvas (tests/browser/
-thumbnails.mjs), and the capture is scaled to THUMB_WIDTH and saved as a JPEG (the Z-Image one also, larger, as the
-README's picture, docs/images/z_image_workflow.png). tests/test_example_workflows.py fails
-when a workflow has no picture.
+scripts/setup_test_extras.sh browser the headless Chromium), the workflow is opened in the front end and fitted into
+the canvas (tests/browser/thumbnails.mjs), and the Z-Image capture is saved, 1200 wide, as the README's picture.
 """
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKFLOWS = os.path.join(ROOT, "example_workflows")
 README_WORKFLOW = "z_image_turbo_prequant"
-THUMB_WIDTH = 640  # the template browser shows cards at about 300 px: twice that stays sharp on HiDPI screens
 # Nodes of ComfyUI 0.38.1 that the Krea 2 / Qwen-Image 2.1 workflows use and 0.3.75 lacks: their schema, restated from
 # 0.38's comfy_extras/nodes_qwen.py, registered in the page for the picture only (0.3.75's front end would draw
 # them as red "missing" boxes, which is not what a user of 0.38.1 sees). Nothing is registered on the server.
@@ -51,7 +47,7 @@ def main(argv: list[str]) -> int:
     from PIL import Image
 
     from tools.comfy_server import ComfyServer
-    names = argv or sorted(n[:-5] for n in os.listdir(WORKFLOWS) if n.endswith(".json"))
+    names = argv or [README_WORKFLOW]
     workflows = [{"name": n, "workflow": json.load(open(os.path.join(WORKFLOWS, n + ".json"), encoding="utf-8"))}
                  for n in names]
     with tempfile.TemporaryDirectory(prefix="prequant-thumbs-") as tmp:
@@ -70,10 +66,6 @@ def main(argv: list[str]) -> int:
             server.stop()
         for name, png in res["shots"].items():
             img = Image.open(png).convert("RGB")
-            h = round(img.height * THUMB_WIDTH / img.width)
-            out = os.path.join(WORKFLOWS, name + ".jpg")
-            img.resize((THUMB_WIDTH, h), Image.LANCZOS).save(out, "JPEG", quality=85, optimize=True)
-            print(f"{out}: {THUMB_WIDTH}x{h}")
             if name == README_WORKFLOW:  # the README's picture: the same view, larger
                 big = os.path.join(ROOT, "docs", "images", "z_image_workflow.png")
                 img.resize((1200, round(img.height * 1200 / img.width)), Image.LANCZOS).save(big, optimize=True)
