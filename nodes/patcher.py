@@ -84,7 +84,8 @@ def _file_backups(op, originals) -> list | None:
         for r in rows:
             n = r.shape[0] if r.ndim else 0
             same = r.ndim == orig.ndim and _same_bytes(orig[pos:pos + n], r)
-            digests.append(_digest(r) if same else None)
+            if same:
+                digests.append(_digest(r))
             pages.release([r], maps)
             if not same:
                 return None

@@ -445,23 +445,9 @@ _records: dict = {}
 
 
 def _record(family):
-    """The family's tiny model and one forward pass of its diffusers class (diffusers 0.42.1, in a subprocess:
-    tools/diffusers_check.py forward)."""
+    """The family's tiny model and one forward pass of its diffusers class (tools/tiny_families.forward_record)."""
     if family not in _records:
-        import subprocess
-        import sys
-        import tempfile
-        from safetensors.torch import load_file
-        from conftest import ROOT
-        side = os.path.join(ROOT, ".cache", "diffusers042")
-        dev_py = os.path.join(ROOT, ".venv", "bin", "python")
-        path = os.path.join(tempfile.mkdtemp(prefix="record-"), f"{family}.safetensors")
-        p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable, "-m", "tools.diffusers_check",
-                            "forward", family, path], cwd=ROOT,
-                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT])), capture_output=True,
-                           text=True, timeout=600)
-        assert p.returncode == 0, p.stderr[-3000:]
-        _records[family] = load_file(path)
+        _records[family] = tf.forward_record(family)
     return _records[family]
 
 

@@ -465,10 +465,10 @@ def dense(family: str, seed: int = 0, dtype=torch.bfloat16, **overrides) -> dict
     return {k: v.to(dtype).contiguous() for k, v in m.state_dict().items()}
 
 
-def dense_from_subprocess(family: str, dtype=torch.bfloat16) -> dict:
-    """A ``DIFFUSERS_ONLY`` family's tiny dense state dict (seed 0), made by its diffusers class in a subprocess
-    with diffusers 0.42.1 first on the path (``.cache/diffusers042``; the pinned diffusers lacks the class):
-    ``tools/diffusers_check.py forward``, which records the dense weights with one forward pass."""
+def forward_record(family: str) -> dict:
+    """A ``DIFFUSERS_ONLY`` family's tiny model (seed 0, ``dense.`` + its keys) and one forward pass of its class
+    (``x``, ``context``, ``sigma``, ``output``), made in a subprocess with diffusers 0.42.1 first on the path
+    (``.cache/diffusers042``; the pinned diffusers lacks the class): ``tools/diffusers_check.py forward``."""
     import os
     import subprocess
     import sys
@@ -483,7 +483,12 @@ def dense_from_subprocess(family: str, dtype=torch.bfloat16) -> dict:
                        capture_output=True, text=True, timeout=600)
     if p.returncode:
         raise RuntimeError(f"tools.diffusers_check forward {family} failed:\n{p.stderr[-3000:]}")
-    rec = load_file(path)
+    return load_file(path)
+
+
+def dense_from_subprocess(family: str, dtype=torch.bfloat16) -> dict:
+    """A ``DIFFUSERS_ONLY`` family's tiny dense state dict (seed 0), from ``forward_record``."""
+    rec = forward_record(family)
     return {k[len("dense."):]: v.to(dtype).contiguous() for k, v in rec.items() if k.startswith("dense.")}
 
 

@@ -88,8 +88,9 @@ def _translate(msg: str, path: str) -> Exception:
     if any(m in msg for m in LEGACY_V1_MARKERS):
         return _LegacyV1(msg)
     g = _GLOBAL.search(msg)
-    if g and _needs_torchao(g.group(1), path) is not None:
-        return _needs_torchao(g.group(1), path)
+    too_old = _needs_torchao(g.group(1), path) if g else None
+    if too_old is not None:
+        return too_old
     if g:
         return UnsafeCheckpointError(
             "Refused to load: the file asks Python to import something that is not a tensor type (a pickle that "
