@@ -19,7 +19,7 @@ from prequant_core.errors import ComfyVersionError
 from prequant_core.families import Family
 
 from .ops import choose_matmul, is_prequant_linear, make_ops, matmul_summary, set_quantized
-from .patcher import PrequantModelPatcher
+from .patcher import patcher_for
 
 log = logging.getLogger("prequant")
 
@@ -213,7 +213,7 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     model.diffusion_model.to(offload_device)
     model.device = offload_device
     size = mm.module_size(model)  # plain int8/fp8 storage: real bytes, not dense-equivalent
-    patcher = PrequantModelPatcher(model, load_device=load_device, offload_device=offload_device, size=size)
+    patcher = patcher_for(model, load_device=load_device, offload_device=offload_device, size=size)
     patcher.prequant_matmul = matmul_summary(matmul)
     quantize.release_free_memory()  # the load's temporaries (the file's parsed header, fusing), kept by glibc's heap
     return patcher

@@ -16,6 +16,7 @@ from prequant_core.units import human_bytes
 from . import describe, paths
 from .status import NodeStatus
 from .comfy_model import check_loadable, load_checkpoint_as_model
+from .patcher import describe_class
 from .quantize_at_load import load_quantized_at_load
 
 log = logging.getLogger("prequant")
@@ -48,6 +49,8 @@ def summary_text(s: dict) -> str:
             f"(dense {human_bytes(s['dense_bytes'])}); path: {s['path']}")
     if s.get("matmul"):
         text += f"; matmul: {s['matmul']}"
+    if s.get("patcher"):
+        text += f"; managed by ComfyUI's {s['patcher']}"
     if s.get("location"):
         text += f". File: {s['location']}"
     if s.get("source"):
@@ -249,5 +252,6 @@ class PrequantLoadTransformer:
             s.update(file=os.path.basename(f.path), source=f"hub:{f.repo}@{f.revision}", downloaded=f.downloaded,
                      repo_file=f.filename, location=f.path)
         s["matmul"] = getattr(patcher, "prequant_matmul", None)  # chosen at load for the load device
+        s["patcher"] = describe_class(patcher)  # ComfyUI's own class (CoreModelPatcher), DynamicVRAM where it is on
         log.info("[prequant] %s", summary_text(s))
         return {"ui": {"prequant": [s], "text": [summary_text(s)]}, "result": (patcher,)}

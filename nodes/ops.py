@@ -78,6 +78,7 @@ def make_ops(base):
 
     class PrequantOps(base):
         class Linear(base.Linear):
+            _load_from_state_dict = _own_state_dict_loader(base.Linear)
             prequant_spec = None
             prequant_matmul = None  # devices.QUANTIZED / devices.WEIGHT_ONLY, set at load by choose_matmul
             prequant_bytes = False  # fp8 codes held as uint8 (a device without a float8 dtype)
@@ -165,7 +166,7 @@ def make_ops(base):
                 merge would store, so a low-VRAM run with a LoRA gives the full load's output. Any other function gets
                 the dense weight as ComfyUI would hand it, which is then requantized."""
                 from . import lora_rows
-                fs = self.weight_function
+                fs = self.prequant_weight_functions()
                 if all(_plain_low_vram_patch(f) for f in fs):
                     patches = [p for f in fs for p in f.patches[f.key]]
                     return lora_rows.patched_parts(self, ts, patches, fs[0].key, give_back_pages=False)
@@ -174,6 +175,17 @@ def make_ops(base):
                 for f in fs:
                     w = f(w)
                 return self.prequant_requantize(w, ts)
+
+            def prequant_weight_functions(self) -> list:
+                """What ComfyUI asks to run on the weight per call: its ``weight_function`` list and, where
+                DynamicVRAM loaded the model (ComfyUI 0.15+), the LoRA it attaches as ``weight_lowvram_function``
+                instead (ComfyUI's own cast path runs it; this forward must, or the LoRA is silently dropped)."""
+                lv = getattr(self, "weight_lowvram_function", None)
+                return ([lv] if lv is not None else []) + list(self.weight_function)
+
+            def prequant_bias_functions(self) -> list:
+                lv = getattr(self, "bias_lowvram_function", None)
+                return ([lv] if lv is not None else []) + list(self.bias_function)
 
             def forward(self, input, *args, **kwargs):
                 spec = self.prequant_spec
@@ -184,7 +196,8 @@ def make_ops(base):
                 ts = self.prequant_parts()
                 if ts[0].device != dev:  # low-VRAM streaming: only the codes travel
                     ts = tuple(t.to(dev, non_blocking=True) for t in ts)
-                if self.weight_function:  # LoRA in low-VRAM mode: patched per call
+                if self.prequant_weight_functions():
+                    # LoRA in low-VRAM mode or under DynamicVRAM: patched per call
                     ts = self.prequant_patched_per_call(ts)
                 if spec.rotation:
                     input = rotation.rotate(input, spec.rotation)
@@ -198,19 +211,43 @@ def make_ops(base):
                 if path == devices.WEIGHT_ONLY:
                     if bias is not None:
                         bias = bias.to(device=dev, dtype=input.dtype)
-                        for f in self.bias_function:
+                        for f in self.prequant_bias_functions():
                             bias = f(bias)
                     return layout.weight_only_linear(input, ts, spec, bias, fp8_table(self))
                 if bias is not None:
                     bias = bias.to(device=dev, dtype=spec.dtype)
-                    for f in self.bias_function:
+                    for f in self.prequant_bias_functions():
                         bias = f(bias)
                 if layout.float8_codes:
                     ts = (self.prequant_typed(ts[0]), *ts[1:])
                 return layout.quantized_linear(input.to(spec.dtype), ts, spec, bias).to(input.dtype)
 
+    for name, op in _ops_classes(base).items():
+        if name != "Linear":  # the other layer classes built eagerly too (see _own_state_dict_loader)
+            setattr(PrequantOps, name, type(op)(name, (op,), {"_load_from_state_dict": _own_state_dict_loader(op),
+                                                          "__module__": __name__}))
     PrequantOps.__name__ = f"PrequantOps_{base.__name__}"
     return PrequantOps
+
+
+def _ops_classes(base) -> dict:
+    """The layer classes of a ComfyUI operations class (its own and inherited), by name."""
+    out: dict = {}
+    for klass in reversed(base.__mro__):
+        for name, v in vars(klass).items():
+            if isinstance(v, type) and issubclass(v, torch.nn.Module) and hasattr(v, "_load_from_state_dict"):
+                out[name] = getattr(base, name)
+    return out
+
+
+def _own_state_dict_loader(op):
+    """``op``'s state-dict loader, declared as the class's own. With DynamicVRAM on (ComfyUI 0.15+,
+    ``comfy.memory_management.aimdo_enabled``) ComfyUI builds its layers with no weight at all until its own loader
+    fills them, unless a class brings its own loader; the pack places the file's tensors itself (on a ``meta``
+    skeleton), so its layers declare one and are built with their parameters on meta, as on every other ComfyUI."""
+    def _load_from_state_dict(self, *args, **kwargs):
+        return op._load_from_state_dict(self, *args, **kwargs)
+    return _load_from_state_dict
 
 
 def _plain_low_vram_patch(f) -> bool:

@@ -16,7 +16,7 @@ import torch
 import comfy.model_patcher
 import comfy.utils
 
-from prequant_core.errors import CorruptCheckpointError
+from prequant_core.errors import CorruptCheckpointError, UnsupportedFormatError
 from prequant_core.families import pages
 from prequant_core.schemes import qtensor, quantize
 
@@ -96,7 +96,9 @@ def _file_backups(op, originals) -> list | None:
     return out
 
 
-class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
+class PrequantPatching:
+    """The pack's hooks, mixed into whichever patcher class ComfyUI's own loaders build (``patcher_for``)."""
+
     def _prequant_op(self, key):
         mod_name, _, attr = key.rpartition(".")
         if attr != "weight" or not mod_name:
@@ -107,10 +109,18 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
             return None
         return op if is_prequant_linear(op) else None
 
-    def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
+    def patch_weight_to_device(self, key, device_to=None, inplace_update=False, **kwargs):
+        # kwargs: what newer ComfyUIs pass (return_weight for a model save, force_cast for DynamicVRAM's pre-load)
         op = self._prequant_op(key) if key in self.patches else None
         if op is None:
-            return super().patch_weight_to_device(key, device_to=device_to, inplace_update=inplace_update)
+            return super().patch_weight_to_device(key, device_to=device_to, inplace_update=inplace_update, **kwargs)
+        if kwargs.get("return_weight"):
+            # a save would write the patched codes beside the unpatched scales (another key): a wrong file, refused
+            raise UnsupportedFormatError(
+                "Saving a pre-quantized model with a LoRA applied is not supported: its codes and scales are patched "
+                "together, a save reads them one by one.", expected="a MODEL without LoRA patches",
+                found=f"LoRA patches on '{key}'",
+                fix="Save without the LoRA node, or keep the LoRA as a separate file applied at load.")
         # Tensors made here outlive this call's inference mode (unpatch may run outside it): make them normal.
         with torch.inference_mode(False), torch.no_grad():
             fresh = key not in self.backup
@@ -126,3 +136,38 @@ class PrequantModelPatcher(comfy.model_patcher.ModelPatcher):
             op.prequant_assign(new, op.prequant_spec)
             del originals, new
             quantize.release_free_memory()  # the blocks' temporaries, which glibc's heap would keep
+
+
+_CLASSES: dict = {}
+
+
+def patcher_class(base: type) -> type:
+    """``base`` with the pack's hooks (one class per base, so ``clone()``'s ``self.__class__`` stays the same)."""
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = _CLASSES[base] = type(f"Prequant{base.__name__}", (PrequantPatching, base), {"__module__": __name__})
+    return cls
+
+
+def core_class() -> type:
+    """The class ComfyUI's own loaders build, read at each load: ``main.py`` points ``CoreModelPatcher`` at
+    ``ModelPatcherDynamic`` (DynamicVRAM) after this pack may have been imported. ComfyUIs before it: ModelPatcher."""
+    mp = comfy.model_patcher
+    return getattr(mp, "CoreModelPatcher", mp.ModelPatcher)
+
+
+def patcher_for(model, *, load_device, offload_device, size: int):
+    """A patcher around ``model`` of ComfyUI's core class with the pack's hooks. A core class may hand back another
+    class for this device (``ModelPatcherDynamic`` builds a plain ModelPatcher on a CPU): then that class, hooked."""
+    kw = dict(load_device=load_device, offload_device=offload_device, size=size)
+    p = patcher_class(core_class())(model, **kw)
+    if not isinstance(p, PrequantPatching):
+        p = patcher_class(type(p))(model, **kw)
+    return p
+
+
+def describe_class(patcher) -> str:
+    """The ComfyUI class managing the MODEL, for the node's text (DynamicVRAM named where it is on)."""
+    base = next(c for c in type(patcher).__mro__[1:] if c is not PrequantPatching)
+    dynamic = getattr(patcher, "is_dynamic", lambda: False)()
+    return f"{base.__name__}{' (DynamicVRAM)' if dynamic else ''}"

@@ -99,3 +99,37 @@ def absent_comfy_tokenizer() -> str | None:
     from tools.comfy_headless import COMFY, comfyui_version
     absent = os.path.join(COMFY, "comfy", "text_encoders", "llama_tokenizer", "tokenizer.json")
     return absent if comfyui_version() == "0.33.0" and not os.path.exists(absent) else None
+
+
+NONE = "(none: use path or hub_repo)"  # the loader's checkpoint choice that defers to path / hub_repo
+
+
+def load_path(comfy, path, **kw):
+    """Load Prequant Transformer on ``path``, run as ComfyUI runs a node; the MODEL."""
+    with torch.inference_mode():  # as ComfyUI runs every node
+        return comfy[0].NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(NONE, path=str(path), **kw)["result"][0]
+
+
+def make_lora(model, path, rank=4, seed=3):
+    """A real LoRA file in the diffusion_model.* key form ComfyUI's LoRA loader understands."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for name in ("layers.0.attention.qkv", "layers.0.feed_forward.w1", "cap_embedder.1"):
+        w = model.model.diffusion_model.get_submodule(name).weight
+        out_f, in_f = w.shape
+        sd[f"diffusion_model.{name}.lora_up.weight"] = (torch.randn(out_f, rank, generator=g) * 0.05).to(torch.bfloat16)
+        sd[f"diffusion_model.{name}.lora_down.weight"] = (torch.randn(rank, in_f, generator=g) * 0.05).to(torch.bfloat16)
+        sd[f"diffusion_model.{name}.alpha"] = torch.tensor(float(rank))
+    save_file(sd, path)
+
+
+def with_lora(comfy, model, name, seed=3):
+    """``model`` with a ``make_lora`` file of this name through stock LoraLoaderModelOnly."""
+    import folder_paths
+    nodes, _ = comfy
+    lora_dir = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(lora_dir, exist_ok=True)
+    make_lora(model, os.path.join(lora_dir, name), seed=seed)
+    with torch.inference_mode():
+        return nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(model, name, 1.0)[0]

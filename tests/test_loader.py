@@ -6,21 +6,14 @@ import os
 import pytest
 import torch
 
-from conftest import BASE_ID, sample
+from conftest import BASE_ID, NONE, load_path, make_lora, sample, with_lora
 from prequant_core import families, schemes
 from prequant_core.schemes import quantize
-
-NONE = "(none: use path or hub_repo)"
 
 
 def load_node(comfy):
     nodes, _ = comfy
     return nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]()
-
-
-def load_path(comfy, path, **kw):
-    with torch.inference_mode():  # as ComfyUI runs every node
-        return load_node(comfy).load(NONE, path=str(path), **kw)["result"][0]
 
 
 def load_time_reference(comfy, dense, scheme):
@@ -106,31 +99,6 @@ def test_low_vram_partial_load_matches_full_load(comfy, prequant_files, allow_di
     assert torch.equal(full, low)
 
 
-def _make_lora(model, path, rank=4, seed=3):
-    """A real LoRA file in the diffusion_model.* key form ComfyUI's LoRA loader understands."""
-    from safetensors.torch import save_file
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for name in ("layers.0.attention.qkv", "layers.0.feed_forward.w1", "cap_embedder.1"):
-        w = model.model.diffusion_model.get_submodule(name).weight
-        out_f, in_f = w.shape
-        sd[f"diffusion_model.{name}.lora_up.weight"] = (torch.randn(out_f, rank, generator=g) * 0.05).to(torch.bfloat16)
-        sd[f"diffusion_model.{name}.lora_down.weight"] = (torch.randn(rank, in_f, generator=g) * 0.05).to(torch.bfloat16)
-        sd[f"diffusion_model.{name}.alpha"] = torch.tensor(float(rank))
-    save_file(sd, path)
-
-
-def _with_lora(comfy, model, name, seed=3):
-    """``model`` with a ``_make_lora`` file of this name through stock LoraLoaderModelOnly."""
-    import folder_paths
-    nodes, _ = comfy
-    lora_dir = folder_paths.get_folder_paths("loras")[0]
-    os.makedirs(lora_dir, exist_ok=True)
-    _make_lora(model, os.path.join(lora_dir, name), seed=seed)
-    with torch.inference_mode():
-        return nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(model, name, 1.0)[0]
-
-
 def test_stock_lora_loader_on_quantized_weights(comfy, prequant_files, allow_dir, models_dir):
     import comfy.model_management as mm
     import folder_paths
@@ -145,7 +113,7 @@ def test_stock_lora_loader_on_quantized_weights(comfy, prequant_files, allow_dir
 
     lora_dir = folder_paths.get_folder_paths("loras")[0]
     os.makedirs(lora_dir, exist_ok=True)
-    _make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora.safetensors"))
+    make_lora(model, os.path.join(lora_dir, "tiny_zimage_lora.safetensors"))
     loader = nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]()
     with torch.inference_mode():
         lora_model = loader.load_lora_model_only(model, "tiny_zimage_lora.safetensors", 1.0)[0]
@@ -153,9 +121,9 @@ def test_stock_lora_loader_on_quantized_weights(comfy, prequant_files, allow_dir
     patched = [k for k in lora_model.patches if "qkv" in k]
     assert patched, "the LoRA keys must map onto the quantized model's weights"
 
-    with_lora = sample(lora_model)
-    assert not torch.equal(with_lora, base), "the LoRA must change the output"
-    assert torch.isfinite(with_lora).all()
+    lora_out = sample(lora_model)
+    assert not torch.equal(lora_out, base), "the LoRA must change the output"
+    assert torch.isfinite(lora_out).all()
     assert torch.equal(sample(zero_model), base), "strength 0 must reproduce the no-LoRA output exactly"
 
     mm.unload_all_models()
@@ -186,9 +154,9 @@ def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, pr
     freed = []
     real = pages.release
     monkeypatch.setattr(pages, "release", lambda ts, *a: freed.append(real(ts, *a)) or freed[-1])
-    lora_model = _with_lora(comfy, model, "tiny_zimage_lora_pages.safetensors")
-    with_lora = sample(lora_model)
-    assert not torch.equal(with_lora, base)
+    lora_model = with_lora(comfy, model, "tiny_zimage_lora_pages.safetensors")
+    lora_out = sample(lora_model)
+    assert not torch.equal(lora_out, base)
     backup = lora_model.backup
     for part in ("weight", "weight_scale"):
         assert isinstance(backup[f"diffusion_model.layers.0.attention.qkv.{part}"], patcher._RebuiltFromFile)
@@ -200,12 +168,12 @@ def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, pr
         assert torch.equal(dm.get_submodule(n).weight, w), n
     assert torch.equal(dm.layers[0].attention.qkv.weight_scale, orig_scale)
     assert torch.equal(sample(model), base)
-    assert torch.equal(sample(lora_model), with_lora), "patching again from the re-read pages: the same output"
+    assert torch.equal(sample(lora_model), lora_out), "patching again from the re-read pages: the same output"
     mm.unload_all_models()
     monkeypatch.setattr(lora_rows, "ROWS", 8)  # the tiny layers' 64-192 rows in many blocks
     assert len(lora_rows.blocks(lora_model.patches["diffusion_model.layers.0.attention.qkv.weight"],
                                 dm.layers[0].attention.qkv.weight.shape[0], lora_rows.rows_per_block(64))) > 2
-    assert torch.equal(sample(lora_model), with_lora), "patched in blocks of rows: the same bytes"
+    assert torch.equal(sample(lora_model), lora_out), "patched in blocks of rows: the same bytes"
     mm.unload_all_models()
     assert torch.equal(dm.layers[0].attention.qkv.weight, orig["layers.0.attention.qkv"])
 
@@ -225,7 +193,7 @@ def test_unpatching_rows_of_a_file_rewritten_under_the_loaded_model_is_refused(c
     allow_dir(tmp_path)
     model = load_path(comfy, path)
     assert len(model.model.diffusion_model.layers[0].attention.qkv.prequant_fused_from) == 3
-    lora_model = _with_lora(comfy, model, "tiny_zimage_lora_rewrite.safetensors")
+    lora_model = with_lora(comfy, model, "tiny_zimage_lora_rewrite.safetensors")
     sample(lora_model)  # the LoRA is applied: the qkv backup is the file's rows
     with open(path, "r+b") as f:  # a same-size rewrite in place: layer 0's to_q scales become NaN
         n = struct.unpack("<Q", f.read(8))[0]
@@ -257,7 +225,7 @@ def test_a_lora_in_low_vram_mode_gives_the_merged_output(comfy, prequant_files, 
     path = prequant_files("int8")
     allow_dir(os.path.dirname(path))
     model = load_path(comfy, path)
-    lora_model = _with_lora(comfy, model, "tiny_zimage_lora_lowvram.safetensors", seed=11)
+    lora_model = with_lora(comfy, model, "tiny_zimage_lora_lowvram.safetensors", seed=11)
     merged = sample(lora_model)
     mm.unload_all_models()
     dm = model.model.diffusion_model
@@ -271,3 +239,4 @@ def test_a_lora_in_low_vram_mode_gives_the_merged_output(comfy, prequant_files, 
     assert torch.equal(dm.layers[0].attention.qkv.weight, codes), "the stored codes stay the file's"
     assert torch.equal(streamed, merged)
     mm.unload_all_models()
+

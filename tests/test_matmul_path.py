@@ -299,7 +299,7 @@ def test_node_override_runs_the_forced_path(comfy, prequant_files, allow_dir, mo
 
 def test_weight_only_low_vram_partial_load_matches_full_load(comfy, prequant_files, allow_dir, monkeypatch):
     import comfy.model_management as mm
-    from test_loader import load_path
+    from conftest import load_path
     monkeypatch.delenv(devices.ENV, raising=False)
     path = prequant_files("fp8")
     allow_dir(os.path.dirname(path))
@@ -318,7 +318,7 @@ def test_weight_only_stock_lora(comfy, prequant_files, allow_dir, monkeypatch):
     """LoraLoaderModelOnly on a weight-only model: the LoRA acts, strength 0 is exact, unpatching restores codes."""
     import comfy.model_management as mm
     import folder_paths
-    from test_loader import _make_lora, load_path
+    from conftest import load_path, make_lora as _make_lora
     nodes, _ = comfy
     monkeypatch.delenv(devices.ENV, raising=False)
     path = prequant_files("fp8")

@@ -61,6 +61,14 @@ def image_digest(server, entry):
     return hashlib.sha256(open(p, "rb").read()).hexdigest()
 
 
+def image_pixels(server, entry) -> bytes:
+    from PIL import Image
+    imgs = [i for out in entry["outputs"].values() for i in out.get("images", [])]
+    assert len(imgs) == 1
+    with Image.open(os.path.join(server.base_dir, "output", imgs[0].get("subfolder", ""), imgs[0]["filename"])) as im:
+        return im.tobytes()
+
+
 def test_example_workflow_matches_object_info(server):
     from tools.workflow import check
     with open(WORKFLOW) as f:
@@ -146,3 +154,39 @@ def test_a_hostile_file_through_the_node_ends_typed_and_the_queue_keeps_running(
     assert err and "Fix:" in err and not any("\ud800" <= c <= "\udfff" for c in err), err
     ok = server.run(prompt_for(server), timeout=300)
     assert execution_error(ok) is None, "the queue must keep serving after a hostile file"
+
+
+MARKER_NODE = '''
+import comfy.model_patcher as mp
+
+
+class MarkerPatcher(mp.ModelPatcher):
+    """Test-only: what main.py does with DynamicVRAM on (CoreModelPatcher = ModelPatcherDynamic), with a class a
+    CPU keeps."""
+
+
+mp.CoreModelPatcher = MarkerPatcher
+NODE_CLASS_MAPPINGS = {}
+'''
+
+
+def test_the_model_is_comfyuis_core_patcher_class_in_a_server(server, tmp_path):
+    """A server whose ``CoreModelPatcher`` names another class before the first prompt (as ``main.py`` sets
+    ``ModelPatcherDynamic``): the loader's MODEL is that class, says so, and the image is the plain server's, byte
+    for byte."""
+    from tools.comfy_server import ComfyServer, execution_error
+    plain = server.run(prompt_for(server, "Z-Image-Turbo-INT8.safetensors", "int8"))
+    assert execution_error(plain) is None, execution_error(plain)
+    node = tmp_path / "custom_nodes" / "core_patcher_marker"
+    node.mkdir(parents=True)
+    (node / "__init__.py").write_text(MARKER_NODE)
+    os.symlink(os.path.join(server.base_dir, "models"), tmp_path / "models")
+    with ComfyServer(str(tmp_path), env=server.env) as marked_server:
+        marked = marked_server.run(prompt_for(marked_server, "Z-Image-Turbo-INT8.safetensors", "int8"))
+        assert execution_error(marked) is None, execution_error(marked)
+        texts = [t for o in marked["outputs"].values() if "prequant" in o for t in o["text"]]
+        assert texts and "managed by ComfyUI's MarkerPatcher" in texts[0], texts
+        # the pixels: the PNG's embedded prompt names each server's own folder
+        assert image_pixels(marked_server, marked) == image_pixels(server, plain)
+    texts = [t for o in plain["outputs"].values() if "prequant" in o for t in o["text"]]
+    assert "managed by ComfyUI's ModelPatcher" in texts[0], texts

@@ -137,7 +137,7 @@ def test_a_lora_on_an_unsloth_file_backs_up_fused_rows_from_that_file(comfy, con
     file's bytes, and unpatching restores the loaded weights byte for byte."""
     import folder_paths
     import comfy.model_management as mm
-    from test_loader import _with_lora
+    from conftest import with_lora as _with_lora
     nodes, pack = comfy
     root = folder_paths.get_folder_paths("prequant")[0]
     folder = os.path.join(root, "unsloth", "lora")

@@ -20,13 +20,14 @@ def free_port() -> int:
 
 class ComfyServer:
     def __init__(self, base_dir: str, *, port: int | None = None, env: dict | None = None, extra_args=(),
-                 python: str = COMFY_PYTHON):
+                 python: str = COMFY_PYTHON, cpu: bool = True):
         self.base_dir = os.path.abspath(base_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **(env or {})}
         self.extra_args = list(extra_args)
         self.python = python
+        self.cpu = cpu  # False: ComfyUI picks its device (bench/gpu_check_comfy.py on a CUDA machine)
         self.proc = None
         self.log_path = os.path.join(self.base_dir, "server.log")
 
@@ -46,7 +47,7 @@ class ComfyServer:
         else:
             cmd, cwd = [self.python, "main.py"], COMFY
         self.proc = subprocess.Popen(
-            [*cmd, "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+            [*cmd, *(["--cpu"] if self.cpu else []), "--listen", "127.0.0.1", "--port", str(self.port),
              "--base-directory", self.base_dir, "--disable-auto-launch", *self.extra_args],
             cwd=cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.time() + timeout
