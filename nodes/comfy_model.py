@@ -184,7 +184,7 @@ def check_names_match(model, tensors: dict, family: Family, path: str | None = N
 
 
 def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *, path: str | None = None,
-                  dtype=torch.bfloat16):
+                  dtype=torch.bfloat16, plain: bool = False):
     """Checkpoint tensors (either layout, quantized or a mix) -> a ModelPatcher around ComfyUI's model class."""
     model_config, unet_config = model_config_for(family, tensors, metadata, dtype, path)
     fused_from_file: dict = {}
@@ -213,11 +213,32 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     model.diffusion_model.to(offload_device)
     model.device = offload_device
     size = mm.module_size(model)  # plain int8/fp8 storage: real bytes, not dense-equivalent
-    patcher = patcher_for(model, load_device=load_device, offload_device=offload_device, size=size)
+    patcher = patcher_for(model, load_device=load_device, offload_device=offload_device, size=size, plain=plain)
     patcher.prequant_matmul = matmul_summary(matmul)
     quantize.release_free_memory()  # the load's temporaries (the file's parsed header, fusing), kept by glibc's heap
     return patcher
 
 
-def load_checkpoint_as_model(ckpt: Checkpoint, family: Family, layout: str):
-    return build_patcher(family, layout, ckpt.tensors, ckpt.metadata, path=ckpt.path)
+def load_checkpoint_as_model(ckpt: Checkpoint, family: Family, layout: str, *, request=None):
+    """The judged checkpoint -> ComfyUI's MODEL. With the load's ``request``, ComfyUI can load the file again itself
+    (``cached_patcher_init``, as its own loaders register): the non-dynamic copy a sampler needs for hooked conds under
+    DynamicVRAM, the per-device copies of its multi-GPU nodes."""
+    patcher = build_patcher(family, layout, ckpt.tensors, ckpt.metadata, path=ckpt.path)
+    if request is not None:
+        patcher.cached_patcher_init = (reload_patcher, (ckpt.path, request))
+    return patcher
+
+
+def reload_patcher(path: str, request, disable_dynamic: bool = False):
+    """ComfyUI's ``cached_patcher_init`` factory: the file opened, judged and loaded again through the same checks as
+    the node's load (its own folder allowed: the node allowed it before); ``disable_dynamic``: a plain ModelPatcher."""
+    import os
+    from prequant_core.errors import reading
+    from prequant_core.load.opening import open_checkpoint
+    with torch.inference_mode(False), torch.no_grad():
+        opened = open_checkpoint(path, request, model_dirs=[os.path.dirname(os.path.realpath(path))])
+        with reading(opened.checkpoint.path, "loaded", parsing=False):
+            patcher = build_patcher(opened.family, opened.layout, opened.checkpoint.tensors,
+                                    opened.checkpoint.metadata, path=opened.checkpoint.path, plain=disable_dynamic)
+    patcher.cached_patcher_init = (reload_patcher, (path, request))
+    return patcher

@@ -241,7 +241,8 @@ class PrequantLoadTransformer:
                            f"{p.opened.family.name} model")
                 # the file was read and judged already: a raw error here is typed by what happened (errors.reading)
                 with reading(p.opened.checkpoint.path, "loaded", parsing=False):
-                    patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout)
+                    patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout,
+                                                       request=req)
                 s = _summary(p.opened, patcher.model_size())
             else:
                 status.say(f"quantizing {os.path.basename(p.dense_path)} while reading it")

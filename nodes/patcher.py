@@ -109,6 +109,12 @@ class PrequantPatching:
             return None
         return op if is_prequant_linear(op) else None
 
+    def clone(self, *args, **kwargs):
+        n = super().clone(*args, **kwargs)
+        if not isinstance(n, PrequantPatching):  # ComfyUI builds a non-dynamic delegate as a plain ModelPatcher
+            n.__class__ = patcher_class(type(n))
+        return n
+
     def patch_weight_to_device(self, key, device_to=None, inplace_update=False, **kwargs):
         # kwargs: what newer ComfyUIs pass (return_weight for a model save, force_cast for DynamicVRAM's pre-load)
         op = self._prequant_op(key) if key in self.patches else None
@@ -156,11 +162,12 @@ def core_class() -> type:
     return getattr(mp, "CoreModelPatcher", mp.ModelPatcher)
 
 
-def patcher_for(model, *, load_device, offload_device, size: int):
-    """A patcher around ``model`` of ComfyUI's core class with the pack's hooks. A core class may hand back another
-    class for this device (``ModelPatcherDynamic`` builds a plain ModelPatcher on a CPU): then that class, hooked."""
+def patcher_for(model, *, load_device, offload_device, size: int, plain: bool = False):
+    """A patcher around ``model`` of ComfyUI's core class (``plain``: ModelPatcher, what ComfyUI asks of a reload with
+    ``disable_dynamic``) with the pack's hooks. A core class may hand back another class for this device
+    (``ModelPatcherDynamic`` builds a plain ModelPatcher on a CPU): then that class, hooked."""
     kw = dict(load_device=load_device, offload_device=offload_device, size=size)
-    p = patcher_class(core_class())(model, **kw)
+    p = patcher_class(comfy.model_patcher.ModelPatcher if plain else core_class())(model, **kw)
     if not isinstance(p, PrequantPatching):
         p = patcher_class(type(p))(model, **kw)
     return p

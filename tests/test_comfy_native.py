@@ -99,6 +99,20 @@ def test_formats_without_this_packs_math_are_refused_by_name(tmp_path, fmt):
     assert fmt in str(e.value) and "Load Diffusion Model" in str(e.value)
 
 
+def test_an_nvfp4_layer_with_an_input_smoothing_factor_is_refused_by_name(tmp_path):
+    """ComfyUI 0.33's nvfp4 layers may carry ``pre_quant_scale`` (the input is multiplied by it before the matmul).
+    Before, such a file reached the model with a stray tensor and was refused as not matching it: the file accused."""
+    from safetensors.torch import load_file, save_file
+    p = str(tmp_path / "nvfp4.safetensors")
+    cq.write(p, _dense(), {"blocks.0.mlp.0": ("nvfp4", {})})
+    sd = load_file(p)
+    sd["blocks.0.mlp.0.pre_quant_scale"] = torch.ones(256, dtype=torch.bfloat16)
+    save_file(sd, p)
+    with pytest.raises(UnsupportedFormatError) as e:
+        formats.read(p)
+    assert "pre_quant_scale" in str(e.value) and "Load Diffusion Model" in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("bad", [{"convrot": "yes"}, {"convrot": True, "convrot_groupsize": 48},
                                  {"convrot": True, "convrot_groupsize": 4 ** 8}])
 def test_a_bad_convrot_entry_is_refused_typed(tmp_path, bad):

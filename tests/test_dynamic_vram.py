@@ -152,3 +152,27 @@ def test_the_model_is_built_through_comfyuis_core_patcher_class(comfy, prequant_
         dyn, _, dyn_out, dyn_lora = run(mp.ModelPatcherDynamic)
         assert type(dyn).__mro__[1:3] == (patcher.PrequantPatching, mp.ModelPatcher), type(dyn).__mro__
         assert torch.equal(dyn_out, plain_out) and torch.equal(dyn_lora, plain_lora)
+
+
+def test_comfyui_can_load_the_model_again_as_its_non_dynamic_delegate(comfy, prequant_files, allow_dir, models_dir):
+    """Under DynamicVRAM a sampler whose conds carry hooks asks ``clone(disable_dynamic=True)``, which builds a plain
+    ModelPatcher around a fresh copy from ``cached_patcher_init`` (ComfyUI's own loaders register one; without it:
+    "Cannot create non-dynamic delegate"). The pack registers its load, and the delegate keeps the pack's hooks, so a
+    LoRA on it patches the quantized weights as on the original (the stock path would patch the raw codes)."""
+    import comfy.model_management as mm
+    patcher_mod = comfy[1].nodes.patcher
+    path = prequant_files("int8")
+    allow_dir(os.path.dirname(path))
+    model = load_path(comfy, path)
+    assert model.cached_patcher_init is not None
+    lora = with_lora(comfy, model, "tiny_zimage_lora_delegate.safetensors", seed=14)
+    base_out, lora_out = sample(model), sample(lora)
+    mm.unload_all_models()
+    for original, want in ((model, base_out), (lora, lora_out)):
+        original.is_dynamic = lambda: True  # what ModelPatcherDynamic answers (a CPU never builds one)
+        delegate = original.clone(disable_dynamic=True)
+        del original.is_dynamic
+        assert isinstance(delegate, patcher_mod.PrequantPatching) and not delegate.is_dynamic()
+        assert delegate.model is not model.model, "a fresh copy from the file"
+        assert torch.equal(sample(delegate), want)
+        mm.unload_all_models()

@@ -49,6 +49,9 @@ FORMATS = {f.name: f for f in (
     ComfyFormat("int8_tensorwise", "int8", torch.int8, ("weight_scale",), "0.27.0"),
 )}
 CONVROT_SINCE = "0.27.0"
+# Side tensors a format may carry that change the layer's math and that this pack does not apply: refused by name
+# (ComfyUI 0.33's nvfp4 multiplies the input by ``pre_quant_scale``, an AWQ-style smoothing, before its matmul)
+UNREAD_SIDE = {"nvfp4": ("pre_quant_scale",)}
 # Formats ComfyUI has whose math this pack does not run (named in the refusal)
 OTHER = ("convrot_w4a4", "asym_w4a8_int8", "awq_w4a16", "svdquant_w4a4", "int4")
 LOGICAL_DTYPE = torch.bfloat16

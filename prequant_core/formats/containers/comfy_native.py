@@ -156,6 +156,15 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
             wkey = by_stripped.get(layer + ".weight")
             if wkey is None:
                 raise CorruptCheckpointError(f"Quantized layer '{layer[:80]}' has no weight tensor.", path=path)
+            for name in cf.UNREAD_SIDE.get(fmt.name, ()):
+                if layer + "." + name in by_stripped:
+                    raise UnsupportedFormatError(
+                        f"Layer '{escape(layer[:80])}' is {fmt.name} with a '{name}' (an input smoothing factor ComfyUI "
+                        "multiplies each input by before the matmul), which this pack does not apply: read without "
+                        "it, the layer would compute another function.", path=path, expected=f"{fmt.name} without "
+                        f"{name}", found=f"{layer[:80]}.{name}",
+                        fix="Load it with ComfyUI's own 'Load Diffusion Model' (0.33+ reads it), or use the repo's "
+                            "non-ComfyUI file.")
             side = {}
             for name in fmt.side:
                 key = by_stripped.get(layer + (legacy_scale_key if name == "weight_scale" else "." + name))
