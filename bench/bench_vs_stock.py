@@ -55,6 +55,14 @@ async def bench_peak(request):
     import comfy.model_management as mm
     out = {"cuda": torch.cuda.is_available(), "patchers": sorted({type(m.model).__name__ for m in mm.current_loaded_models
                                                                    if m.model is not None})}
+    layers = {"quantized": 0, "in_vram_bar": 0, "bar_refused": 0}  # the pack's layers under DynamicVRAM
+    for m in mm.current_loaded_models:
+        for mod in (m.model.model.modules() if m.model is not None else ()):
+            if getattr(mod, "prequant_spec", None) is not None:
+                layers["quantized"] += 1
+                layers["in_vram_bar"] += hasattr(mod, "_v")
+                layers["bar_refused"] += bool(getattr(mod, "prequant_vbar_failed", False))
+    out["layers"] = layers
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -129,7 +137,7 @@ def run_one(method: str, base: str, files: dict, latent: int, steps: int, cpu: b
         if err:
             raise RuntimeError(f"{method}: {err}\n{srv.log_tail()}")
         text = [t for o in entry["outputs"].values() if "prequant" in o for t in o.get("text", [])]
-        res.update(first_prompt_s=first, step_s=loaded / steps, patchers=gpu["patchers"],
+        res.update(first_prompt_s=first, step_s=loaded / steps, patchers=gpu["patchers"], layers=gpu["layers"],
                    gpu_peak_gib=gpu.get("peak_gib"), gpu_step_peak_gib=srv.get("/bench/peak").get("peak_gib"),
                    summary=text[0] if text else None)
     prefix = f"bench_{method.replace(':', '_')}_1_"

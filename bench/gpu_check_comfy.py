@@ -59,6 +59,10 @@ def main(argv=None) -> int:
               f"- patcher class(es) of the pack's MODEL while loaded: {', '.join(classes) or 'none seen'}",
               f"- the node's text names DynamicVRAM: {'yes' if dyn else 'no'}"
               + ("" if dyn or not gpu else " (ComfyUI did not enable it: see its start-up log)"),
+              "- quantized layers streamed through DynamicVRAM's VRAM bar / refused by its cast (then copied per "
+              "call), per scheme: " + "; ".join(f"{m.split(':')[1]} {r['layers']['in_vram_bar']} of "
+                                              f"{r['layers']['quantized']} / {r['layers']['bar_refused']}"
+                                              for m, r in cmp_["results"].items() if m.startswith("prequant:")),
               "", f"### 2. This pack vs ComfyUI's stock loader (real-width Z-Image, {layers} layers, latent "
               f"{latent}x{latent}, 4-step second prompt)", "", cmp_["table"]]
 

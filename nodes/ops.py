@@ -15,17 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from prequant_core.schemes import codec, devices, qtensor, registry, rotation
+from prequant_core.schemes import devices, qtensor, registry, rotation
 
 
 def fp8_table(module) -> str:
     """The decode table of a layer's fp8 codes kept as bytes: e5m2 for ComfyUI-native float8_e5m2 files."""
     return "e5m2" if getattr(module, "prequant_fp8_e5m2", False) else "e4m3"
-
-
-# the per-row weight-only arithmetic is the codec's (prequant_core/schemes/codec.py); named here for the tests
-dequantize_rows = codec.dequantize_rows
-weight_only_linear = codec.weight_only_rows
 
 
 def spec_is_dynamic(spec) -> bool:
@@ -129,11 +124,6 @@ def make_ops(base):
                 self.prequant_nparts = len(tensors)
                 self.prequant_spec = spec
 
-            def prequant_dense(self, dtype=torch.float32, device=None):
-                """The weight as the layer's math sees it: for a ConvRot layer the stored weight rotated back
-                (``W' H``, as ``H H = I``), so a LoRA made for the original model patches the right numbers."""
-                return qtensor.dense_from_parts(self.prequant_parts(device), self.prequant_spec, dtype)
-
             def prequant_assign_dense(self, dense, before=None, same=None):
                 """Requantize a patched dense weight. Rows equal to ``before`` (the dense weight the patch started
                 from), or marked in ``same``, keep their original codes and scales: a LoRA on to_k must not move the
@@ -187,40 +177,73 @@ def make_ops(base):
                 lv = getattr(self, "bias_lowvram_function", None)
                 return ([lv] if lv is not None else []) + list(self.bias_function)
 
+            prequant_vbar_failed = False  # DynamicVRAM's cast refused this layer once: its codes are copied instead
+
+            def prequant_stream(self, input, bias_dtype):
+                """Under DynamicVRAM (ComfyUI 0.15+ on CUDA) a streamed layer's codes come through ComfyUI's own
+                cast, the ``cast_bias_weight(offloadable=True)`` / ``uncast_bias_weight`` contract its layers use, so
+                they stay resident in its VRAM bar between steps instead of being copied on every call. Asked for in
+                the codes' own dtype, ComfyUI moves the bytes as they are; the weight's LoRA functions are hidden from
+                it for that call (ComfyUI would run them on the raw codes; the forward applies them to the quantized
+                weight itself). Returns (codes, bias with its functions applied, ComfyUI's handle), or None where the
+                layer is not streamed by DynamicVRAM (no ``_v``) or the cast failed once (logged; then copied)."""
+                if getattr(self, "_v", None) is None or self.prequant_vbar_failed:
+                    return None
+                hidden = self.weight_function, getattr(self, "weight_lowvram_function", None)
+                self.weight_function, self.weight_lowvram_function = [], None
+                try:
+                    return comfy.ops.cast_bias_weight(self, input, dtype=self.weight.dtype, device=input.device,
+                                                      bias_dtype=bias_dtype, offloadable=True)
+                except Exception as e:  # noqa: BLE001 - ComfyUI's allocator is not testable without CUDA here
+                    self.prequant_vbar_failed = True
+                    import logging
+                    logging.getLogger("prequant").warning(
+                        "[prequant] DynamicVRAM's cast did not take a quantized layer (%s: %s); its codes are copied "
+                        "to the device on each call instead (same output, more transfer).", type(e).__name__,
+                        str(e)[:200])
+                    return None
+                finally:
+                    self.weight_function, self.weight_lowvram_function = hidden
+
             def forward(self, input, *args, **kwargs):
                 spec = self.prequant_spec
                 if spec is None:
                     return super().forward(input, *args, **kwargs)
                 comfy.ops.run_every_op()
                 dev = input.device
-                ts = self.prequant_parts()
-                if ts[0].device != dev:  # low-VRAM streaming: only the codes travel
-                    ts = tuple(t.to(dev, non_blocking=True) for t in ts)
-                if self.prequant_weight_functions():
-                    # LoRA in low-VRAM mode or under DynamicVRAM: patched per call
-                    ts = self.prequant_patched_per_call(ts)
-                if spec.rotation:
-                    input = rotation.rotate(input, spec.rotation)
                 layout = registry.codec(spec.kind)
                 path = self.prequant_matmul
                 if path is None:  # built outside the loader: decide once, for the device it first runs on
                     self.prequant_matmul = path = devices.choose(spec.kind, spec_is_dynamic(spec),
                                                                  devices.describe(dev),
                                                                  devices.override_from_env()).path
-                bias = self.bias
-                if path == devices.WEIGHT_ONLY:
-                    if bias is not None:
-                        bias = bias.to(device=dev, dtype=input.dtype)
-                        for f in self.prequant_bias_functions():
-                            bias = f(bias)
-                    return layout.weight_only_linear(input, ts, spec, bias, fp8_table(self))
-                if bias is not None:
-                    bias = bias.to(device=dev, dtype=spec.dtype)
-                    for f in self.prequant_bias_functions():
-                        bias = f(bias)
-                if layout.float8_codes:
-                    ts = (self.prequant_typed(ts[0]), *ts[1:])
-                return layout.quantized_linear(input.to(spec.dtype), ts, spec, bias).to(input.dtype)
+                bias_dtype = input.dtype if path == devices.WEIGHT_ONLY else spec.dtype
+                ts = self.prequant_parts()
+                streamed = self.prequant_stream(input, bias_dtype) if ts[0].device != dev else None
+                try:
+                    if streamed is not None:
+                        ts, bias = (streamed[0], *(t.to(dev, non_blocking=True) for t in ts[1:])), streamed[1]
+                    else:
+                        if ts[0].device != dev:  # low-VRAM streaming: only the codes travel
+                            ts = tuple(t.to(dev, non_blocking=True) for t in ts)
+                        bias = self.bias
+                        if bias is not None:
+                            bias = bias.to(device=dev, dtype=bias_dtype)
+                            for f in self.prequant_bias_functions():
+                                bias = f(bias)
+                    if self.prequant_weight_functions():
+                        # LoRA in low-VRAM mode or under DynamicVRAM: patched per call
+                        ts = self.prequant_patched_per_call(ts)
+                    if spec.rotation:
+                        input = rotation.rotate(input, spec.rotation)
+                    if path == devices.WEIGHT_ONLY:
+                        return layout.weight_only_linear(input, ts, spec, bias, fp8_table(self))
+                    if layout.float8_codes:
+                        ts = (self.prequant_typed(ts[0]), *ts[1:])
+                    return layout.quantized_linear(input.to(spec.dtype), ts, spec, bias).to(input.dtype)
+                finally:
+                    if streamed is not None:  # ComfyUI's buffer is free again once this call's work is queued
+                        comfy.ops.uncast_bias_weight(self, *streamed)
 
     for name, op in _ops_classes(base).items():
         if name != "Linear":  # the other layer classes built eagerly too (see _own_state_dict_loader)

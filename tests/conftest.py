@@ -133,3 +133,9 @@ def with_lora(comfy, model, name, seed=3):
     make_lora(model, os.path.join(lora_dir, name), seed=seed)
     with torch.inference_mode():
         return nodes.NODE_CLASS_MAPPINGS["LoraLoaderModelOnly"]().load_lora_model_only(model, name, 1.0)[0]
+
+
+def dense_of(layer, dtype=torch.float32) -> torch.Tensor:
+    """A quantized Linear's weight as its math sees it (dequantized; a ConvRot layer's rotated back)."""
+    from prequant_core.schemes import qtensor
+    return qtensor.dense_from_parts(layer.prequant_parts(), layer.prequant_spec, dtype)

@@ -11,6 +11,8 @@ import os
 import pytest
 import torch
 
+from conftest import dense_of
+
 from prequant_core import build, families, formats, schemes
 from prequant_core.formats import layer_policy
 from prequant_core.schemes import quantize, rotation
@@ -136,11 +138,11 @@ def test_nvfp4_lora_patches_only_its_rows_and_unpatches_exactly(comfy, folder):
     qkv = model.model.diffusion_model.double_blocks[0].img_attn.qkv
     h = model.model.diffusion_model.hidden_size
     orig = [p.clone() for p in qkv.prequant_parts()]
-    orig_dense = qkv.prequant_dense().clone()
+    orig_dense = dense_of(qkv).clone()
     lora = _lora_on(comfy, model, "to_k", 5, "tiny_flux1_nvfp4_lora.safetensors")
     with_lora = sample(lora)
     assert torch.isfinite(with_lora).all() and not torch.equal(with_lora, base)
-    delta = (qkv.prequant_dense() - orig_dense).abs()
+    delta = (dense_of(qkv) - orig_dense).abs()
     assert delta[h:2 * h].max() > 0 and torch.cat([delta[:h], delta[2 * h:]]).max() == 0
     assert torch.equal(qkv.weight_scale_2[:h], orig[2][:h]) and torch.equal(qkv.weight_scale_2[2 * h:], orig[2][2 * h:])
     mm.unload_all_models()

@@ -12,6 +12,8 @@ import os
 import pytest
 import torch
 
+from conftest import dense_of
+
 from prequant_core import build, families, schemes
 from prequant_core.families import keymap
 from prequant_core.schemes import qtensor, quantize
@@ -313,7 +315,7 @@ def test_flux1_diffusers_lora_patches_rows_of_the_fused_quantized_qkv(comfy, pre
     dm = model.model.diffusion_model
     qkv = dm.double_blocks[0].img_attn.qkv
     h = dm.hidden_size
-    orig = qkv.prequant_dense().clone()
+    orig = dense_of(qkv).clone()
 
     g = torch.Generator().manual_seed(5)
     sd = {}
@@ -332,13 +334,13 @@ def test_flux1_diffusers_lora_patches_rows_of_the_fused_quantized_qkv(comfy, pre
 
     with_lora = sample(lora_model, "flux.1")
     assert torch.isfinite(with_lora).all() and not torch.equal(with_lora, base)
-    delta = (qkv.prequant_dense() - orig).abs()  # weights are patched while the model stays loaded
+    delta = (dense_of(qkv) - orig).abs()  # weights are patched while the model stays loaded
     k_rows, other_rows = delta[h:2 * h].max().item(), torch.cat([delta[:h], delta[2 * h:]]).max().item()
     print(f"\n[flux.1 LoRA on to_k] max change: k rows {k_rows:.4f}, q/v rows {other_rows:.6f}")
     assert k_rows > 0 and other_rows == 0.0, "rows the LoRA does not touch keep their exact codes and scales"
 
     mm.unload_all_models()
-    assert torch.equal(qkv.prequant_dense(), orig), "unpatching must restore the quantized weight exactly"
+    assert torch.equal(dense_of(qkv), orig), "unpatching must restore the quantized weight exactly"
     assert torch.equal(sample(model, "flux.1"), base)
 
 

@@ -86,15 +86,6 @@ def origin(t) -> tuple | None:
     return cls, tuple((a, getattr(t, a, None)) for a in names)
 
 
-def of_parts(cls: str, parts: Mapping[str, torch.Tensor]) -> str | None:
-    """The digest of a weight stored as flattened parts (safetensors ``<fqn>._weight_<attr>``), without rebuilding
-    the tensor; None for a class Unsloth's table does not cover."""
-    names = attrs_of(cls)
-    if names is None:
-        return None
-    return _digest((cls, tuple((a, parts.get(a)) for a in names)))
-
-
 def _digest(o) -> str | None:
     h = hashlib.md5()
     try:

@@ -67,15 +67,6 @@ def same_base(found: str, wanted: str) -> bool:
     return any(a in g and b in g for g in EQUIVALENT_BASES)
 
 
-def bases_served(base: str) -> list[str]:
-    """The other bases a file built from ``base`` serves (its equivalence group)."""
-    b = normalize_base(base)
-    for g in EQUIVALENT_BASES:
-        if b in g or any(base_tail(x) == base_tail(b) for x in g):
-            return sorted(x for x in g if x != b and base_tail(x) != base_tail(b))
-    return []
-
-
 def hosted_for(family: str | None, component: str | None = None) -> HostedEncoder | None:
     """The family's hosted encoder (the one named ``component``, else its first)."""
     if not family:

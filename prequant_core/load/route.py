@@ -35,11 +35,6 @@ class LoadRoute:
     family: families.Family | None = None
     skipped_because: list[str] = dataclasses.field(default_factory=list)
 
-    def describe(self) -> str:
-        if self.path == "pre-quantized":
-            return "pre-quantized file"
-        why = "; ".join(self.skipped_because) if self.skipped_because else "forced by policy"
-        return f"quantized at load from {self.dense_path} (pre-quantized skipped: {why})"
 
 
 def choose(prequant_path: str | None, request: Request, *, policy: str = PREQUANT_ONLY,

@@ -18,10 +18,6 @@ from . import registry
 from .codec import (BLOCK_TORCHAO, ROTATION_ATTR, QParts, QSpec, decode_table,  # noqa: F401 - re-exported
                     dequantize_rows, require_block_torchao)
 
-NVFP4_BLOCK = 16
-MXFP8_BLOCK = 32
-
-
 def __getattr__(attr):
     # from the registry on each access, so a kind registered later (tests/toy) is listed too
     if attr == "ROW_KINDS":
@@ -111,11 +107,6 @@ def quantize_parts(dense: torch.Tensor, spec: QSpec, like: tuple | None = None,
     """``dense`` quantized like ``spec``'s weights (LoRA-patched weights). ``like``: the parts being replaced, whose
     per-row side values (NVFP4's row scale) stand, for every row or with ``keep`` for those rows only."""
     return registry.codec(spec.kind).quantize(dense, spec, like, keep)
-
-
-def requantize(dense: torch.Tensor, spec: QSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize a dense weight per row the way ``spec``'s tensors were made (used for LoRA-patched weights)."""
-    return quantize_parts(dense, spec)
 
 
 def dequantize(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
