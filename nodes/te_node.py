@@ -45,15 +45,18 @@ def _hosted(family, kind: encoders.EncoderKind, component: str):
                           fix="Set the node's family to the model this encoder belongs to.")
 
 
-def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None = None, comfy_file: str = ""):
-    """An encoder whose ComfyUI class this pack has no key map for (Qwen3-VL: Krea 2's and Qwen-Image 2.1's, ComfyUI
-    0.38.1)."""
+def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None = None, hosted=None):
+    """An encoder whose ComfyUI class this pack has no key map for (Qwen3-VL: Krea 2's, ComfyUI 0.33.0, and Qwen-Image
+    2.1's, 0.38.1; FLUX.2 [dev]'s Mistral-Small-24B; LTX-2's Gemma 3 12B): the ComfyUI that runs it, else ComfyUI's
+    own file of it with Load CLIP."""
+    comfy_file = hosted.comfy_file if hosted is not None else ""
+    need = (hosted.min_comfy if hosted is not None else None) or kind.min_comfy
     own = f"ComfyUI's own {comfy_file or kind.comfy_file_hint} with Load CLIP"
-    if _older_than(comfy_version(), kind.min_comfy or "0"):
-        raise ComfyVersionError(f"{title}'s {kind.name} text encoder runs in ComfyUI {kind.min_comfy}'s encoder class; "
+    if _older_than(comfy_version(), need or "0"):
+        raise ComfyVersionError(f"{title}'s {kind.name} text encoder runs in ComfyUI {need}'s encoder class; "
                                 f"this ComfyUI is {comfy_version()}.", path=path,
-                                expected=f"ComfyUI >= {kind.min_comfy}", found=f"ComfyUI {comfy_version()}",
-                                fix=f"Update ComfyUI to {kind.min_comfy} or newer and use {own} (this node does not "
+                                expected=f"ComfyUI >= {need}", found=f"ComfyUI {comfy_version()}",
+                                fix=f"Update ComfyUI to {need} or newer and use {own} (this node does not "
                                     f"build a {kind.name} yet; Prequant Info describes the file).")
     raise ValidationError(f"Load Prequant Text Encoder does not build ComfyUI's {kind.name} encoder yet.", path=path,
                           expected=", ".join(k.name for k in encoders.KINDS if k.hostable),
@@ -167,7 +170,7 @@ class PrequantLoadTextEncoder:
         hosted = encoder_checks.hosted_for(src.family, None if comp == encoder_checks.ANY_COMPONENT else comp)
         hosted_kind = encoders.for_class(hosted.te_class) if hosted is not None else None
         if hosted_kind is not None and not hosted_kind.hostable:  # before any download
-            _refuse_unhostable(hosted_kind, families.get(src.family).title, comfy_file=hosted.comfy_file)
+            _refuse_unhostable(hosted_kind, families.get(src.family).title, hosted=hosted)
         req = Request(scheme="auto", base_model_id=(base_model_id or "").strip() or None, family=src.family,
                       component=comp)
         with torch.inference_mode(False), torch.no_grad():
@@ -179,8 +182,7 @@ class PrequantLoadTextEncoder:
             comp = ck.metadata["component"]
             if not kind.hostable:
                 known = encoder_checks.hosted_for(opened.family.name, comp) if opened.family else None
-                _refuse_unhostable(kind, opened.family.title if opened.family else "This file", ck.path,
-                                   comfy_file=known.comfy_file if known else "")
+                _refuse_unhostable(kind, opened.family.title if opened.family else "This file", ck.path, hosted=known)
             fam, hosted = _hosted(opened.family.name if opened.family else None, kind, comp)
             tensors = kind.to_comfy(ck.tensors)
             missing = kind.missing_markers(tensors)

@@ -427,8 +427,11 @@ def _encoder_text(opened: opening.Opened) -> str | None:
         known = encoder_checks.hosted_for(fam, opened.checkpoint.metadata.get("component")) \
             if isinstance(fam, str) and fam in families.FAMILIES else None
         own = known.comfy_file if known and known.comfy_file else k.comfy_file_hint
-        return (f"{k.name} ({te}); ComfyUI's class for it arrives in ComfyUI {k.min_comfy}: this pack describes and "
-                f"verifies the file but does not build it yet (ComfyUI's own {own} loads with Load CLIP there)")
+        need = (known.min_comfy if known else None) or k.min_comfy
+        where = f"ComfyUI's class for it arrives in ComfyUI {need}" if need else \
+            "this pack has no key map to ComfyUI's class for it yet"
+        return (f"{k.name} ({te}); {where}: this pack describes and verifies the file but does not build it yet "
+                f"(ComfyUI's own {own} loads with Load CLIP{' there' if need else ''})")
     if k.tokenizer == encoders.TOKENIZER_SPIECE:
         base = opened.checkpoint.metadata.get("base_model_id")
         tok = (f"tokenizer from {str(base)[:80]}'s {k.tokenizer_file} (downloaded once), or from ComfyUI's own "

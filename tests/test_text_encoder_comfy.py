@@ -186,7 +186,7 @@ def test_qwen_image_21s_int8_encoder_is_refused_naming_the_comfyui_that_has_its_
     """Unsloth's int8 ConvRot Qwen3-VL-8B (tests/test_text_encoder_int8.py reads it): ComfyUI's class for it arrives
     in 0.38.1. The preset is refused before any download (offline here: a download attempt would fail with the
     Hub's error instead), a local file after it is judged, both naming the version and ComfyUI's own file."""
-    from prequant_core.errors import ComfyVersionError
+    from prequant_core.errors import ComfyVersionError, ValidationError
     _, pack = comfy
     node = pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -194,9 +194,18 @@ def test_qwen_image_21s_int8_encoder_is_refused_naming_the_comfyui_that_has_its_
         node.load(pack.nodes.paths.NONE_CHOICES[0], preset="Qwen-Image 2.1 / text_encoder")
     assert "0.38.1" in e.value.message and "Qwen-Image 2.1's Qwen3-VL" in e.value.message
     assert "qwen3vl_8b_int8_convrot.safetensors" in e.value.fix
-    with pytest.raises(ComfyVersionError) as e:  # Krea 2's Qwen3-VL-4B (fp8): the same class, type krea2
+    # Krea 2's Qwen3-VL-4B (fp8): ComfyUI 0.33.0 has its class (type krea2), the pack no key map to it yet; FLUX.2
+    # [dev]'s Mistral-Small-24B: likewise (type flux2). Each names ComfyUI's own file, before any download.
+    from tools.comfy_headless import comfyui_version
+    has_krea = tuple(int(x) for x in comfyui_version().split(".")[:2]) >= (0, 33)
+    with pytest.raises(ValidationError if has_krea else ComfyVersionError) as e:
         node.load(pack.nodes.paths.NONE_CHOICES[0], preset="Krea 2 / text_encoder")
-    assert "Krea 2's Qwen3-VL" in e.value.message and "qwen3vl_4b_fp8_scaled.safetensors" in e.value.fix
+    assert "qwen3vl_4b_fp8_scaled.safetensors" in e.value.fix
+    assert ("does not build ComfyUI's Qwen3-VL encoder yet" if has_krea else
+            "Krea 2's Qwen3-VL text encoder runs in ComfyUI 0.33.0") in e.value.message, e.value.message
+    with pytest.raises(ValidationError) as e:
+        node.load(pack.nodes.paths.NONE_CHOICES[0], preset="FLUX.2 [dev] / text_encoder")
+    assert "Mistral-Small-24B" in e.value.message and "mistral_3_small_flux2_bf16.safetensors" in e.value.fix
     name = "Qwen-Image-2.1-text_encoder-INT8-ConvRot.safetensors"
     path = os.path.join(models_dir, "prequant", name)
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -57,6 +57,21 @@ def tiny_config(te_class: str):
                                         num_attention_heads=4, num_key_value_heads=2)
     if te_class in ("Qwen3VLModel", "Qwen3VLForConditionalGeneration"):  # Krea 2's / Qwen-Image 2.1's
         return qwen3vl_tiny_config()
+    if te_class == "Mistral3ForConditionalGeneration":  # FLUX.2 [dev]'s Mistral-Small-3.1-24B (Pixtral vision tower)
+        return transformers.Mistral3Config(
+            text_config=dict(model_type="mistral", vocab_size=256, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             tie_word_embeddings=False),
+            vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, head_dim=16, image_size=32, patch_size=16),
+            spatial_merge_size=2, tie_word_embeddings=False)
+    if te_class == "Gemma3ForConditionalGeneration":  # LTX-2's Gemma 3 12B (SigLIP vision tower)
+        return transformers.Gemma3Config(
+            text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=32, patch_size=16),
+            mm_tokens_per_image=4)
     raise ValueError(te_class)
 
 

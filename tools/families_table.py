@@ -16,9 +16,10 @@ TE_NODE_TESTED = {"Gemma2-2B": "node on ComfyUI 0.3.75 and 0.12.1 (full size): c
                   "Qwen3-4B": "files (tiny real config); node at full size in bench/bench_text_encoder.py: "
                               "conditioning equal to CLIPLoader",
                   "T5-XXL": "files (tiny real config); node at full size with CLIP-L in bench/bench_text_encoder.py: "
-                            "conditioning and pooled output equal to DualCLIPLoader",
-                  "Qwen3-VL": "files read, judged and described (tiny real config; Qwen-Image 2.1's int8 ConvRot form "
-                              "too); node: refused naming ComfyUI 0.38.1 (its class), before any download"}
+                            "conditioning and pooled output equal to DualCLIPLoader"}
+TE_NODE_TESTED.update({n: "files read, judged and described (tiny real config); node: refused naming ComfyUI's own "
+                          "file of the encoder (no key map to ComfyUI 0.33's class yet)"
+                       for n in ("Mistral-Small-24B", "Gemma3-12B")})
 TE_CORE_TESTED = "files read, judged and renamed (tiny real config); node not run at full size"
 
 # What the test suite proves per family (the registry cannot know it): the node on ComfyUI 0.33.0 (and 0.3.75 /
@@ -78,8 +79,16 @@ def encoder_rows() -> list[str]:
             names = " → ".join(f"`{n}`" for n in encoder_sources.filenames(e.repo, e.component))
             with_ = f" + {', '.join(e.with_encoders)} (with_encoder)" if e.with_encoders else ""
             out.append(f"| {fam.title} | {kind.name} ({e.component}) | {e.repo}: {names} | "
-                       f"{e.clip_type.lower()}{with_} | {TE_NODE_TESTED.get(kind.name, TE_CORE_TESTED)} |")
+                       f"{e.clip_type.lower()}{with_} | {_te_tested(kind, e)} |")
     return out
+
+
+def _te_tested(kind, hosted) -> str:
+    need = hosted.min_comfy or kind.min_comfy
+    if not kind.hostable and need:
+        return (f"files read, judged and described (tiny real config{'; the int8 ConvRot form too' if kind.name == 'Qwen3-VL' else ''}"
+                f"); node: refused naming ComfyUI {need} (its class) and ComfyUI's own file, before any download")
+    return TE_NODE_TESTED.get(kind.name, TE_CORE_TESTED)
 
 
 def encoder_table() -> str:

@@ -75,6 +75,9 @@ class HostedEncoder:
     scheme: str = "fp8"  # fp8: the layerwise storage cast; int8: the int8 ConvRot form (Unsloth's TE_INT8_CONVROT_FILES)
     filename: str | None = None  # a name Unsloth declares for the file, asked before the derived fp8 names
     comfy_file: str = ""  # ComfyUI's own file of this encoder (named where the node cannot build the encoder)
+    # the first ComfyUI whose CLIP type for this family runs the encoder, where it differs from the encoder kind's
+    # (Krea 2's Qwen3-VL-4B: type krea2 in 0.33.0; Qwen-Image 2.1's Qwen3-VL-8B: 0.38.1)
+    min_comfy: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

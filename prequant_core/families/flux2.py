@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import mlp_embedder, moves, qkv_rows
-from ._base import Family, Shapes, blocks, first, has_any
+from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -82,6 +82,9 @@ FAMILIES = (
     Family(
         name="flux.2-dev", title="FLUX.2 [dev]", diffusers_class="Flux2Transformer2DModel",
         base_repos=("black-forest-labs/FLUX.2-dev",), hosted_repos={"unsloth/FLUX.2-dev-FP8": ("fp8", "int8")},
+        # Mistral-Small-3.1-24B (diffusers' Flux2Pipeline: Mistral3ForConditionalGeneration); described, not built
+        text_encoders=(HostedEncoder("text_encoder", "Mistral3ForConditionalGeneration", "unsloth/FLUX.2-dev-FP8",
+                                     "FLUX2", comfy_file="mistral_3_small_flux2_bf16.safetensors"),),
         int8_exclude_extra=(),
         diffusers_markers=("double_stream_modulation_img.linear.weight",),
         comfy_markers=("double_stream_modulation_img.lin.weight",),

@@ -64,7 +64,7 @@ FAMILIES = (
         base_repos=("krea/Krea-2-Turbo",), hosted_repos={"unsloth/Krea-2-Turbo-FP8": ("fp8", "int8")},
         # Qwen3-VL-4B (diffusers' Krea2Pipeline: Qwen3VLModel, twelve hidden layers tapped); ComfyUI's type krea2
         text_encoders=(HostedEncoder("text_encoder", "Qwen3VLModel", "unsloth/Krea-2-Turbo-FP8", "KREA2",
-                                     comfy_file="qwen3vl_4b_fp8_scaled.safetensors"),),
+                                     comfy_file="qwen3vl_4b_fp8_scaled.safetensors", min_comfy="0.33.0"),),
         int8_exclude_extra=(),
         diffusers_markers=(("text_fusion.projector.weight", "time_mod_proj.weight"),),
         comfy_markers=(("txtfusion.projector.weight", "tproj.1.weight"),),

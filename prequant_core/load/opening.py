@@ -137,7 +137,10 @@ def _judge_encoder(ckpt: Checkpoint, request: metadata.Request, real: str, stric
                                       "CLIPLoader's does).")
         if encoder_checks.is_encoder_component(comp):
             request = dataclasses.replace(request, component=comp)
-            notes.append(f"a text encoder ({comp}): load it with Load Prequant Text Encoder")
+            kind = encoders.for_class(m.get("te_class"))
+            notes.append(f"a text encoder ({comp}): load it with Load Prequant Text Encoder" if kind is None or
+                         kind.hostable else f"a text encoder ({comp}) Load Prequant Text Encoder does not build yet "
+                                            f"(a {kind.name}): described here")
     verdict = encoder_checks.validate(ckpt, request)
     if strict and not verdict.ok:
         raise ValidationError("The text-encoder file does not match what was asked for; it was not loaded.",
