@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Extras only some tests need; each step is skipped when already done. With names as arguments (browser, frontend158, strace,
-# torchao014, comfy-cli, diffusers042, comfy-kitchen, comfy-templates) only those are set up; with none, all of them
+# torchao014, comfy-cli, diffusers042, comfy-kitchen, comfy-templates, hf24) only those are set up; with none, all of them
 # (scripts/test.sh names the ones the selected test files need).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,6 +39,12 @@ fi
 if need comfy-templates && [ ! -d .cache/comfy-templates/comfyui_workflow_templates_json/templates ]; then
   echo "[setup] comfyui-workflow-templates-json 0.1.123 into .cache/comfy-templates (ComfyUI's own templates)"
   pipq .venv/bin/python -m pip install -q --no-deps --target .cache/comfy-templates comfyui-workflow-templates-json==0.1.123
+fi
+# huggingface_hub 2.4.0 (with its own dependencies) for the download child only, in tests/test_hub_staging.py: newer
+# clients write a fresh partial file on every attempt and never resume, which the download watcher must follow.
+if need hf24 && [ ! -f .cache/hf24/huggingface_hub/__init__.py ]; then
+  echo "[setup] huggingface_hub 2.4.0 into .cache/hf24 (the newer client's downloads, tests only)"
+  pipq .venv/bin/python -m pip install -q --no-warn-conflicts --target .cache/hf24 huggingface_hub==2.4.0
 fi
 # torchao 0.14.1 (still has the v1 tensor classes) beside the current one, for legacy-file fixtures only.
 if need torchao014 && [ ! -f .cache/torchao014/torchao/__init__.py ]; then

@@ -5,7 +5,7 @@ What the client does (``huggingface_hub/file_download.py``) and what we answer:
 
 - ``HEAD /<repo>/resolve/<revision>/<filename>`` (no redirects followed except relative ones): we answer with
   ``X-Repo-Commit`` (40 hex), ``ETag`` (git blob sha1) and ``Content-Length``; for an LFS-like file a ``302`` whose
-  absolute ``Location`` points at ``/cdn/<sha256>/<filename>`` plus ``X-Linked-Etag`` (the sha256, which names the
+  absolute ``Location`` points at ``http://localhost:<port>/cdn/<sha256>/<filename>`` (another host name, as the CDN is) plus ``X-Linked-Etag`` (the sha256, which names the
   cache blob) and ``X-Linked-Size``, like the real Hub's CDN redirect.
 - ``GET`` of the resolve URL or of the CDN URL: the bytes, with ``Range: bytes=N-`` answered ``206`` +
   ``Content-Range`` (the client resumes ``.incomplete`` files that way).
@@ -128,6 +128,10 @@ class HubServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def cdn_url(self) -> str:
+        return f"http://localhost:{self.port}"
+
     def start(self) -> "HubServer":
         server = self
 
@@ -206,7 +210,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 start = None
         rec = {"method": self.command, "path": self.path, "range_start": start,
                "auth": self.headers.get("Authorization") is not None, "route": None, "repo": None,
-               "filename": None, "revision": None, "status": None, "sent": 0, "time": time.time()}
+               "filename": None, "revision": None, "status": None, "sent": 0, "time": time.time(),
+               "agent": self.headers.get("User-Agent") or ""}
         rec.update(kw)
         with self.hub.lock:
             self.hub.log.append(rec)
@@ -298,7 +303,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                headers={"X-Repo-Commit": commit})
         base = {"X-Repo-Commit": commit, "ETag": f'"{entry.gitsha}"'}
         if entry.lfs:
-            loc = f"{self.hub.url}/cdn/{entry.sha256}/{urllib.parse.quote(filename)}"
+            # another host name for the same server, as the real Hub's CDN is another host: newer clients (2.x)
+            # read the metadata from the redirect itself and follow only redirects that stay on the Hub
+            loc = f"{self.hub.cdn_url}/cdn/{entry.sha256}/{urllib.parse.quote(filename)}"
             size = f.declare_size if f and f.declare_size is not None else entry.size
             return self._plain(rec, 302, headers={**base, "Location": loc, "X-Linked-Etag": f'"{entry.sha256}"',
                                                   "X-Linked-Size": str(size)})
@@ -374,6 +381,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         break
                     self.wfile.write(data)
                     sent += len(data)
+                    rec["sent"] = sent  # as it goes: a client done reading need not wait for the pacing sleep
                     if drip:
                         self.wfile.flush()
                         time.sleep(drip)

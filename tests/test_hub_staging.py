@@ -171,3 +171,101 @@ def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record
     _mirror_copy(root, None)  # a copy that records no revision proves none
     other = h.download(REPO, (PRIMARY,), revision=old, dest_dir=str(tmp_path / "other"))
     assert other.path != mirror and other.downloaded and sha256(other.path) == sha256(files["int8.pt"])
+
+
+HF24 = os.path.join(ROOT, ".cache", "hf24")  # huggingface_hub 2.4 (scripts/setup_test_extras.sh)
+
+
+@pytest.fixture(params=["0.36", "2.4"])
+def client(request, monkeypatch):
+    """The huggingface_hub the download child runs: the pinned one, or 2.4 (what a ComfyUI with transformers 5 has:
+    every attempt writes a fresh partial file, none is resumed). The test process keeps the pinned one."""
+    if request.param == "2.4":
+        assert os.path.isfile(os.path.join(HF24, "huggingface_hub", "__init__.py")), \
+            "huggingface_hub 2.4 is missing from .cache/hf24: run scripts/setup_test_extras.sh"
+        monkeypatch.setenv("PYTHONPATH", HF24)  # the child's path (hub_transfer._child_env keeps it)
+    return request.param
+
+
+@pytest.fixture
+def blob(tmp_path):
+    """8 MiB of random bytes: a transfer of seconds on the slowed loopback Hub."""
+    p = tmp_path / "blob.safetensors"
+    p.write_bytes(os.urandom(8 * MiB))
+    return str(p)
+
+
+def _cancel_at(h, dest, nbytes):
+    class Interrupted(Exception):
+        pass
+
+    def check():  # ComfyUI's Cancel, pressed once nbytes have arrived
+        if any(os.path.getsize(dest / p) >= nbytes for p in partials(dest) if os.path.exists(dest / p)):
+            raise Interrupted()
+    with pytest.raises(Interrupted):
+        h.download(REPO, (PRIMARY,), dest_dir=str(dest), check=check)
+    time.sleep(0.5)
+
+
+def test_a_retry_after_a_cancel_is_watched_on_the_file_the_client_writes(hub, hf_env, blob, tmp_path, client,
+                                                                         monkeypatch, caplog):  # noqa: F811
+    """Round 5: with huggingface_hub 2.4 the retry's client writes a new file from byte 0; the watcher followed the
+    earlier attempt's (larger, idle) partial, logged "resuming", and killed the retry as stalled before it passed that
+    size; each failed retry left another partial. Now the watcher follows the file the client writes: the pinned client
+    resumes with a Range request, 2.4 starts over (said in the log) and the earlier partial goes; none is left."""
+    import logging
+    from prequant_core.load import hub as h
+    hub.commit(REPO, {PRIMARY: blob})
+    size = os.path.getsize(blob)
+    dest = tmp_path / "prequant"
+    hub.slow[(REPO, PRIMARY)] = 0.02
+    _cancel_at(h, dest, 4 * MiB)
+    (kept_name,) = partials(dest)
+    kept = os.path.getsize(dest / kept_name)
+    assert 4 * MiB <= kept < size
+    hub.slow[(REPO, PRIMARY)] = 0.06  # the retry needs ~4 s to pass the earlier partial's size: over the stall limit
+    monkeypatch.setenv("PREQUANT_HUB_STALL_S", "2")
+    with caplog.at_level(logging.INFO, logger="prequant"):
+        f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+    assert sha256(f.path) == sha256(blob)
+    last = hub.body_gets(PRIMARY)[-1]
+    assert f"hf_hub/{client}" in last["agent"], last["agent"]
+    if client == "2.4":
+        assert not last["range_start"] and last["sent"] == size  # this client never resumes
+        assert "starts every download from byte 0" in caplog.text
+    else:
+        assert last["range_start"] == kept and last["sent"] == size - kept
+    assert partials(dest) == [] and sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)
+
+
+def test_a_smaller_new_version_of_a_file_downloads_despite_an_old_partial(hub, hf_env, blob, tmp_path, client):  # noqa: F811
+    """Round 5: a partial of the file's earlier version (another etag), larger than the new version, made the next
+    download fail once with "the server sent more than the N bytes it announced". An older version's bytes are never
+    resumed: they are removed before the new version's transfer starts."""
+    from prequant_core.load import hub as h
+    hub.commit(REPO, {PRIMARY: blob})
+    dest = tmp_path / "prequant"
+    hub.slow[(REPO, PRIMARY)] = 0.02
+    _cancel_at(h, dest, 4 * MiB)
+    small = tmp_path / "small.safetensors"
+    small.write_bytes(os.urandom(MiB))
+    hub.commit(REPO, {PRIMARY: str(small)})  # the repo's new version: another etag, a quarter of the partial's size
+    hub.slow[(REPO, PRIMARY)] = 0.1  # watched for a while (a fast transfer ends before the first look)
+    f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+    assert sha256(f.path) == sha256(str(small)) and f.downloaded
+    assert partials(dest) == [], cache_files(dest)
+
+
+def test_a_download_into_the_hf_cache_is_watched_on_the_file_the_client_writes(hub, hf_env, blob, client,
+                                                                               monkeypatch):  # noqa: F811
+    """The node's download_to "HF cache": huggingface_hub 2.4 writes '<etag>.<attempt id>.incomplete' in the cache's
+    blobs, not the '<etag>.incomplete' the watcher looked at, so a transfer longer than the stall limit was killed
+    with "no byte for N s" while bytes were arriving."""
+    from prequant_core.load import hub as h
+    hub.commit(REPO, {PRIMARY: blob})
+    hub.slow[(REPO, PRIMARY)] = 0.04  # ~5 s: longer than the stall limit
+    monkeypatch.setenv("PREQUANT_HUB_STALL_S", "1.5")
+    f = h.download(REPO, (PRIMARY,))
+    assert sha256(f.path) == sha256(blob) and f.downloaded
+    assert f"hf_hub/{client}" in hub.body_gets(PRIMARY)[-1]["agent"]
+    assert not [p for p in cache_files(hf_env) if p.endswith(".incomplete")]

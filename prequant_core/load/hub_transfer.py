@@ -276,13 +276,13 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
               lock=None) -> _Outcome:
     fn, total, etag = meta["name"], int(meta.get("size") or 0), (meta.get("etag") or "")
     if staging:
-        partial = _partial_in(staging)
+        partial = _Partials(staging, etag, own=True)
         final_dir = origin_dir(dest_dir, repo, rev)
         blob = os.path.join(staging, *fn.split("/"))
     else:
         folder = storage_folder(repo, cache)
         blob = os.path.join(folder, "blobs", etag)
-        partial = blob + ".incomplete"
+        partial = _Partials(os.path.join(folder, "blobs"), etag, own=False)
         final_dir = folder
     have0 = file_size(partial) or 0
     cached_before = os.path.exists(blob)
@@ -298,7 +298,7 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
     say(f"downloading {fn} from {repo}")
     if not cached_before:
         log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s", repo, fn, rev, total / 2**20,
-                 f", resuming at {have0} bytes" if have0 else "")
+                 f"; an earlier attempt left {have0} bytes (resumed where the client resumes)" if have0 else "")
     # The child's client writes every 256 KiB it receives (hub_child.CHUNK): the partial file's size is the liveness
     # signal for the stall / speed watch.
     history = [(time.monotonic(), have0)]  # (time, bytes) samples
@@ -307,8 +307,14 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
     while True:
         msg = _wait_line(child, POLL_S, check, None)
         on_disk = file_size(partial)
-        done = on_disk if on_disk is not None else (total if os.path.exists(blob) else done)
         now = time.monotonic()
+        if partial.started_over():  # the client wrote a new file from byte 0: the earlier bytes are not reused
+            log.info("[prequant] %s/%s: this huggingface_hub starts every download from byte 0 (it does not resume "
+                     "partial files); the %d bytes an earlier attempt left were removed", repo, fn, have0)
+            partial.drop_earlier()
+            have0, done = 0, 0
+            history, last_growth = [(now, 0)], now
+        done = on_disk if on_disk is not None else (total if os.path.exists(blob) else done)
         got = done
         if got > history[-1][1]:
             last_growth = now
@@ -338,6 +344,9 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
                 tried.append((fn, "not in the repo (404 EntryNotFound)"))
                 return _Outcome("entry-late", fn, started=True)
             have = file_size(partial) or 0
+            if partial.restarts:  # a client that never resumes: its partial is of no use to the next attempt
+                partial.discard_own()
+                have = 0
             return _Outcome(msg.get("kind", "other"), fn, msg.get("detail") or "the download process ended",
                             started=True, have=have, gained=have - have0, total=total, partial=partial)
         if total and done > total:
@@ -352,11 +361,16 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
             child.kill()
             why = (f"no byte for {stalled:.0f} s" if stalled >= limits.stall_s else
                    f"{rate:.0f} bytes/s over the last {span:.0f} s, below the {limits.min_bps:.0f} bytes/s floor")
+            if partial.restarts:
+                partial.discard_own()
+                again = ("Queue the prompt again (this huggingface_hub version starts a download from byte 0 each "
+                         "time: the bytes received are not kept), or try later. ")
+            else:
+                again = f"Queue the prompt again to resume from byte {done} (the bytes received are kept), or try later. "
             raise HubDownloadError(
                 f"The download of {fn} from {where(repo, rev)} stopped at byte {done} of {total}: {why}.",
                 reasons=reasons_of(tried + [(fn, f"stopped at byte {done} of {total}")]),
-                fix=f"Queue the prompt again to resume from byte {done} (the bytes received are kept), or try later. "
-                    "PREQUANT_HUB_STALL_S / PREQUANT_HUB_MIN_BPS set these limits.")
+                fix=again + "PREQUANT_HUB_STALL_S / PREQUANT_HUB_MIN_BPS set these limits.")
 
 
 DISK_MARGIN = 64 * 2**20
@@ -370,19 +384,65 @@ def human_size(n: int) -> str:
     return human_bytes(max(int(n), 0))
 
 
-def _partial_in(staging: str):
-    """The client's partial file for this one download (it names it after the etag, inside the file's own staging
-    folder), found when asked."""
-    def find():
-        best = None
-        for root, _, names in os.walk(staging):
-            for n in names:
-                if n.endswith(".incomplete"):
-                    p = os.path.join(root, n)
-                    if best is None or (file_size(p) or 0) > (file_size(best) or 0):
-                        best = p
-        return best
-    return find
+class _Partials:
+    """The client's partial file for this one download, found when asked (``file_size`` / ``discard_partial`` call
+    it). The client names it after the file's etag: huggingface_hub < 1.0 appends to one ``...<etag>.incomplete`` and
+    resumes it with a Range request; newer clients write a fresh ``...<etag>.<id>.incomplete`` on every attempt and
+    never resume, so an earlier attempt's file is of no use (and, followed, looks like a stalled transfer). A partial
+    of another etag is an older version of the file and is never resumed either. ``own``: the folder is this file's
+    own staging folder (the pack's, locked), so stale partials in it are removed; in the shared HF cache they are
+    left to the client."""
+
+    def __init__(self, folder: str, etag: str, *, own: bool):
+        self.folder, self.etag, self.own = folder, etag, own
+        self.fresh: str | None = None  # the file this attempt's client writes, once it is a new one
+        self.restarts = False  # the client wrote a new file: it does not resume
+        self._told = False
+        mine = [p for p in self._all() if self._of_etag(p)]
+        if own:
+            for p in self._all():
+                if not self._of_etag(p):
+                    discard_partial(p)  # another version's bytes: never resumable
+        self.earlier = {p: file_size(p) or 0 for p in mine}
+
+    def _all(self) -> list[str]:
+        out = []
+        for root, _, names in os.walk(self.folder):
+            out += [os.path.join(root, n) for n in names if n.endswith(".incomplete")]
+            if not self.own:
+                break  # the HF cache's blobs folder: its own files only
+        return out
+
+    def _of_etag(self, p: str) -> bool:
+        return not self.etag or self.etag in os.path.basename(p).split(".")  # no etag announced: any is this one's
+
+    def __call__(self) -> str | None:
+        new = [p for p in self._all() if self._of_etag(p) and p not in self.earlier]
+        if new:
+            self.fresh = max(new, key=lambda p: os.stat(p).st_mtime if os.path.exists(p) else 0)
+            # huggingface_hub >= 1: '<...>.<etag>.<attempt id>.incomplete'; older: '<...>.<etag>.incomplete'
+            self.restarts = self.restarts or bool(self.etag) and os.path.basename(self.fresh).split(".")[-2] != self.etag
+            return self.fresh
+        alive = [p for p in self.earlier if os.path.exists(p)]
+        return max(alive, key=lambda p: file_size(p) or 0) if alive else None
+
+    def started_over(self) -> bool:
+        """True once, when this attempt's client began a new file although an earlier attempt's is here."""
+        if self._told or self.fresh is None or not any(os.path.exists(p) for p in self.earlier):
+            return False
+        self._told = True
+        return True
+
+    def drop_earlier(self) -> None:
+        if self.own:
+            for p in self.earlier:
+                discard_partial(p)
+        self.earlier = {}
+
+    def discard_own(self) -> None:
+        """This attempt's partial, where the client will never resume it (its killed process left it)."""
+        if self.fresh:
+            discard_partial(self.fresh)
 
 
 def _move_into(staged: str, fn: str, repo: str, rev: str, final_dir: str, staging: str) -> str:
