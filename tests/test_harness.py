@@ -24,6 +24,7 @@ NEEDS = {
     "comfy-cli": r"comfy-cli",
     "diffusers042": r"diffusers042|DIFFUSERS042",
     "comfy-kitchen": r"comfy_quantizer|comfy-kitchen",
+    "hf24": r"\bHF24\b|\.cache/hf24",
 }
 
 
