@@ -139,3 +139,48 @@ def dense_of(layer, dtype=torch.float32) -> torch.Tensor:
     """A quantized Linear's weight as its math sees it (dequantized; a ConvRot layer's rotated back)."""
     from prequant_core.schemes import qtensor
     return qtensor.dense_from_parts(layer.prequant_parts(), layer.prequant_spec, dtype)
+
+
+# --- the loopback Hub (tests/hub_server.py, tests/loopback_hub.py) ------------------------------------------------
+
+@pytest.fixture
+def hf_env(tmp_path, monkeypatch):
+    """A private HF_HOME and no token/offline settings from the developer's machine.
+
+    HF_ENDPOINT / HF_HOME are read by the client at import: hub.py reads them at call time and passes endpoint and
+    cache_dir explicitly, and where the client's own module constants matter we set those too (configuration)."""
+    import shutil
+    from huggingface_hub import constants
+    from huggingface_hub.utils import reset_sessions
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
+                "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_ETAG_TIMEOUT",
+                "UNSLOTH_DIFFUSION_PREQUANT_MIRROR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    reset_sessions()
+    yield home
+    shutil.rmtree(home, ignore_errors=True)  # ~95 MB per test otherwise
+
+
+HUB_CHUNK = "hub_chunk"  # a module's ``pytestmark = pytest.mark.hub_chunk(n)``: the loopback Hub's write size
+
+
+@pytest.fixture
+def hub(hf_env, monkeypatch, request):
+    """The loopback Hub as HF_ENDPOINT, for one test (a module's ``hub_chunk`` mark sets its write size: small
+    writes make a slowed transfer last seconds, not minutes)."""
+    from hub_server import HubServer
+    mark = request.node.get_closest_marker(HUB_CHUNK)
+    with HubServer(**({"chunk": mark.args[0]} if mark else {})) as s:
+        monkeypatch.setenv("HF_ENDPOINT", s.url)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def hub_files(prequant_files):
+    """The pack's int8 Z-Image files the loopback Hub serves (its two containers)."""
+    return {"int8.safetensors": prequant_files("int8", "safetensors"), "int8.pt": prequant_files("int8", "pt")}

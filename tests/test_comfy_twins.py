@@ -13,8 +13,6 @@ import torch
 
 import comfy_quantizer as cq
 import unsloth_builder as ub
-from hub_server import HubServer
-from test_hub import hf_env  # noqa: F401 (fixture)
 from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.load import pipeline, sources
@@ -92,12 +90,14 @@ def _twin(path, scheme: str, record: dict | None = None):
     return len(layers)
 
 
+pytestmark = pytest.mark.hub_chunk(64 * 1024)
+
+
 @pytest.fixture
-def hub(hf_env, monkeypatch):  # noqa: F811
+def hub(hub, monkeypatch):
+    """conftest's loopback Hub, with the twin setting from the developer's environment removed."""
     monkeypatch.delenv(sources.TWIN_ENV, raising=False)
-    with HubServer(chunk=64 * 1024) as s:
-        monkeypatch.setenv("HF_ENDPOINT", s.url)
-        yield s
+    return hub
 
 
 def _load(tmp_path, scheme: str, base: str = BASE, preset: str | None = None):

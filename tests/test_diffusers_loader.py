@@ -22,7 +22,6 @@ from conftest import ROOT
 from prequant_core import build, diffusers_loader, families, formats
 from prequant_core.errors import (CheckpointNotFoundError, CorruptCheckpointError, PathNotAllowedError,
                                   UnknownFamilyError, UnsupportedFormatError, ValidationError)
-from test_hub import hf_env, hub  # noqa: F401  (fixtures: private HF_HOME, loopback Hub)
 from tools import diffusers_check, tiny_families as tf
 
 HERE = ["z-image", *tf.TINY]  # classes in the pinned diffusers 0.38.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -15,21 +14,11 @@ import time
 import pytest
 
 from conftest import ROOT
-from hub_server import HubServer, free_port
+from hub_server import free_port
+from loopback_hub import LEGACY, MiB, PRIMARY, PT, REPO, cache_files, partials, sha256
 
-REPO = "unsloth/Z-Image-Turbo-FP8"
-PRIMARY, PT, LEGACY = "Z-Image-Turbo-INT8.safetensors", "Z-Image-Turbo-INT8.pt", "transformer_int8.pt"
 NONE_CHOICE = "(none: use path or hub_repo)"
 HF_CACHE = "Hugging Face cache"  # the loader's download_to option that keeps the shared cache
-MiB = 2**20
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(MiB), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- the pure planner ---------------------------------------------------------------------------------------------
@@ -155,65 +144,20 @@ def test_usable_sources(tmp_path, monkeypatch):
 
 # --- downloads from the loopback Hub ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def files(prequant_files):
-    return {"int8.safetensors": prequant_files("int8", "safetensors"), "int8.pt": prequant_files("int8", "pt")}
-
-
-@pytest.fixture
-def hf_env(tmp_path, monkeypatch):
-    """A private HF_HOME and no token/offline settings from the developer's machine.
-
-    HF_ENDPOINT / HF_HOME are read by the client at import: hub.py reads them at call time and passes endpoint and
-    cache_dir explicitly, and where the client's own module constants matter we set those too (configuration)."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import reset_sessions
-    home = tmp_path / "hf"
-    monkeypatch.setenv("HF_HOME", str(home))
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
-                "TRANSFORMERS_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_ETAG_TIMEOUT",
-                "UNSLOTH_DIFFUSION_PREQUANT_MIRROR"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
-    reset_sessions()
-    yield home
-    shutil.rmtree(home, ignore_errors=True)  # ~95 MB per test otherwise
-
-
-@pytest.fixture
-def hub(hf_env, monkeypatch):
-    with HubServer() as s:
-        monkeypatch.setenv("HF_ENDPOINT", s.url)
-        yield s
-
-
-def cache_files(home) -> list[str]:
-    out = []
-    for root, _, names in os.walk(home):
-        out.extend(os.path.relpath(os.path.join(root, n), home) for n in names)
-    return sorted(out)
-
-
-def partials(home) -> list[str]:
-    return [f for f in cache_files(home) if f.endswith(".incomplete")]
-
-
 def blobs(home) -> list[str]:
     return [f for f in cache_files(home) if "/blobs/" in f and not f.endswith(".incomplete")]
 
 
-def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_env, files):
+def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_env, hub_files):
     from prequant_core.load import hub as h
     from prequant_core.errors import PathNotAllowedError
     from prequant_core.load.opening import open_checkpoint
     from prequant_core.load.metadata import Request
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"], LEGACY: files["int8.pt"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"], LEGACY: hub_files["int8.pt"]})
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert (f.filename, f.revision, f.downloaded, f.tried) == (PRIMARY, "main", True, [])
     assert f.path.startswith(str(hf_env / "hub" / "models--unsloth--Z-Image-Turbo-FP8" / "snapshots"))
-    assert sha256(f.path) == sha256(files["int8.safetensors"])
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"])
     assert len(blobs(hf_env)) == 1 and partials(hf_env) == []  # the client's own layout, one copy
     assert {r["filename"] for r in hub.log} == {PRIMARY}  # later names never asked for
     assert len(hub.body_gets()) == 1
@@ -227,22 +171,22 @@ def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_en
     ({PT: "int8.pt"}, [PRIMARY]),
     ({LEGACY: "int8.pt"}, [PRIMARY, PT]),
 ])
-def test_fallback_names_on_entry_not_found(hub, hf_env, files, present, expected_tried):
+def test_fallback_names_on_entry_not_found(hub, hf_env, hub_files, present, expected_tried):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {name: files[key] for name, key in present.items()})
+    hub.commit(REPO, {name: hub_files[key] for name, key in present.items()})
     (name,) = present
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert f.filename == name and [t[0] for t in f.tried] == expected_tried
     assert all("EntryNotFound" in t[1] for t in f.tried)
-    assert sha256(f.path) == sha256(files[present[name]])
+    assert sha256(f.path) == sha256(hub_files[present[name]])
     order = [r["filename"] for r in hub.requests(route="resolve")]
     assert order[: len(expected_tried)] == expected_tried and set(order[len(expected_tried):]) == {name}
     assert [r["status"] for r in hub.requests(route="resolve")][: len(expected_tried)] == [404] * len(expected_tried)
 
 
-def test_no_name_present_lists_every_name(hub, hf_env, files):
+def test_no_name_present_lists_every_name(hub, hf_env, hub_files):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {"README.md": files["int8.pt"]})
+    hub.commit(REPO, {"README.md": hub_files["int8.pt"]})
     with pytest.raises(h.HubNotFoundError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
     msg = str(ei.value)
@@ -251,11 +195,11 @@ def test_no_name_present_lists_every_name(hub, hf_env, files):
     assert hub.requests("GET") == [] and blobs(hf_env) == []
 
 
-def test_server_error_stops_without_trying_other_names(hub, hf_env, files):
+def test_server_error_stops_without_trying_other_names(hub, hf_env, hub_files):
     """HTTP 500 on the first name: the client retries that request with back-off (~23 s), then a clear error; the
     .pt that does exist is never asked for, and nothing lands in the cache."""
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"]})
     hub.fault(REPO, PRIMARY, status=500, where="resolve")
     with pytest.raises(h.HubUnavailableError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -284,9 +228,9 @@ def test_connection_refused(hf_env, monkeypatch, caplog):
     assert "could not reach" in logged and ("ConnectionError" in logged or "Errno" in logged), logged
 
 
-def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, files):
+def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, hub_files):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"]})
     hub.fault(REPO, PRIMARY, short_by=1000, where="cdn")  # HEAD says N bytes, GET delivers N - 1000
     with pytest.raises(h.HubDownloadError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -296,11 +240,11 @@ def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, files):
     assert not [p for p in cache_files(hf_env) if "/snapshots/" in p]
 
 
-def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, monkeypatch, caplog):
+def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, hub_files, monkeypatch, caplog):
     import logging
     from prequant_core.load import hub as h
     caplog.set_level(logging.DEBUG)  # the client's request logging included
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"]})
     hub.require_token(REPO, "hf_good_token")
     for token in (None, "hf_wrong_token"):
         with pytest.raises(h.HubAuthError) as ei:
@@ -316,9 +260,9 @@ def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, files, mon
     assert "hf_good_token" not in caplog.text and "hf_wrong_token" not in caplog.text
 
 
-def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, monkeypatch):
+def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, hub_files, monkeypatch):
     from prequant_core.load import hub as h, sources
-    hub.commit(REPO, {LEGACY: files["int8.pt"]})
+    hub.commit(REPO, {LEGACY: hub_files["int8.pt"]})
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(h.HubOfflineError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -337,24 +281,24 @@ def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, files, m
     assert len(hub.log) == n  # not a single request
 
 
-def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, files, monkeypatch):
+def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, hub_files, monkeypatch):
     monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
     from prequant_core.load import hub as h, sources
     repo = "unsloth/Qwen-Image-FP8"
-    hub.commit(repo, {"Qwen-Image-INT8.safetensors": files["int8.safetensors"]})
+    hub.commit(repo, {"Qwen-Image-INT8.safetensors": hub_files["int8.safetensors"]})
     c = sources.plan(None, repo, None, None).candidates[0]
     f = h.download(c.repo, c.filenames)
     assert f.filename == "Qwen-Image-INT8.safetensors"
     assert [t[0] for t in f.tried] == list(sources.filenames(repo, "fp8"))  # every fp8 name answered 404 first
 
 
-def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, files, monkeypatch):
+def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, hub_files, monkeypatch):
     """Another tool (Unsloth) recorded in the shared cache that the first names are not in the repo (``.no_exist``):
     offline they are skipped like any absent name and the cached one is served, with no request."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
     from prequant_core.load import hub as h, sources
-    hub.commit(REPO, {LEGACY: files["int8.pt"]})
+    hub.commit(REPO, {LEGACY: hub_files["int8.pt"]})
     for fn in (PRIMARY, PT):
         with pytest.raises(EntryNotFoundError):
             hf_hub_download(REPO, fn, cache_dir=h.cache_dir(), endpoint=h.endpoint())
@@ -368,31 +312,31 @@ def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, files, monkeypa
     assert f.filename == LEGACY and not f.downloaded and len(hub.log) == n
 
 
-def test_operator_mirror_is_searched_before_the_hub(hub, hf_env, files, tmp_path, monkeypatch):
+def test_operator_mirror_is_searched_before_the_hub(hub, hf_env, hub_files, tmp_path, monkeypatch):
     """UNSLOTH_DIFFUSION_PREQUANT_MIRROR: roots (os.pathsep), <root>/<owner>/<repo>/<file>; for a .pt name its
     converted .safetensors sibling first; never a path outside the root."""
     from prequant_core.load import hub as h
     empty, root = tmp_path / "empty-mirror", tmp_path / "mirror"
     (root / "unsloth" / "Z-Image-Turbo-FP8").mkdir(parents=True)
     empty.mkdir()
-    shutil.copy(files["int8.safetensors"], root / "unsloth" / "Z-Image-Turbo-FP8" / PRIMARY)
+    shutil.copy(hub_files["int8.safetensors"], root / "unsloth" / "Z-Image-Turbo-FP8" / PRIMARY)
     monkeypatch.setenv(h.MIRROR_ENV, os.pathsep.join([str(empty), str(root)]))
     f = h.download(REPO, (PT, LEGACY, PRIMARY))  # .pt asked first: its safetensors sibling is the mirror's hit
     assert f.filename == PRIMARY and f.path == str(root / "unsloth" / "Z-Image-Turbo-FP8" / PRIMARY)
     assert hub.log == [] and not f.downloaded
     assert h.mirror_file(REPO, ("../Z-Image-Turbo-FP8/" + PRIMARY,)) is None
     outside = tmp_path / "outside.safetensors"
-    shutil.copy(files["int8.safetensors"], outside)
+    shutil.copy(hub_files["int8.safetensors"], outside)
     os.symlink(outside, root / "unsloth" / "Z-Image-Turbo-FP8" / "link.safetensors")
     assert h.mirror_file(REPO, ("link.safetensors",)) is None  # a link out of the mirror is not followed
     monkeypatch.setenv(h.MIRROR_ENV, str(empty))
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     assert h.download(REPO, (PRIMARY,)).downloaded  # not in any mirror: the Hub as before
 
 
-def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_request(hub, hf_env, files):
+def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_request(hub, hf_env, hub_files):
     from prequant_core.load import hub as h
-    commit = hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    commit = hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     first = h.download(REPO, (PRIMARY, PT, LEGACY))
     second = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert first.downloaded and not second.downloaded and first.path == second.path
@@ -402,14 +346,14 @@ def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_reques
     assert third.path == first.path and len(hub.log) == n  # served by the client's commit-hash shortcut
 
 
-def test_revision_pinning(hub, hf_env, files):
+def test_revision_pinning(hub, hf_env, hub_files):
     from prequant_core.load import hub as h
-    old = hub.commit(REPO, {PT: files["int8.pt"]}, ref="v1")
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    old = hub.commit(REPO, {PT: hub_files["int8.pt"]}, ref="v1")
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     assert h.download(REPO, (PRIMARY, PT, LEGACY)).filename == PRIMARY
     for rev in ("v1", old):
         f = h.download(REPO, (PRIMARY, PT, LEGACY), revision=rev)
-        assert f.filename == PT and f"/snapshots/{old}/" in f.path and sha256(f.path) == sha256(files["int8.pt"])
+        assert f.filename == PT and f"/snapshots/{old}/" in f.path and sha256(f.path) == sha256(hub_files["int8.pt"])
     assert any(r["revision"] == "v1" for r in hub.log)
     n = len(hub.log)
     with pytest.raises(h.HubNotFoundError) as ei:
@@ -418,11 +362,11 @@ def test_revision_pinning(hub, hf_env, files):
     assert len(hub.log) == n + 1  # one answer, no other names tried
 
 
-def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, files):
+def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, hub_files):
     """The server drops the connection mid-body once; the next request asks only for the missing bytes."""
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
-    size = os.path.getsize(files["int8.safetensors"])
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
+    size = os.path.getsize(hub_files["int8.safetensors"])
     hub.fault(REPO, PRIMARY, drop_after=45 * MiB, times=1, method="GET", where="cdn")
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
     gets = hub.body_gets(PRIMARY)
@@ -430,17 +374,17 @@ def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, files):
     resumed_at = gets[1]["range_start"]
     assert 0 < resumed_at <= 45 * MiB and gets[1]["sent"] == size - resumed_at
     assert gets[0]["sent"] + gets[1]["sent"] < 2 * size
-    assert sha256(f.path) == sha256(files["int8.safetensors"]) and partials(hf_env) == []
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"]) and partials(hf_env) == []
     print(f"\n[measured] {size} B file, dropped after {gets[0]['sent']} B, resumed at byte {resumed_at}, "
           f"second request sent {gets[1]['sent']} B")
 
 
-def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, files):
+def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, hub_files):
     """A process killed while downloading (ComfyUI closed) leaves the client's .incomplete file; the next run
     continues from it instead of starting over."""
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
-    size = os.path.getsize(files["int8.safetensors"])
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
+    size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
     code = ("import sys; from huggingface_hub import hf_hub_download; "
             "hf_hub_download(sys.argv[1], sys.argv[2], endpoint=sys.argv[3])")
@@ -464,14 +408,14 @@ def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, files):
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
     last = hub.body_gets(PRIMARY)[-1]
     assert last["range_start"] == kept and last["sent"] == size - kept
-    assert sha256(f.path) == sha256(files["int8.safetensors"]) and partials(hf_env) == []
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"]) and partials(hf_env) == []
     print(f"\n[measured] killed with {kept} B on disk; the next run fetched {last['sent']} B of {size}")
 
 
-def test_progress_reports_bytes(hub, hf_env, files):
+def test_progress_reports_bytes(hub, hf_env, hub_files):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
-    size = os.path.getsize(files["int8.safetensors"])
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
+    size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.005
     seen = []
     h.download(REPO, (PRIMARY,), progress=lambda d, t: seen.append((d, t)))
@@ -480,10 +424,10 @@ def test_progress_reports_bytes(hub, hf_env, files):
     assert done == sorted(done) and len({d for d in done if 0 < d < size}) >= 2, seen
 
 
-def test_status_says_what_is_happening(hub, hf_env, files):
+def test_status_says_what_is_happening(hub, hf_env, hub_files):
     """Each stage of a wait is announced before it starts: connecting (per name tried), then downloading."""
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PT: files["int8.pt"]})
+    hub.commit(REPO, {PT: hub_files["int8.pt"]})
     said = []
     h.download(REPO, (PRIMARY, PT), status=said.append)
     ep = h.endpoint()
@@ -496,14 +440,14 @@ def test_status_says_what_is_happening(hub, hf_env, files):
 
 # --- the loader node (ComfyUI in-process) and a real ComfyUI server ---------------------------------------------
 
-def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, files, allow_dir, monkeypatch):
+def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, hub_files, allow_dir, monkeypatch):
     _, pack = comfy
     import comfy.utils as comfy_utils
     import torch
     from conftest import sample
     from prequant_core.errors import PathNotAllowedError
     Loader = pack.nodes.load_node.PrequantLoadTransformer
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.slow[(REPO, PRIMARY)] = 0.003
     seen = []
     # ComfyUI's own hook API (what its server installs to send progress to the browser)
@@ -513,14 +457,14 @@ def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, fil
         out = Loader().load(NONE_CHOICE, hub_repo=REPO, scheme="int8", download_to=HF_CACHE)
     finally:
         comfy_utils.set_progress_bar_global_hook(previous)
-    size = os.path.getsize(files["int8.safetensors"])
+    size = os.path.getsize(hub_files["int8.safetensors"])
     assert seen and seen[-1] == (size, size) and len(seen) >= 3, seen
     s = out["ui"]["prequant"][0]
     assert (s["file"], s["source"], s["downloaded"], s["scheme"]) == (PRIMARY, f"hub:{REPO}@main", True, "int8")
     from_hub = sample(out["result"][0])
     # the same file from a local folder gives the same model: bit-identical sampling
-    allow_dir(os.path.dirname(files["int8.safetensors"]))
-    local = Loader().load(NONE_CHOICE, path=files["int8.safetensors"])
+    allow_dir(os.path.dirname(hub_files["int8.safetensors"]))
+    local = Loader().load(NONE_CHOICE, path=hub_files["int8.safetensors"])
     assert torch.equal(from_hub, sample(local["result"][0])) and torch.isfinite(from_hub).all()
     # a preset alone resolves the same repo; a second load reuses the cache
     again = Loader().load(NONE_CHOICE, preset="Z-Image-Turbo / int8", download_to=HF_CACHE)
@@ -537,9 +481,9 @@ def test_node_downloads_shows_progress_loads_and_samples(comfy, hub, hf_env, fil
     assert "hf_secret_value" not in Loader.IS_CHANGED(NONE_CHOICE, hub_repo=REPO, hf_token="hf_secret_value")
 
 
-def test_workflow_with_only_hub_repo_and_scheme_runs_on_a_real_comfyui_server(hub, tmp_path, files, comfy):
+def test_workflow_with_only_hub_repo_and_scheme_runs_on_a_real_comfyui_server(hub, tmp_path, hub_files, comfy):
     from tools import tiny_assets
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], PT: files["int8.pt"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"]})
     hub.slow[(REPO, PRIMARY)] = 0.003  # about a second, so the bar moves
     base = tmp_path / "server"
     tiny_assets.install(str(base / "models"))

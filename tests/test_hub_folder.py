@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from test_hub import LEGACY, PRIMARY, PT, REPO, cache_files, files, hf_env, hub, sha256  # noqa: F401 - shared fixtures
+from loopback_hub import LEGACY, PRIMARY, PT, REPO, cache_files, sha256  # noqa: F401
 
 MiB = 2**20
 NAMES = (PRIMARY, PT, LEGACY)
@@ -27,14 +27,14 @@ def model_files(d) -> list[str]:
     return [f for f in tree(d) if f.endswith((".safetensors", ".pt"))]
 
 
-def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_env, files, tmp_path):
+def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_env, hub_files, tmp_path):
     from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     f = h.download(REPO, NAMES, dest_dir=str(dest))
     assert f.path == str(dest / ORIGIN / PRIMARY) and f.downloaded and f.storage_folder == str(dest / ORIGIN)
-    assert sha256(f.path) == sha256(files["int8.safetensors"])
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"])
     assert model_files(dest) == [os.path.join(ORIGIN, PRIMARY)], tree(dest)  # staging emptied, nothing else offered
     assert os.listdir(dest) == ["unsloth"], "the hidden staging folder is gone after a completed download"
     assert not any("/snapshots/" in p for p in tree(hf_env)), "nothing goes to the Hugging Face cache"
@@ -48,13 +48,13 @@ def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_en
     assert third.path == f.path and len(hub.log) == n and model_files(other) == []
 
 
-def test_offline_uses_the_folder(hub, hf_env, files, tmp_path, monkeypatch):
+def test_offline_uses_the_folder(hub, hf_env, hub_files, tmp_path, monkeypatch):
     from huggingface_hub import constants
     from prequant_core.load import hub as h
     from prequant_core.load import sources
     dest = tmp_path / "prequant"
     dest.mkdir()
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     h.download(REPO, NAMES, dest_dir=str(dest))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -64,39 +64,39 @@ def test_offline_uses_the_folder(hub, hf_env, files, tmp_path, monkeypatch):
     assert loc.path == str(dest / ORIGIN / PRIMARY) and not loc.fetched.downloaded
 
 
-def test_legacy_name_gets_the_repo_prefix(hub, hf_env, files, tmp_path):
+def test_legacy_name_gets_the_repo_prefix(hub, hf_env, hub_files, tmp_path):
     from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
-    hub.commit(REPO, {LEGACY: files["int8.pt"]})
+    hub.commit(REPO, {LEGACY: hub_files["int8.pt"]})
     f = h.download(REPO, NAMES, dest_dir=str(dest))
     assert os.path.basename(f.path) == "Z-Image-Turbo-transformer_int8.pt" and f.filename == LEGACY
     assert model_files(dest) == [os.path.join(ORIGIN, "Z-Image-Turbo-transformer_int8.pt")]
 
 
-def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, files, tmp_path):
+def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, hub_files, tmp_path):
     from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
-    size = os.path.getsize(files["int8.safetensors"])
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
+    size = os.path.getsize(hub_files["int8.safetensors"])
     hub.fault(REPO, PRIMARY, drop_after=20 * MiB, times=1, method="GET", where="cdn")
     f = h.download(REPO, NAMES, dest_dir=str(dest))
     gets = hub.body_gets(PRIMARY)
     assert len(gets) == 2 and gets[0]["range_start"] is None and 0 < gets[1]["range_start"] <= 20 * MiB
     assert gets[1]["sent"] == size - gets[1]["range_start"]
-    assert sha256(f.path) == sha256(files["int8.safetensors"]) and model_files(dest) == [os.path.join(ORIGIN, PRIMARY)]
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"]) and model_files(dest) == [os.path.join(ORIGIN, PRIMARY)]
     assert not [p for p in tree(dest) if p.endswith(".incomplete")]
 
 
-def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf_env, files, tmp_path):
+def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf_env, hub_files, tmp_path):
     """ComfyUI closed mid-download: the bytes stay in a hidden staging folder under a name no model list offers,
     the final name never exists half-written, and the next run continues from the bytes kept."""
     from prequant_core.load import hub as h
     dest = tmp_path / "prequant"
     dest.mkdir()
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
-    size = os.path.getsize(files["int8.safetensors"])
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
+    size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from prequant_core.load import hub; "
             "hub.download(sys.argv[2], [sys.argv[3]], dest_dir=sys.argv[4])")
@@ -133,7 +133,7 @@ def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf
     f = h.download(REPO, NAMES, dest_dir=str(dest))
     last = hub.body_gets(PRIMARY)[-1]
     assert last["range_start"] == kept and last["sent"] == size - kept
-    assert sha256(f.path) == sha256(files["int8.safetensors"]) and model_files(dest) == [os.path.join(ORIGIN, PRIMARY)]
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"]) and model_files(dest) == [os.path.join(ORIGIN, PRIMARY)]
 
 
 def test_downloads_go_to_the_first_prequant_folder_comfyui_lists(comfy, tmp_path):

@@ -10,18 +10,20 @@ import time
 import pytest
 
 from hub_server import HubServer, free_port
-from test_hub import LEGACY, PRIMARY, PT, REPO, cache_files, files, hf_env, sha256  # noqa: F401 (fixtures)
+from loopback_hub import PRIMARY, PT, REPO, cache_files, sha256
 
 FAST = {"PREQUANT_HUB_STALL_S": "2", "PREQUANT_HUB_MIN_BPS": "4096"}
 
 
+pytestmark = pytest.mark.hub_chunk(64 * 1024)
+
+
 @pytest.fixture
-def hub(hf_env, monkeypatch):
-    with HubServer(chunk=64 * 1024) as s:
-        monkeypatch.setenv("HF_ENDPOINT", s.url)
-        for k, v in FAST.items():
-            monkeypatch.setenv(k, v)
-        yield s
+def hub(hub, monkeypatch):
+    """conftest's loopback Hub, with short limits (these tests provoke stalls and drips)."""
+    for k, v in FAST.items():
+        monkeypatch.setenv(k, v)
+    return hub
 
 
 def _timed(fn, *a, **kw):
@@ -40,10 +42,10 @@ def _no_child_left():
             and "prequant_core.load.hub_child" in " ".join(k.cmdline())] == []
 
 
-def test_a_stalled_body_ends_typed_and_the_next_run_resumes(hub, hf_env, files, tmp_path):
+def test_a_stalled_body_ends_typed_and_the_next_run_resumes(hub, hf_env, hub_files, tmp_path):
     from prequant_core.load import hub as h
     dest = str(tmp_path / "prequant")
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", stall_after=25 * 2**20, times=1)  # the client writes 10 MB chunks
     _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=dest)
     assert isinstance(e, h.HubDownloadError), e
@@ -52,13 +54,13 @@ def test_a_stalled_body_ends_typed_and_the_next_run_resumes(hub, hf_env, files, 
     f = h.download(REPO, (PRIMARY,), dest_dir=dest)  # resumes from the kept bytes
     starts = [r["range_start"] for r in hub.body_gets(PRIMARY)]
     assert starts[-1] and starts[-1] > 0, starts
-    assert sha256(f.path) == sha256(files["int8.safetensors"])
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"])
     assert f.path == os.path.join(dest, "unsloth", "Z-Image-Turbo-FP8", PRIMARY)
 
 
-def test_a_dripping_server_is_stopped_by_the_speed_floor(hub, hf_env, files, tmp_path):
+def test_a_dripping_server_is_stopped_by_the_speed_floor(hub, hf_env, hub_files, tmp_path):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", drip=0.0001, where="cdn")  # ~5 KB/s after the Python overheads
     _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
     assert isinstance(e, h.HubDownloadError) and "stopped at byte" in str(e) and secs < 25, (secs, e)
@@ -66,22 +68,22 @@ def test_a_dripping_server_is_stopped_by_the_speed_floor(hub, hf_env, files, tmp
     assert _no_child_left()
 
 
-def test_a_server_that_never_answers_is_given_up_on(hub, hf_env, files, tmp_path, monkeypatch):
+def test_a_server_that_never_answers_is_given_up_on(hub, hf_env, hub_files, tmp_path, monkeypatch):
     from prequant_core.load import hub as h
     monkeypatch.setenv("PREQUANT_HUB_ANSWER_S", "3")  # below the client's own 10 s timeout: this bound ends it
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, hang=True, where="resolve")
     _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
     assert isinstance(e, h.HubUnavailableError) and "gave no answer" in str(e) and secs < 15, (secs, e)
 
 
-def test_cancel_stops_the_transfer_at_once_and_keeps_its_bytes(hub, hf_env, files, tmp_path):
+def test_cancel_stops_the_transfer_at_once_and_keeps_its_bytes(hub, hf_env, hub_files, tmp_path):
     """ComfyUI's Cancel: its interrupt check raises on the next poll; the child is killed, nothing waits."""
     from prequant_core.load import hub as h
 
     class Interrupted(Exception):
         pass
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.slow[(REPO, PRIMARY)] = 0.2  # 64 KiB per 0.2 s
     t0 = time.monotonic()
 
@@ -95,9 +97,9 @@ def test_cancel_stops_the_transfer_at_once_and_keeps_its_bytes(hub, hf_env, file
     assert partial, "the received bytes are kept for the next run"
 
 
-def test_a_file_larger_than_the_free_disk_is_refused_before_a_byte_is_written(hub, hf_env, files, tmp_path):
+def test_a_file_larger_than_the_free_disk_is_refused_before_a_byte_is_written(hub, hf_env, hub_files, tmp_path):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, declare_size=40 * 2**40, where="resolve")  # announces 40 TiB
     dest = tmp_path / "d"
     _, e, _ = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(dest))
@@ -106,9 +108,9 @@ def test_a_file_larger_than_the_free_disk_is_refused_before_a_byte_is_written(hu
     assert [f for f in cache_files(dest) if not f.endswith(".lock")] == []
 
 
-def test_a_body_longer_than_announced_is_never_kept(hub, hf_env, files, tmp_path):
+def test_a_body_longer_than_announced_is_never_kept(hub, hf_env, hub_files, tmp_path):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", extra=100_000, where="cdn")
     dest = tmp_path / "d"
     _, e, _ = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(dest))
@@ -128,25 +130,25 @@ def test_a_revision_the_hub_would_not_accept_is_refused_before_any_request(hub, 
     assert hub.log == []
 
 
-def test_downloads_are_kept_by_origin(hub, hf_env, files, tmp_path):
+def test_downloads_are_kept_by_origin(hub, hf_env, hub_files, tmp_path):
     """attacker/Z-Image-Turbo-FP8 holds a file of the official name: it is stored under its own origin, and the
     official repo's download is never served from it."""
     from prequant_core.load import hub as h
     dest = str(tmp_path / "prequant")
-    hub.commit("attacker/Z-Image-Turbo-FP8", {PRIMARY: files["int8.pt"]})
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit("attacker/Z-Image-Turbo-FP8", {PRIMARY: hub_files["int8.pt"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     bad = h.download("attacker/Z-Image-Turbo-FP8", (PRIMARY,), dest_dir=dest)
     good = h.download(REPO, (PRIMARY,), dest_dir=dest)
     assert bad.path == os.path.join(dest, "attacker", "Z-Image-Turbo-FP8", PRIMARY) and bad.downloaded
     assert good.path == os.path.join(dest, "unsloth", "Z-Image-Turbo-FP8", PRIMARY) and good.downloaded
-    assert sha256(good.path) == sha256(files["int8.safetensors"])
-    pinned = h.download(REPO, (PRIMARY,), dest_dir=dest, revision=hub.commit(REPO, {PRIMARY: files["int8.pt"]},
+    assert sha256(good.path) == sha256(hub_files["int8.safetensors"])
+    pinned = h.download(REPO, (PRIMARY,), dest_dir=dest, revision=hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]},
                                                                                    ref="v2"))
     assert "@" in os.path.basename(os.path.dirname(pinned.path))  # another revision, another folder
     assert h.download(REPO, (PRIMARY,), dest_dir=dest).path == good.path  # found again, no new transfer
 
 
-def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp_path, files, caplog):
+def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp_path, hub_files, caplog):
     """Also issue 39 #5: a password in HF_ENDPOINT (http://user:password@host) is shown as http://***@host in every
     message and log line."""
     import logging
@@ -161,7 +163,7 @@ def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp
     assert "http://***@127.0.0.1" in str(e), e
     with HubServer() as s:
         monkeypatch.setenv("HF_ENDPOINT", s.url.replace("://", f"://someone:{secret}@"))
-        s.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+        s.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
         s.fault(REPO, PRIMARY, status=503, where="resolve")
         _, e2, _ = _timed(h.download, REPO, (PRIMARY, PT), dest_dir=str(tmp_path / "d"))
         assert isinstance(e2, h.HubUnavailableError) and "503" in str(e2)
@@ -184,9 +186,9 @@ def test_the_client_librarys_own_errors_are_sorted_requests_and_httpx_alike():
 
 
 @pytest.mark.parametrize("where", ["elsewhere", "itself"])
-def test_a_redirect_to_nowhere_or_to_itself_ends_typed(hub, hf_env, files, tmp_path, where):
+def test_a_redirect_to_nowhere_or_to_itself_ends_typed(hub, hf_env, hub_files, tmp_path, where):
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     target = f"http://127.0.0.1:{free_port()}/nothing" if where == "elsewhere" else \
         f"{hub.url}/{REPO}/resolve/main/{PRIMARY}"
     hub.fault(REPO, PRIMARY, redirect_to=target, where="resolve")

@@ -15,10 +15,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from test_hub import PRIMARY, REPO, cache_files, files, hf_env, sha256  # noqa: F401 - shared fixtures
-from hub_server import HubServer
+from loopback_hub import MiB, PRIMARY, REPO, cache_files, partials, sha256
 
-MiB = 2**20
 FP8 = "Z-Image-Turbo-FP8.safetensors"
 ORIGIN = os.path.join(*REPO.split("/"))
 DOWNLOAD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from prequant_core.load import hub; "
@@ -26,24 +24,16 @@ DOWNLOAD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from prequant_co
             "print(json.dumps({'path': f.path, 'downloaded': f.downloaded}))")
 
 
-@pytest.fixture
-def hub(hf_env, monkeypatch):  # noqa: F811 - shared fixtures
-    with HubServer(chunk=64 * 1024) as s:
-        monkeypatch.setenv("HF_ENDPOINT", s.url)
-        yield s
+pytestmark = pytest.mark.hub_chunk(64 * 1024)
 
 
-def partials(d) -> list[str]:
-    return [f for f in cache_files(d) if f.endswith(".incomplete")]
-
-
-def test_a_cancelled_partial_survives_another_files_download_and_resumes(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
+def test_a_cancelled_partial_survives_another_files_download_and_resumes(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
     from prequant_core.load import hub as h
 
     class Interrupted(Exception):
         pass
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], FP8: files["int8.pt"]})
-    size = os.path.getsize(files["int8.safetensors"])
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], FP8: hub_files["int8.pt"]})
+    size = os.path.getsize(hub_files["int8.safetensors"])
     dest = tmp_path / "prequant"
     hub.slow[(REPO, PRIMARY)] = 0.01
 
@@ -58,14 +48,14 @@ def test_a_cancelled_partial_survives_another_files_download_and_resumes(hub, hf
     assert 0 < kept < size
 
     other = h.download(REPO, (FP8,), dest_dir=str(dest))  # the FP8 file of the same repo, meanwhile
-    assert sha256(other.path) == sha256(files["int8.pt"])
+    assert sha256(other.path) == sha256(hub_files["int8.pt"])
     assert partials(dest) == [kept_name] and os.path.getsize(dest / kept_name) == kept, "the INT8 bytes are kept"
 
     hub.slow.clear()
     f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
     last = hub.body_gets(PRIMARY)[-1]
     assert last["range_start"] == kept and last["sent"] == size - kept  # resumed, not from byte 0
-    assert sha256(f.path) == sha256(files["int8.safetensors"])
+    assert sha256(f.path) == sha256(hub_files["int8.safetensors"])
     assert partials(dest) == [] and sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)
 
 
@@ -80,20 +70,20 @@ def _finish(proc):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_two_processes_downloading_two_files_of_one_repo_both_finish(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"], FP8: files["int8.pt"]})
+def test_two_processes_downloading_two_files_of_one_repo_both_finish(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], FP8: hub_files["int8.pt"]})
     dest = tmp_path / "prequant"
     hub.slow[(REPO, FP8)] = 0.002  # the FP8 file finishes last: the first to finish used to remove its staging
     a, b = _start(REPO, PRIMARY, dest), _start(REPO, FP8, dest)
     ra, rb = _finish(a), _finish(b)
-    assert sha256(ra["path"]) == sha256(files["int8.safetensors"]) and sha256(rb["path"]) == sha256(files["int8.pt"])
+    assert sha256(ra["path"]) == sha256(hub_files["int8.safetensors"]) and sha256(rb["path"]) == sha256(hub_files["int8.pt"])
     assert ra["downloaded"] and rb["downloaded"]
     assert len(hub.body_gets(PRIMARY)) == 1 and len(hub.body_gets(FP8)) == 1
     assert sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)  # staging gone once both are done
 
 
-def test_two_processes_downloading_one_file_transfer_it_once(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+def test_two_processes_downloading_one_file_transfer_it_once(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     dest = tmp_path / "prequant"
     hub.slow[(REPO, PRIMARY)] = 0.002
     a = _start(REPO, PRIMARY, dest)
@@ -103,34 +93,34 @@ def test_two_processes_downloading_one_file_transfer_it_once(hub, hf_env, files,
     b = _start(REPO, PRIMARY, dest)  # while the first is mid-transfer
     ra, rb = _finish(a), _finish(b)
     assert ra["path"] == rb["path"] == str(dest / ORIGIN / PRIMARY)
-    assert sha256(ra["path"]) == sha256(files["int8.safetensors"])
+    assert sha256(ra["path"]) == sha256(hub_files["int8.safetensors"])
     assert len(hub.body_gets(PRIMARY)) == 1, hub.body_gets(PRIMARY)  # the second waited and took the first's file
     assert sorted([ra["downloaded"], rb["downloaded"]]) == [False, True]
     assert sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)
 
 
-def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
+def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
     from prequant_core.load import hub as h
-    hub.commit(REPO, {PRIMARY: files["int8.safetensors"]}, ref="feature/x")
-    hub.commit(REPO, {PRIMARY: files["int8.pt"]}, ref="feature--x")
+    hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]}, ref="feature/x")
+    hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]}, ref="feature--x")
     dest = str(tmp_path / "prequant")
     slash = h.download(REPO, (PRIMARY,), revision="feature/x", dest_dir=dest)
     dash = h.download(REPO, (PRIMARY,), revision="feature--x", dest_dir=dest)
     assert slash.path != dash.path and dash.downloaded, (slash.path, dash.path)
-    assert sha256(slash.path) == sha256(files["int8.safetensors"]) and sha256(dash.path) == sha256(files["int8.pt"])
+    assert sha256(slash.path) == sha256(hub_files["int8.safetensors"]) and sha256(dash.path) == sha256(hub_files["int8.pt"])
     gets = len(hub.body_gets())
     again = [h.download(REPO, (PRIMARY,), revision=r, dest_dir=dest).path for r in ("feature/x", "feature--x")]
     assert again == [slash.path, dash.path] and len(hub.body_gets()) == gets  # found again, no request
 
 
-def test_a_long_repo_and_revision_store_and_are_found_again(hub, hf_env, files, tmp_path):  # noqa: F811 - shared fixtures
+def test_a_long_repo_and_revision_store_and_are_found_again(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
     from prequant_core.load import hub as h
     repo = "unsloth/" + "Z" * (96 - len("unsloth/"))
     rev = "r" * 200
-    hub.commit(repo, {PRIMARY: files["int8.safetensors"]}, ref=rev)
+    hub.commit(repo, {PRIMARY: hub_files["int8.safetensors"]}, ref=rev)
     dest = str(tmp_path / "prequant")
     f = h.download(repo, (PRIMARY,), revision=rev, dest_dir=dest)  # was: "File name too long" after the transfer
-    assert f.downloaded and sha256(f.path) == sha256(files["int8.safetensors"])
+    assert f.downloaded and sha256(f.path) == sha256(hub_files["int8.safetensors"])
     assert all(len(p.encode()) <= 255 for p in f.path.split(os.sep))
     gets = len(hub.body_gets())
     assert h.download(repo, (PRIMARY,), revision=rev, dest_dir=dest).path == f.path
@@ -149,11 +139,11 @@ def _mirror_copy(root, revision):
     return p
 
 
-def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record(hub, hf_env, files, tmp_path,  # noqa: F811 - shared fixtures
+def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record(hub, hf_env, hub_files, tmp_path,  # noqa: F811 - shared fixtures
                                                                                    monkeypatch):
     from prequant_core.load import hub as h
-    old = hub.commit(REPO, {PRIMARY: files["int8.pt"]}, ref=None)
-    new = hub.commit(REPO, {PRIMARY: files["int8.safetensors"]})
+    old = hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]}, ref=None)
+    new = hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     dest = str(tmp_path / "prequant")
     root = str(tmp_path / "mirror")
     mirror = _mirror_copy(root, old)
@@ -166,11 +156,11 @@ def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record
 
     pinned_new = h.download(REPO, (PRIMARY,), revision=new, dest_dir=dest)  # a commit the mirror's copy is not
     assert pinned_new.path != mirror and pinned_new.downloaded and pinned_new.commit == new
-    assert sha256(pinned_new.path) == sha256(files["int8.safetensors"])
+    assert sha256(pinned_new.path) == sha256(hub_files["int8.safetensors"])
 
     _mirror_copy(root, None)  # a copy that records no revision proves none
     other = h.download(REPO, (PRIMARY,), revision=old, dest_dir=str(tmp_path / "other"))
-    assert other.path != mirror and other.downloaded and sha256(other.path) == sha256(files["int8.pt"])
+    assert other.path != mirror and other.downloaded and sha256(other.path) == sha256(hub_files["int8.pt"])
 
 
 HF24 = os.path.join(ROOT, ".cache", "hf24")  # huggingface_hub 2.4 (scripts/setup_test_extras.sh)

@@ -13,8 +13,6 @@ import pytest
 import torch
 
 import unsloth_te_builder as te_builder
-from hub_server import HubServer
-from test_hub import hf_env  # noqa: F401 (fixture)
 from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.load.hub_errors import HubNotFoundError
@@ -190,11 +188,7 @@ def test_hub_names_follow_unsloths_and_presets_cover_every_hosted_encoder():
     assert "Which text encoder" in str(e.value)
 
 
-@pytest.fixture
-def hub(hf_env, monkeypatch):  # noqa: F811
-    with HubServer(chunk=64 * 1024) as s:
-        monkeypatch.setenv("HF_ENDPOINT", s.url)
-        yield s
+pytestmark = pytest.mark.hub_chunk(64 * 1024)
 
 
 def test_the_family_download_takes_the_pt_when_the_repo_has_no_safetensors(hub, tmp_path):

@@ -16,8 +16,6 @@ import torch
 from safetensors import safe_open
 
 import unsloth_te_builder as te_builder
-from test_hub import hf_env  # noqa: F401 (fixture)
-from test_text_encoder_files import hub  # noqa: F401 (fixture: the loopback Hub as HF_ENDPOINT)
 from prequant_core import report
 from prequant_core.errors import BuildError, CorruptCheckpointError, PrequantError, ValidationError
 from prequant_core.load import encoder_sources, opening, pipeline
