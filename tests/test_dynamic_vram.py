@@ -176,3 +176,29 @@ def test_comfyui_can_load_the_model_again_as_its_non_dynamic_delegate(comfy, pre
         assert delegate.model is not model.model, "a fresh copy from the file"
         assert torch.equal(sample(delegate), want)
         mm.unload_all_models()
+
+
+def test_newer_comfyuis_patch_arguments_are_taken_and_a_save_of_a_patched_model_is_refused(comfy, prequant_files,
+                                                                                         allow_dir, models_dir):
+    """DynamicVRAM's pre-load calls ``patch_weight_to_device(key, force_cast=True)`` and a model save
+    ``return_weight=True``: the pack's patcher took neither (TypeError). A forced cast of a LoRA-patched quantized
+    weight patches it as the merge does; a save would write patched codes beside unpatched scales, so it is refused."""
+    import comfy.model_management as mm
+    from prequant_core.errors import UnsupportedFormatError
+    path = prequant_files("int8")
+    allow_dir(os.path.dirname(path))
+    model = load_path(comfy, path)
+    lora = with_lora(comfy, model, "tiny_zimage_lora_kwargs.safetensors", seed=15)
+    key = "diffusion_model.layers.0.attention.qkv.weight"
+    assert key in lora.patches
+    with pytest.raises(UnsupportedFormatError) as e:
+        lora.patch_weight_to_device(key, device_to=torch.device("cpu"), return_weight=True)
+    assert "LoRA" in e.value.message
+    op = lora.model.diffusion_model.layers[0].attention.qkv
+    before = op.weight.detach().clone()
+    with torch.inference_mode():
+        lora.patch_weight_to_device(key, device_to=torch.device("cpu"), force_cast=True)
+    assert not torch.equal(op.weight, before), "the forced cast applied the LoRA"
+    lora.unpatch_model()
+    assert torch.equal(op.weight, before), "and unpatching restores the codes"
+    mm.unload_all_models()
