@@ -50,7 +50,7 @@ def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None 
     2.1's, 0.38.1; FLUX.2 [dev]'s Mistral-Small-24B; LTX-2's Gemma 3 12B): the ComfyUI that runs it, else ComfyUI's
     own file of it with Load CLIP."""
     comfy_file = hosted.comfy_file if hosted is not None else ""
-    need = (hosted.min_comfy if hosted is not None else None) or kind.min_comfy
+    need = kind.needs_comfy(hosted)
     own = f"ComfyUI's own {comfy_file or kind.comfy_file_hint} with Load CLIP"
     if _older_than(comfy_version(), need or "0"):
         raise ComfyVersionError(f"{title}'s {kind.name} text encoder runs in ComfyUI {need}'s encoder class; "

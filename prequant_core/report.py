@@ -427,7 +427,7 @@ def _encoder_text(opened: opening.Opened) -> str | None:
         known = encoder_checks.hosted_for(fam, opened.checkpoint.metadata.get("component")) \
             if isinstance(fam, str) and fam in families.FAMILIES else None
         own = known.comfy_file if known and known.comfy_file else k.comfy_file_hint
-        need = (known.min_comfy if known else None) or k.min_comfy
+        need = k.needs_comfy(known)
         where = f"ComfyUI's class for it arrives in ComfyUI {need}" if need else \
             "this pack has no key map to ComfyUI's class for it yet"
         return (f"{k.name} ({te}); {where}: this pack describes and verifies the file but does not build it yet "

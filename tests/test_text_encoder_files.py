@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import unsloth_te_builder as te_builder
+from conftest import ROOT
 from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.load.hub_errors import HubNotFoundError
@@ -377,6 +378,12 @@ def test_flux2_devs_and_ltx2s_encoders_are_read_judged_and_described(tmp_path, t
     r = report.info(path)
     assert r.valid and r.encoder.startswith(f"{name} ({te_class})") and own_file in r.encoder, r.encoder
     assert cli.main(["verify", path, "--base", base, "--scheme", "fp8"]) == 0
+    if ext == "safetensors":  # and as a user's first action: the command line in a fresh interpreter
+        import subprocess
+        import sys
+        r = subprocess.run([sys.executable, "-m", "prequant_core", "verify", path, "--base", base, "--scheme", "fp8"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "VALID" in r.stdout and name in r.stdout, r.stdout + r.stderr[-2000:]
     with pytest.raises(ValidationError) as e:  # another family's encoder slot
         judge(path, family="z-image")
     assert f"Z-Image's text_encoder is a Qwen3-4B, this file holds a {name}" in str(e.value.reasons)

@@ -84,9 +84,9 @@ def encoder_rows() -> list[str]:
 
 
 def _te_tested(kind, hosted) -> str:
-    need = hosted.min_comfy or kind.min_comfy
+    need = kind.needs_comfy(hosted)
     if not kind.hostable and need:
-        return (f"files read, judged and described (tiny real config{'; the int8 ConvRot form too' if kind.name == 'Qwen3-VL' else ''}"
+        return (f"files read, judged and described (tiny real config{'; the int8 ConvRot form too' if 'int8' in kind.schemes else ''}"
                 f"); node: refused naming ComfyUI {need} (its class) and ComfyUI's own file, before any download")
     return TE_NODE_TESTED.get(kind.name, TE_CORE_TESTED)
 

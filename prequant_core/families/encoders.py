@@ -52,6 +52,10 @@ class EncoderKind:
             return []
         return lacking([self.from_comfy(m) for m in self.markers])
 
+    def needs_comfy(self, hosted=None) -> str | None:
+        """The first ComfyUI with a class for it: the family's (``HostedEncoder.min_comfy``) where it names one."""
+        return (hosted.min_comfy if hosted is not None else None) or self.min_comfy
+
     @property
     def hostable(self) -> bool:
         """Whether the node can hand it to ComfyUI (a key map to ComfyUI's class is known)."""
