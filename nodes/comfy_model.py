@@ -206,7 +206,7 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
         mod_name, _, attr = key.rpartition(".")
         sub = model.diffusion_model.get_submodule(mod_name)
         if attr == "weight" and is_prequant_linear(sub):
-            sub.prequant_fused_from = parts
+            sub.prequant_fused_from, sub.prequant_fused_file = parts, path
     placement.check_complete(model.diffusion_model, path)
     # The matmul each quantized Linear runs is fixed now, for the device it will compute on (never mid-sampling).
     matmul = choose_matmul(model.diffusion_model, load_device)

@@ -16,7 +16,7 @@ from prequant_core.units import human_bytes
 from . import describe, paths
 from .status import NodeStatus
 from .comfy_model import check_loadable, load_checkpoint_as_model
-from .patcher import describe_class
+from .patcher import describe_class, stale_generation
 from .quantize_at_load import load_quantized_at_load
 
 log = logging.getLogger("prequant")
@@ -196,10 +196,11 @@ class PrequantLoadTransformer:
             return "hub:" + "|".join(str(kw.get(k, "")) for k in ("hub_repo", "preset", "revision", "scheme",
                                                                   "family", "base_model_id", "download_to",
                                                                   "component")) + \
-                f"|{checkpoint}"
+                f"|{checkpoint}|{stale_generation()}"
+        # stale_generation: a model of this file was dropped (the file changed under a LoRA): load it again
         try:
             st = os.stat(target)
-            return f"{target}:{st.st_mtime_ns}:{st.st_size}"
+            return f"{target}:{st.st_mtime_ns}:{st.st_size}:{stale_generation(target)}"
         except (OSError, TypeError):
             return f"{target}"
 

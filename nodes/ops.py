@@ -78,6 +78,8 @@ def make_ops(base):
             prequant_matmul = None  # devices.QUANTIZED / devices.WEIGHT_ONLY, set at load by choose_matmul
             prequant_bytes = False  # fp8 codes held as uint8 (a device without a float8 dtype)
             prequant_fused_from = None  # the memory-mapped weights this fused weight's rows were copied from, in order
+            prequant_fused_file = None  # the file they are mapped from
+            prequant_stale = None  # that file, once it changed under a LoRA's backup (nodes/patcher.py): never runs
 
             def prequant_parts(self, device=None) -> tuple:
                 ts = tuple(getattr(self, n) for n in PART_NAMES[:self.prequant_nparts])
@@ -209,6 +211,8 @@ def make_ops(base):
                 spec = self.prequant_spec
                 if spec is None:
                     return super().forward(input, *args, **kwargs)
+                if self.prequant_stale is not None:
+                    raise stale_error(self.prequant_stale)
                 comfy.ops.run_every_op()
                 dev = input.device
                 layout = registry.codec(spec.kind)
@@ -279,6 +283,18 @@ def _plain_low_vram_patch(f) -> bool:
     return (isinstance(f, comfy.model_patcher.LowVramPatch) and isinstance(getattr(f, "patches", None), dict)
             and getattr(f, "key", None) in f.patches and getattr(f, "convert_func", None) is None
             and getattr(f, "set_func", None) is None)
+
+
+def stale_error(path: str):
+    """A layer whose checkpoint changed on disk under its LoRA's backup (nodes/patcher.py) holds neither the file's
+    weight nor the patched one it was restored to: the model is dropped, and the loader reads the file again."""
+    from prequant_core.errors import CorruptCheckpointError
+    return CorruptCheckpointError(
+        "The checkpoint file changed on disk while its model was loaded with a LoRA: the layers the LoRA patched "
+        "could not be restored from it, so this model no longer matches any file and is not run.", path=path,
+        expected="the file as it was when the model was loaded", found="the file changed (rewritten or truncated)",
+        fix="Queue the prompt again: Load Prequant Transformer then reads and judges the file anew. Do not overwrite "
+            "a checkpoint ComfyUI has loaded.")
 
 
 def is_prequant_linear(m) -> bool:

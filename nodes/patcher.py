@@ -10,13 +10,15 @@ when ComfyUI reads it)."""
 from __future__ import annotations
 
 import collections
+import logging
+import os
 
 import torch
 
 import comfy.model_patcher
 import comfy.utils
 
-from prequant_core.errors import CorruptCheckpointError, UnsupportedFormatError
+from prequant_core.errors import UnsupportedFormatError
 from prequant_core.families import pages
 from prequant_core.schemes import qtensor, quantize
 
@@ -24,6 +26,7 @@ from . import lora_rows
 from .ops import PART_NAMES, is_prequant_linear
 
 _Backup = collections.namedtuple("Dimension", ["weight", "inplace_update"])
+log = logging.getLogger("prequant")
 
 
 def _digest(t: torch.Tensor) -> bytes:
@@ -32,31 +35,84 @@ def _digest(t: torch.Tensor) -> bytes:
     return hashlib.blake2b(t.reshape(-1).view(torch.uint8).numpy(), digest_size=16).digest()
 
 
-class _RebuiltFromFile(tuple):
-    """A backup entry as ComfyUI reads it (``.weight``, ``.inplace_update``) whose weight is concatenated from the
-    memory-mapped rows it was fused from when it is read, then those pages are given back again. The rows' digests,
-    taken when they were found equal to the weight, are checked again then: a file rewritten in place between patch
-    and unpatch is refused, never restored unchecked."""
+class _FileState(tuple):
+    """Which file a backup's rows are mapped from and how long it was when they were found equal: ``os.stat``'s
+    (path, device, inode, size)."""
     __slots__ = ()
 
-    def __new__(cls, rows: list, dtype: torch.dtype, digests: list):
-        return tuple.__new__(cls, (tuple(rows), dtype, tuple(digests)))
+    @classmethod
+    def of(cls, path: str):
+        try:
+            st = os.stat(path)
+        except (OSError, TypeError):
+            return None
+        return tuple.__new__(cls, (path, st.st_dev, st.st_ino, st.st_size))
+
+    def truncated(self) -> bool:
+        """Whether the mapped file itself (same inode) is now shorter than it was: its pages past the new end are
+        gone, and touching them would end the process with SIGBUS. A file replaced under its name is another inode:
+        the mapping keeps the old one alive, whole."""
+        path, dev, ino, size = self
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (dev, ino) and st.st_size < size
+
+
+# Files whose loaded model could not be restored from them after a LoRA (changed on disk meanwhile), with how many
+# times: the loader's IS_CHANGED reads it, so ComfyUI runs the loader again (the file re-read and judged) on the
+# next prompt instead of reusing the dropped model.
+_STALE: collections.Counter = collections.Counter()
+
+
+def stale_generation(path: str | None = None) -> int:
+    """How often a model loaded from ``path`` (any file: None) was dropped because its file changed under it."""
+    if path is None:
+        return sum(_STALE.values())
+    return _STALE[os.path.realpath(path)]
+
+
+def _drop(op, state: _FileState | None, what: str) -> None:
+    """The file under ``op``'s backup changed: the layer keeps what it holds and refuses to run
+    (``ops.stale_error``), the loader re-reads the file on the next prompt, and the user is told once per file."""
+    path = state[0] if state else None
+    if getattr(op, "prequant_stale", None) is None:
+        op.prequant_stale = path or "the checkpoint file"
+    key = os.path.realpath(path) if path else ""
+    if _STALE[key] == 0:
+        log.warning("[prequant] %s changed on disk while its model was loaded with a LoRA (%s): the patched layers "
+                    "cannot be restored from it, so that model is dropped; the next prompt loads the file again.",
+                    path or "The checkpoint file", what)
+    _STALE[key] += 1
+
+
+class _RebuiltFromFile:
+    """A backup entry as ComfyUI reads it (``.weight``, ``.inplace_update``) whose weight is concatenated from the
+    memory-mapped rows it was fused from when it is read, then those pages are given back again. The rows' digests,
+    taken when they were found equal to the weight, are checked again then, and the file's length first (a truncated
+    mapping ends the process on the first touch): a file changed between patch and unpatch is never restored. Never
+    raises: ComfyUI reads backups inside its unpatch, where an exception would leave the model half unpatched (and,
+    from its prompt worker's unload, stop the worker); the layer is dropped instead (``_drop``)."""
+    __slots__ = ("rows", "dtype", "digests", "op", "part", "file")
+
+    def __init__(self, rows: list, dtype: torch.dtype, digests: list, op, part: int, file):
+        self.rows, self.dtype, self.digests = tuple(rows), dtype, tuple(digests)
+        self.op, self.part, self.file = op, part, file
 
     @property
     def weight(self) -> torch.Tensor:
-        rows, dtype, digests = self
-        changed = [i for i, (r, d) in enumerate(zip(rows, digests)) if _digest(r) != d]
+        if self.file is not None and self.file.truncated():
+            _drop(self.op, self.file, "the file is shorter than when the LoRA was applied")
+            return self.op.prequant_parts()[self.part]
+        changed = sum(_digest(r) != d for r, d in zip(self.rows, self.digests))
         if changed:
-            pages.release(rows)
-            raise CorruptCheckpointError(
-                "The checkpoint file changed on disk while its model was loaded: the rows a LoRA's unpatch restores "
-                "from it no longer hold what they held when the LoRA was applied.",
-                found=f"{len(changed)} of {len(rows)} fused parts differ", expected="the file as it was loaded",
-                fix="Do not overwrite a checkpoint that ComfyUI has loaded; load the model again (Unload Models, "
-                    "then queue).")
-        out = torch.cat([r.view(torch.uint8) if r.element_size() == 1 else r for r in rows])
-        pages.release(rows)
-        return out.view(dtype)
+            pages.release(self.rows)
+            _drop(self.op, self.file, f"{changed} of {len(self.rows)} fused parts' rows differ")
+            return self.op.prequant_parts()[self.part]
+        out = torch.cat([r.view(torch.uint8) if r.element_size() == 1 else r for r in self.rows])
+        pages.release(self.rows)
+        return out.view(self.dtype)
 
     @property
     def inplace_update(self) -> bool:
@@ -79,6 +135,7 @@ def _file_backups(op, originals) -> list | None:
     if any(sp is None or len(sp) != len(originals) for sp in split):
         return None
     out, maps = [], pages.file_mappings()
+    state = _FileState.of(getattr(op, "prequant_fused_file", None))
     for i, orig in enumerate(originals):
         rows, pos, digests = [sp[i] for sp in split], 0, []
         for r in rows:
@@ -92,7 +149,7 @@ def _file_backups(op, originals) -> list | None:
             pos += n
         if pos != orig.shape[0]:
             return None
-        out.append(_RebuiltFromFile(rows, orig.dtype, digests))
+        out.append(_RebuiltFromFile(rows, orig.dtype, digests, op, i, state))
     return out
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -178,32 +179,68 @@ def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, pr
     assert torch.equal(dm.layers[0].attention.qkv.weight, orig["layers.0.attention.qkv"])
 
 
-def test_unpatching_rows_of_a_file_rewritten_under_the_loaded_model_is_refused(comfy, prequant_files, allow_dir,
-                                                                                 tmp_path):
-    """Round 5: the fused qkv's backup is the file's own to_q / to_k / to_v rows, re-read at unpatch; a file
-    rewritten in place between patch and unpatch (same size, NaN scales) was restored unchecked, and the model gave
-    NaN after the LoRA was removed. The rows are checked against what they held when the LoRA was applied."""
+def _rewrite_to_q_scales_in_place(path):
+    """A same-size rewrite in place of layer 0's to_q scales (NaN), the file's length and mtime kept."""
     import json
-    import shutil
     import struct
-    import comfy.model_management as mm
-    from prequant_core.errors import CorruptCheckpointError
-    path = str(tmp_path / "Z-Image-Turbo-INT8.safetensors")
-    shutil.copy(prequant_files("int8", "safetensors"), path)
-    allow_dir(tmp_path)
-    model = load_path(comfy, path)
-    assert len(model.model.diffusion_model.layers[0].attention.qkv.prequant_fused_from) == 3
-    lora_model = with_lora(comfy, model, "tiny_zimage_lora_rewrite.safetensors")
-    sample(lora_model)  # the LoRA is applied: the qkv backup is the file's rows
-    with open(path, "r+b") as f:  # a same-size rewrite in place: layer 0's to_q scales become NaN
+    st = os.stat(path)
+    with open(path, "r+b") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         entry = json.loads(f.read(n))["layers.0.attention.to_q._weight_scale"]
         a, b = entry["data_offsets"]
         f.seek(8 + n + a)
         f.write(struct.pack("<f", float("nan")) * ((b - a) // 4))
-    with pytest.raises(CorruptCheckpointError) as e:
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return 8 + n + a
+
+
+@pytest.mark.parametrize("change", ["rewritten", "truncated"])
+def test_a_file_changed_under_a_loras_backup_drops_the_model_and_unpatch_never_raises(comfy, prequant_files,
+                                                                                      allow_dir, tmp_path, caplog,
+                                                                                      change):
+    """Round 5: the fused qkv's backup is the file's own to_q / to_k / to_v rows, re-read at unpatch; a file
+    rewritten in place between patch and unpatch (same size, NaN scales) was restored unchecked, and the model gave
+    NaN after the LoRA was removed. Round 6: refusing by raising out of ComfyUI's unpatch left the model half
+    unpatched and, from the prompt worker's unload, stopped the worker; a truncated file ended the process (SIGBUS)
+    when the unpatch touched its vanished pages. Now the unpatch completes, the layer refuses to run (typed, naming the
+    file), the loader's IS_CHANGED moves so ComfyUI loads the file again, and the log says so once."""
+    import logging
+    import comfy.model_management as mm
+    from prequant_core.errors import CorruptCheckpointError
+    nodes, pack = comfy
+    path = str(tmp_path / "Z-Image-Turbo-INT8.safetensors")
+    shutil.copy(prequant_files("int8", "safetensors"), path)
+    allow_dir(tmp_path)
+    model = load_path(comfy, path)
+    qkv = model.model.diffusion_model.layers[0].attention.qkv
+    assert len(qkv.prequant_fused_from) == 3
+    lora_model = with_lora(comfy, model, f"tiny_zimage_lora_{change}.safetensors")
+    sample(lora_model)  # the LoRA is applied: the qkv backup is the file's rows
+    loader = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]
+    before = loader.IS_CHANGED(NONE, path=path)
+    if change == "rewritten":
+        _rewrite_to_q_scales_in_place(path)
+    else:  # cut off before layer 0's to_q rows: touching their pages would be SIGBUS
+        import json
+        import struct
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            off = min(e["data_offsets"][0] for k, e in json.loads(f.read(n)).items()
+                      if k.startswith("layers.0.attention.to_"))
+        os.truncate(path, 8 + n + off)
+    with caplog.at_level(logging.WARNING, logger="prequant"):
+        mm.unload_all_models()  # raised CorruptCheckpointError out of ComfyUI's unpatch (round 5's fix)
         mm.unload_all_models()
-    assert "changed on disk while its model was loaded" in e.value.message and "load the model again" in e.value.fix
+    assert not lora_model.backup, "the unpatch completed: no backup left behind for every later load to trip on"
+    told = [r.getMessage() for r in caplog.records if "changed on disk" in r.getMessage()]
+    assert len(told) == 1 and path in told[0] and "loads the file again" in told[0], told
+    assert qkv.prequant_stale == path
+    assert loader.IS_CHANGED(NONE, path=path) != before, "ComfyUI must run the loader again, not reuse the model"
+    if change == "rewritten":  # (a truncated file's other mapped layers would fault before the stale one runs)
+        with pytest.raises(CorruptCheckpointError) as e:
+            sample(model)
+        assert e.value.path == path and "changed on disk" in e.value.message
+        assert "Queue the prompt again" in e.value.fix
 
 
 def _low_vram(model):

@@ -190,3 +190,68 @@ def test_the_model_is_comfyuis_core_patcher_class_in_a_server(server, tmp_path):
         assert image_pixels(marked_server, marked) == image_pixels(server, plain)
     texts = [t for o in plain["outputs"].values() if "prequant" in o for t in o["text"]]
     assert "managed by ComfyUI's ModelPatcher" in texts[0], texts
+
+
+def test_a_checkpoint_rewritten_under_a_lora_model_never_stops_the_prompt_worker(server):
+    """Round 6 (issue 58, 1): Load Prequant Transformer -> LoraLoaderModelOnly -> KSampler ran; then layer 0's codes
+    were rewritten in place (same size, same mtime). ``POST /free {"unload_models": true}`` raised out of ComfyUI's
+    unpatch in the prompt worker's thread, and every later prompt stayed queued for ever. Now the unload completes,
+    the next prompt loads the file again (the loader's IS_CHANGED moved) and runs, and a LoRA change meanwhile ends
+    its prompt with a typed error at most once."""
+    import json
+    import struct
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    import torch
+    from tools.comfy_server import execution_error
+    name = "Z-Image-Turbo-INT8-rewritten.safetensors"
+    path = os.path.join(server.base_dir, "models", "prequant", name)
+    shutil.copy(os.path.join(server.base_dir, "models", "prequant", "Z-Image-Turbo-INT8.safetensors"), path)
+    with safe_open(path, "pt") as f:
+        out_f, in_f = f.get_slice("layers.0.attention.to_q._weight_qdata").get_shape()
+    g = torch.Generator().manual_seed(5)
+    lora = os.path.join(server.base_dir, "models", "loras", "rewrite_lora.safetensors")
+    os.makedirs(os.path.dirname(lora), exist_ok=True)
+    save_file({"diffusion_model.layers.0.attention.qkv.lora_up.weight": torch.randn(3 * out_f, 4, generator=g) * .05,
+               "diffusion_model.layers.0.attention.qkv.lora_down.weight": torch.randn(4, in_f, generator=g) * .05,
+               "diffusion_model.layers.0.attention.qkv.alpha": torch.tensor(4.0)}, lora)
+    p = prompt_for(server, name, "int8")
+    loader_id = next(k for k, n in p.items() if n["class_type"] == "PrequantLoadTransformer")
+    for n in p.values():
+        for k, v in n["inputs"].items():
+            if v == [loader_id, 0]:
+                n["inputs"][k] = ["lora", 0]
+    p["lora"] = {"class_type": "LoraLoaderModelOnly",
+                 "inputs": {"model": [loader_id, 0], "lora_name": "rewrite_lora.safetensors", "strength_model": 1.0}}
+    first = server.run(p, timeout=300)
+    assert execution_error(first) is None, execution_error(first)
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        a, b = json.loads(f.read(n))["layers.0.attention.to_q._weight_qdata"]["data_offsets"]
+        f.seek(8 + n + a)
+        codes = f.read(b - a)
+
+    def put(data):  # layer 0's to_q codes rewritten in place, the file's size and mtime kept
+        with open(path, "r+b") as f:
+            f.seek(8 + n + a)
+            f.write(data)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    flipped = bytes(c ^ 1 for c in codes)  # each code's low bit: still valid int8 codes
+    put(flipped)
+    server.free()  # the unload that stopped the worker
+    again = execution_error(server.run(p, timeout=300))  # waited for ever behind a dead worker
+    # the next prompt read the file again (IS_CHANGED moved though size and mtime did not) and judged it changed
+    assert again and path in again and "fingerprint" in again and "Fix:" in again, again
+    assert "changed on disk" in server.log_tail(20000)
+    put(codes)
+    restored = server.run(p, timeout=300)
+    assert execution_error(restored) is None, execution_error(restored)
+    put(flipped)  # then a LoRA change: ComfyUI unpatches the cached model in the middle of the next prompt
+    p["lora"]["inputs"]["strength_model"] = 0.5
+    changed = execution_error(server.run(p, timeout=300))
+    assert changed is None or ("changed on disk" in changed and "Queue the prompt again" in changed), changed
+    put(codes)
+    last = server.run(p, timeout=300)
+    assert execution_error(last) is None, execution_error(last)
