@@ -13,15 +13,3 @@ pipq() {
     exit "$rc"
   fi
 }
-
-# shared_dir ROOT NAME: the folder ../shared/NAME (holding setup.sh) beside the checkout ROOT, or "" when absent. The
-# archives sit in ../shared beside the checkout; a clone made elsewhere (CI's clean clone of main) finds them beside
-# the repository it was cloned from, or where PREQUANT_SHARED points.
-shared_dir() {
-  local root="$1" name="$2" cand
-  local origin; origin="$(git -C "$root" config --get remote.origin.url 2>/dev/null || true)"
-  for cand in "${PREQUANT_SHARED:-}" "$root/../shared" "${origin:+$origin/../shared}"; do
-    if [ -n "$cand" ] && [ -f "$cand/$name/setup.sh" ]; then (cd "$cand/$name" && pwd); return 0; fi
-  done
-  echo ""
-}

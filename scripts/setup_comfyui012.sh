@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the second ComfyUI the tests run on: upstream ComfyUI 0.12.1 (its pip-installable distribution)
-# in ./.cache/comfyui-0.12 (src/ and its own venv/: torch 2.14.1 + torchao 0.18.0, the pair .venv pins), built by
-# ../shared/comfyui-0.12/setup.sh from the source archive beside it and the package registry. Adds the test runner.
+# in ./.cache/comfyui-0.12 (src/ and its own venv/: torch 2.14.1 + torchao 0.18.0, the pair .venv pins). The sources
+# come from the nearest of a mirror (PREQUANT_COMFYUI_MIRROR), an offline copy in ../shared, or upstream at the pinned
+# commit, checked before use (scripts/comfyui_sources.py); its requirements: scripts/comfyui-0.12.1-requirements.txt.
+# Adds the test runner.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 . "$root/scripts/lib.sh"
 dest="$root/.cache/comfyui-0.12"
-shared="$(shared_dir "$root" comfyui-0.12)"
 # the test runner's pins (from requirements-dev.txt): a change of them re-installs just these
 pins=$(grep -E '^(pytest|pytest-xdist|execnet|hypothesis)==' "$root/requirements-dev.txt")
 stamp="$dest/venv/.prequant-tests-$(echo "$pins soundfile-bundled" | sha256sum | cut -c1-16)"  # bump the words to redo the steps below
 if [ ! -f "$stamp" ]; then
   if [ ! -f "$dest/venv/.ready" ]; then
-    [ -n "$shared" ] || { echo "[setup] ../shared/comfyui-0.12/setup.sh (the ComfyUI 0.12.1 archive) is missing: looked" \
-      "beside this checkout, beside the repository it was cloned from and in PREQUANT_SHARED" >&2; exit 1; }
     echo "[setup] building ComfyUI 0.12.1 in $dest (a few minutes, once)"
     t0=$SECONDS
     # torch 2.14.1 / torchvision 0.29.1 / torchao 0.18.0 (and torch's CUDA libraries) are the same pins as ./.venv's:
     # the venv is made first with those installed files on its path (links in $dest/dev-torch, named by a .pth file,
-    # so they come after the venv's own packages), and setup.sh's pip finds them satisfied instead of unpacking
-    # another 5 GB. pip never removes a package outside the venv, so nothing in ./.venv can be changed from here.
+    # so they come after the venv's own packages), and pip finds them satisfied instead of unpacking another 5 GB.
+    # pip never removes a package outside the venv, so nothing in ./.venv can be changed from here.
     "$root/scripts/setup_dev.sh" >/dev/null
+    [ -f "$dest/src/pyproject.toml" ] || python3 "$root/scripts/comfyui_sources.py" 0.12.1 "$dest"
     rm -rf "$dest/venv" "$dest/dev-torch"
     python3 -m venv "$dest/venv"
     mkdir -p "$dest/dev-torch"
@@ -31,7 +31,11 @@ if [ ! -f "$stamp" ]; then
     done
     "$dest/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
       | { read -r sp; echo "$dest/dev-torch" > "$sp/prequant-dev-torch.pth"; }
-    pipq bash "$shared/setup.sh" "$dest"
+    printf 'torch==2.14.1\ntorchvision==0.29.1\ntorchao==0.18.0\n' > "$dest/constraints.txt"
+    pipq "$dest/venv/bin/pip" install -q torch==2.14.1 torchvision==0.29.1 torchao==0.18.0 -c "$dest/constraints.txt"
+    pipq "$dest/venv/bin/pip" install -q -r "$root/scripts/comfyui-0.12.1-requirements.txt" -c "$dest/constraints.txt"
+    pipq "$dest/venv/bin/pip" install -q --no-deps -e "$dest/src" -c "$dest/constraints.txt"
+    touch "$dest/venv/.ready"
     echo "[setup] ComfyUI 0.12.1 built in $((SECONDS - t0)) s"
     [ -f "$dest/venv/.ready" ] || { echo "[setup] ComfyUI 0.12.1 did not build" >&2; exit 1; }
   fi
