@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Extras only some tests need; each step is skipped when already done. With names as arguments (browser, frontend158, strace,
-# torchao014, comfy-cli, diffusers042, comfy-kitchen, comfy-templates, hf24) only those are set up; with none, all of them
-# (scripts/test.sh names the ones the selected test files need).
+# torchao014, comfy-cli, diffusers042, comfy-kitchen, comfy-templates, hf24, coverage) only those are set up; with none,
+# all of them but coverage (scripts/test.sh names the ones the selected test files need; --coverage adds coverage).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 . "$root/scripts/lib.sh"
 wanted=("$@")
-need() { [ "${#wanted[@]}" -eq 0 ] && return 0; local w; for w in "${wanted[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+need() { [ "${#wanted[@]}" -eq 0 ] && [ "$1" != coverage ] && return 0; local w; for w in "${wanted[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
 apt_once() {  # Debian packages as root; the package lists are fetched once per run
   export DEBIAN_FRONTEND=noninteractive
   if [ -z "${_apt_updated:-}" ]; then apt-get update -qq >/dev/null; _apt_updated=1; fi
@@ -76,4 +76,11 @@ if need comfy-kitchen && [ ! -f .cache/comfy-kitchen/comfy_kitchen/__init__.py ]
     comfy-kitchen==0.2.40 -d .cache/comfy-kitchen-dl
   pipq .venv/bin/python -m pip install -q --no-deps --target .cache/comfy-kitchen .cache/comfy-kitchen-dl/*.whl
   rm -rf .cache/comfy-kitchen-dl
+fi
+# coverage.py for `scripts/test.sh --coverage` only, into .cache/coverage-pkg (no venv's pins move): each venv a run
+# uses gets a .pth that puts it on the path and starts it in every Python process where COVERAGE_PROCESS_START is set
+# (scripts/test.sh: coverage_hook), so servers, workers and children are measured too.
+if need coverage && [ ! -f .cache/coverage-pkg/coverage/__init__.py ]; then
+  echo "[setup] coverage 7.17.3 into .cache/coverage-pkg (scripts/test.sh --coverage)"
+  pipq .venv/bin/python -m pip install -q --no-deps --target .cache/coverage-pkg coverage==7.17.3
 fi

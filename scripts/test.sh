@@ -9,11 +9,40 @@
 # With test paths as arguments it runs just those (one pytest run), on 0.33.0, or on 0.3.75 / 0.12.1 with
 # PREQUANT_TEST_COMFYUI=0.3.75 / 0.12 in the environment, and sets up only what those files need.
 #   --changed     the test files that the uncommitted and unpushed changes touch (docs/DEVELOPING.md: the quick loop)
+#   --coverage    (first) measure prequant_core/ and nodes/ with coverage.py in every Python process the run starts
+#                 (the pytest workers, the ComfyUI servers, the CLI and download children), merge every leg, print line
+#                 and branch coverage and write .cache/coverage/gaps.md (the lines no test ran, by function)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 t_start=$SECONDS
 "$root/scripts/setup_dev.sh"
+coverage=0
+if [ "${1:-}" = "--coverage" ]; then coverage=1; shift; fi
+cov_dir="$root/.cache/coverage"
+coverage_hook() {  # PYTHON: its site-packages gets a .pth starting coverage where COVERAGE_PROCESS_START is set
+  [ "$coverage" -eq 1 ] || return 0
+  local sp; sp="$("$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  printf '%s\nimport os; exec("if os.environ.get(\\"COVERAGE_PROCESS_START\\"):\\n import coverage; coverage.process_startup()")\n' \
+    "$root/.cache/coverage-pkg" > "$sp/zz_prequant_coverage.pth"
+}
+coverage_report() {
+  [ "$coverage" -eq 1 ] || return 0
+  local cov=(env PYTHONPATH="$root/.cache/coverage-pkg" COVERAGE_PROCESS_START= "$root/.venv/bin/python" -m coverage)
+  "${cov[@]}" combine -q --rcfile="$cov_dir/coveragerc" "$cov_dir/data"
+  "${cov[@]}" json -q --rcfile="$cov_dir/coveragerc" -o "$cov_dir/coverage.json"
+  "$root/.venv/bin/python" "$root/tools/coverage_gaps.py" "$cov_dir/coverage.json" "$root" >"$cov_dir/gaps.md"
+  sed -n '1,/^## /p' "$cov_dir/gaps.md" | sed '$d'
+  echo "[test] coverage: the lines no test ran, by function: $cov_dir/gaps.md"
+}
+if [ "$coverage" -eq 1 ]; then
+  "$root/scripts/setup_test_extras.sh" coverage
+  rm -rf "$cov_dir"; mkdir -p "$cov_dir/data"
+  printf '[run]\nbranch = True\nparallel = True\nsigterm = True\ndata_file = %s\nsource =\n    %s\n    %s\n' \
+    "$cov_dir/data/cov" "$root/prequant_core" "$root/nodes" >"$cov_dir/coveragerc"
+  export COVERAGE_PROCESS_START="$cov_dir/coveragerc"
+  coverage_hook "$root/.venv/bin/python"
+fi
 
 # The core tier's files (the first leg)
 # (each list heaviest first, from the durations each leg prints: xdist hands files out in this order)
@@ -83,12 +112,14 @@ summary() {
 c033="$root/.cache/comfyui-0.33"
 run033() {  # pytest on ComfyUI 0.33.0: its venv's python (which sees .venv's packages), its source tree as COMFY
   "$root/scripts/setup_comfyui033.sh"
+  coverage_hook "$c033/venv/bin/python"
   PREQUANT_COMFYUI="$c033/comfyui-0.33.0" PREQUANT_EXPECT_COMFYUI=0.33.0 \
     TORCHINDUCTOR_CACHE_DIR="$root/.cache/torchinductor033" "$c033/venv/bin/python" -m pytest "$@"
 }
 c012="$root/.cache/comfyui-0.12"
 run012() {  # pytest on ComfyUI 0.12.1: its venv's python, tools/comfy_headless.py told where its root is
   "$root/scripts/setup_comfyui012.sh"
+  coverage_hook "$c012/venv/bin/python"
   PREQUANT_COMFYUI="$c012/src" PREQUANT_EXPECT_COMFYUI=0.12.1 TORCHINDUCTOR_CACHE_DIR="$root/.cache/torchinductor012" \
     "$c012/venv/bin/python" -m pytest "$@"
 }
@@ -127,16 +158,19 @@ if [ "${#paths[@]}" -gt 0 ]; then
   done
   if [ "${need[*]:-}" = "all" ]; then "$root/scripts/setup_test_extras.sh"
   elif [ "${#need[@]}" -gt 0 ]; then "$root/scripts/setup_test_extras.sh" "${need[@]}"; fi
-  if [ "${PREQUANT_TEST_COMFYUI:-}" = "0.12" ]; then run012 "${args[@]}"; exit $?; fi
   all_core=1  # core-tier files alone run as in the core leg: ComfyUI taken away
   for p in "${paths[@]}"; do
     is_core=0
     for c in "${CORE_TESTS[@]}"; do [ "${p%%::*}" = "$c" ] && is_core=1; done
     [ "$is_core" -eq 1 ] || all_core=0
   done
-  if [ "$all_core" -eq 1 ]; then PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${args[@]}"; exit $?; fi
-  if [ "${PREQUANT_TEST_COMFYUI:-}" = "0.3.75" ]; then .venv/bin/python -m pytest "${args[@]}"; exit $?; fi
-  run033 "${args[@]}"; exit $?
+  r=0
+  if [ "${PREQUANT_TEST_COMFYUI:-}" = "0.12" ]; then run012 "${args[@]}" || r=$?
+  elif [ "$all_core" -eq 1 ]; then PYTHONPATH="$root/tests" .venv/bin/python -m pytest -p no_comfyui "${args[@]}" || r=$?
+  elif [ "${PREQUANT_TEST_COMFYUI:-}" = "0.3.75" ]; then .venv/bin/python -m pytest "${args[@]}" || r=$?
+  else run033 "${args[@]}" || r=$?; fi
+  coverage_report
+  exit "$r"
 fi
 
 "$root/scripts/setup_test_extras.sh"
@@ -217,4 +251,5 @@ echo "[test] ComfyUI 0.12.1 tier: ${#COMPAT_TESTS[@]} files on the real ComfyUI 
 r=0; run012 "${par[@]}" "${slow[@]}" "${COMPAT_TESTS[@]}" "${COMFY012_DESELECT[@]}" "$@" || r=$?
 leg_done comfyui-0.12.1 "$r"; [ "$r" -eq 0 ] || rc=$r
 summary
+coverage_report
 exit "$rc"

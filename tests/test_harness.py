@@ -75,3 +75,32 @@ def test_a_file_run_alone_gets_the_extras_it_needs():
         checked += bool(needed)
     assert checked >= 6, "the markers above no longer find the files that need extras"
     assert answers["tests/test_core_tier.py"] == "", "a core-tier file needs no Chromium, strace or npm"
+
+
+def test_the_coverage_report_names_every_unrun_line_by_function(tmp_path):
+    """``scripts/test.sh --coverage`` ends with tools/coverage_gaps.py: the figures per part and the functions with
+    lines no test ran, as spans; files outside prequant_core/ and nodes/ are left out."""
+    import json
+    import sys
+    root = tmp_path / "checkout"
+    (root / "prequant_core").mkdir(parents=True)
+    (root / "nodes").mkdir()
+    files = {
+        "prequant_core/a.py": {"summary": {"num_statements": 10, "covered_lines": 7, "num_branches": 4,
+                                           "covered_branches": 1},
+                               "missing_lines": [3, 4, 5, 9],
+                               "functions": {"f": {"missing_lines": [3, 4, 5]}, "g": {"missing_lines": [9]},
+                                             "h": {"missing_lines": []}}},
+        "nodes/b.py": {"summary": {"num_statements": 4, "covered_lines": 4, "num_branches": 0, "covered_branches": 0},
+                       "missing_lines": [], "functions": {}},
+        "tools/c.py": {"summary": {"num_statements": 5, "covered_lines": 0}, "missing_lines": [1],
+                       "functions": {"x": {"missing_lines": [1]}}},
+    }
+    report = tmp_path / "coverage.json"
+    report.write_text(json.dumps({"files": files}))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "coverage_gaps.py"), str(report), str(root)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| prequant_core/ | 7 / 10 lines (70.0%) | 1 / 4 branches (25.0%) |" in out
+    assert "| both | 11 / 14 lines (78.6%) | 1 / 4 branches (25.0%) |" in out
+    assert "- `prequant_core/a.py` f: 3 line(s): 3-5" in out and "- `prequant_core/a.py` g: 1 line(s): 9" in out
+    assert " h:" not in out and "tools/c.py" not in out
