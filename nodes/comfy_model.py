@@ -163,24 +163,38 @@ def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dic
 
 def check_names_match(model, tensors: dict, family: Family, path: str | None = None) -> None:
     """Refuse, as a version mismatch rather than a damaged file, tensors whose names differ from this ComfyUI's
-    model only where the same module holds them under another attribute name (``.scale`` / ``.weight``): what a
-    ComfyUI release that renamed a module's parameter looks like. Any other mismatch is left to the placement's own
-    check, which names the tensors."""
+    model only by renames a known ComfyUI release made in this family's model (``family.comfy_renames``: 0.33's FLUX
+    q/k norms ``.scale`` -> ``.weight``). Any other difference (a tensor renamed as no release renamed it, one
+    missing, one extra) is a damaged file: left to the placement's own check, which names the tensors. Comparing
+    module names alone took a damaged file (``q.bias`` stored as ``q.scale``) for a ComfyUI update."""
     expected = set(placement.expected_entries(model))
     missing = sorted(k for k in expected if k not in tensors and k not in (family.fill_missing or {}))
-    unexpected = sorted(k for k in tensors if k not in expected)
+    unexpected = {k for k in tensors if k not in expected}
     if not missing or not unexpected:
         return
-    modules = lambda keys: {k.rpartition(".")[0] for k in keys}  # noqa: E731
-    if modules(missing) != modules(unexpected):
+    pairs = []  # (this ComfyUI's name, the name given, the rename between them)
+    for k in missing:
+        module, _, attr = k.rpartition(".")
+        hit = next(((f"{module}.{other}", r) for r in family.comfy_renames
+                    for other in [r.counterpart(module, attr)] if other and f"{module}.{other}" in unexpected), None)
+        if hit is None:
+            return
+        unexpected.discard(hit[0])
+        pairs.append((k, *hit))
+    if unexpected:
         return
-    theirs, ours = unexpected[0].rpartition(".")[2], missing[0].rpartition(".")[2]
+    ours, theirs, r = pairs[0]
+    want, given = ours.rpartition(".")[2], theirs.rpartition(".")[2]
+    if want == r.old:  # this ComfyUI predates the rename: the file (or the pack's map) names them as newer ones do
+        fix = (f"Update ComfyUI to {r.since} or newer (it names {r.what} '.{r.new}', as given here), or use a file "
+               f"written for ComfyUI before {r.since}.")
+    else:  # this ComfyUI renamed them and the pack did not carry the names over
+        fix = "Update ComfyUI-Prequant (or use the ComfyUI version the pack's README lists as tested)."
     raise ComfyVersionError(
-        f"This ComfyUI ({comfy_version()}) names {len(missing)} of {family.title}'s tensors differently from what this "
-        f"version of ComfyUI-Prequant maps them to (e.g. '{missing[0]}' where the pack gives '{unexpected[0]}'): a "
-        "ComfyUI and pack version mismatch, not a damaged file.", path=path,
-        expected=f"ComfyUI {comfy_version()}'s names ('.{ours}')", found=f"the pack's names ('.{theirs}')",
-        fix="Update ComfyUI-Prequant (or use the ComfyUI version the pack's README lists as tested).")
+        f"This ComfyUI ({comfy_version()}) names {len(pairs)} of {family.title}'s tensors differently from the "
+        f"checkpoint as this pack maps it (e.g. '{ours}' where it gives '{theirs}'): ComfyUI {r.since} renamed "
+        f"{r.what} from '.{r.old}' to '.{r.new}'. A ComfyUI and pack version mismatch, not a damaged file.",
+        path=path, expected=f"ComfyUI {comfy_version()}'s names ('.{want}')", found=f"'.{given}'", fix=fix)
 
 
 def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *, path: str | None = None,

@@ -57,7 +57,7 @@ CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_
 COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conformance_comfy.py
              tests/test_diffusers_loader.py tests/test_concurrency.py tests/test_hub.py tests/test_build.py
              tests/test_example_workflows.py tests/test_server.py tests/test_families.py tests/test_loader.py
-             tests/test_legacy_formats.py)
+             tests/test_legacy_formats.py tests/test_fresh_clone.py)
 # The extras a test file needs beyond the dev venv (scripts/setup_test_extras.sh names them).
 extras_of() {
   case "$(basename "${1%%::*}")" in
@@ -67,7 +67,8 @@ extras_of() {
     test_fuzz.py | test_legacy_formats.py) echo torchao014 ;;
     test_registry.py) echo comfy-cli ;;
     test_example_workflows.py) echo comfy-templates ;;
-    test_diffusers_loader.py | test_families.py | test_unsloth_conformance.py) echo diffusers042 ;;
+    test_families.py) echo diffusers042 comfy-kitchen ;;
+    test_diffusers_loader.py | test_unsloth_conformance.py) echo diffusers042 ;;
     test_comfy_native.py | test_comfy_native_comfy.py | test_comfy_twins.py | test_dynamic_vram.py) echo comfy-kitchen ;;
     test_hub_staging.py) echo hf24 ;;
   esac

@@ -113,6 +113,45 @@ def test_an_nvfp4_layer_with_an_input_smoothing_factor_is_refused_by_name(tmp_pa
     assert "pre_quant_scale" in str(e.value) and "Load Diffusion Model" in str(e.value), str(e.value)
 
 
+DROPPING = [("float8_e4m3fn", {}), ("float8_e5m2", {}), ("mxfp8", {}), ("int8_tensorwise", {"per_row": True})]
+
+
+@pytest.mark.parametrize("fmt,opts", DROPPING, ids=[f for f, _ in DROPPING])
+def test_a_pre_quant_scale_on_a_format_comfyui_does_not_apply_it_to_is_ignored_as_comfyui_ignores_it(tmp_path, fmt,
+                                                                                                      opts):
+    """Issue 58 #8: ComfyUI 0.33 loads ``pre_quant_scale`` for nvfp4 layers only (QUANT_ALGOS' parameters); on an
+    fp8 / int8 / mxfp8 layer its loader drops it and the layer computes without it. Such a layer was left holding a
+    stray tensor, and the node refused the file as one for another model size. It reads as ComfyUI reads it: the
+    weights as without the entry, the entry noted; the command line (a fresh process) says so and judges it loadable."""
+    import os
+    import subprocess
+    import sys
+    from safetensors.torch import load_file, save_file
+    dense = _dense()
+    plain, smoothed = str(tmp_path / "plain.safetensors"), str(tmp_path / "smoothed.safetensors")
+    cq.write(plain, dense, {"blocks.0.mlp.0": (fmt, opts), "blocks.0.mlp.2": (fmt, opts)})
+    sd = load_file(plain)
+    sd["blocks.0.mlp.0.pre_quant_scale"] = torch.full((256,), 2.0, dtype=torch.bfloat16)
+    sd["blocks.0.mlp.2.pre_quant_scale"] = torch.full((512,), 0.5, dtype=torch.bfloat16)
+    save_file(sd, smoothed)
+    want, got = formats.read(plain), formats.read(smoothed)
+    assert set(got.tensors) == set(want.tensors) and not any("pre_quant_scale" in k for k in got.tensors)
+    for k in ("blocks.0.mlp.0.weight", "blocks.0.mlp.2.weight"):
+        assert torch.equal(_pack_dense(got.tensors[k]), _pack_dense(want.tensors[k]))
+    assert got.metadata["comfy_dropped_side"] == {"pre_quant_scale": 2}
+    assert any("2 pre_quant_scale entries" in n and "ComfyUI's own loader ignores" in n
+               for n in metadata.validate(got, metadata.Request()).notes)
+    if fmt != "float8_e4m3fn":
+        return  # one fresh process is enough: the reader is the same for every format
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-m", "prequant_core", "info", smoothed, "--json"], capture_output=True,
+                       text=True, cwd=root, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+    r = json.loads(p.stdout)
+    assert r["valid"] is True and any("pre_quant_scale" in n for n in r["notes"]), r
+
+
 @pytest.mark.parametrize("bad", [{"convrot": "yes"}, {"convrot": True, "convrot_groupsize": 48},
                                  {"convrot": True, "convrot_groupsize": 4 ** 8}])
 def test_a_bad_convrot_entry_is_refused_typed(tmp_path, bad):

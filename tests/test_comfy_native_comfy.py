@@ -120,6 +120,109 @@ def test_build_nodes_comfyui_native_output_loads_in_stock_comfyui(comfy, wan, sc
     assert diff < 1e-3, "stock ComfyUI and this pack must compute the same model from the same file"
 
 
+RENAMED = [  # (a module of the tiny FLUX in ComfyUI's layout, the attribute the damaged file stores its tensor as)
+    ("double_blocks.0.txt_attn.qkv", "scale"),  # its bias (the image stream's tells the config there are biases)
+    ("double_blocks.0.txt_attn.norm.query_norm", "gamma"),  # its scale (.weight in ComfyUI 0.33's names)
+    ("single_blocks.0.norm.key_norm", "bias"),
+    ("double_blocks.0.img_mlp.0", "scale"),  # its bias
+]
+
+
+@pytest.mark.parametrize("module,attr", RENAMED, ids=[f"{m.split('.', 2)[-1]}.{a}" for m, a in RENAMED])
+def test_a_native_file_with_a_renamed_tensor_is_a_damaged_file_not_a_version_mismatch(comfy, flux, module, attr):
+    """Issue 58 #4: a ComfyUI-native file (ComfyUI's writer restated) with one tensor stored under another attribute
+    name of the same module was reported as 'a ComfyUI and pack version mismatch' with 'Update ComfyUI-Prequant':
+    the check compared module names only. No ComfyUI release made these renames (the one it did make, FLUX's q/k
+    norms .scale -> .weight, is the family's data: the next test), so the file is refused as damaged, naming the
+    tensor it holds."""
+    from prequant_core.errors import ComfyVersionError, CorruptCheckpointError
+    nodes, _ = comfy
+    comfy_sd, _ = flux
+    # the module's one non-weight tensor (a bias, or a norm's scale as this ComfyUI's map names it)
+    (name,) = [k for k in comfy_sd if k.startswith(module + ".") and k.count(".") == module.count(".") + 1
+               and (k.endswith(".bias") or "norm" in module)]
+    stored = f"{module}.{attr}"
+    sd = {(stored if k == name else k): v for k, v in comfy_sd.items()}
+    layers = {n: ("float8_e4m3fn", {}) for n in _block_linears(comfy_sd)}
+    fname = f"renamed-{stored.replace('.', '-')}.safetensors"
+    path = os.path.join(_folder("native"), fname)
+    cq.write(path, sd, layers)
+    try:
+        with pytest.raises(CorruptCheckpointError) as e, torch.inference_mode():
+            nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/native/" + fname,
+                                                                         family=FAMILY)
+    finally:
+        os.remove(path)
+    msg = str(e.value)
+    assert not isinstance(e.value, ComfyVersionError) and stored in msg and fname in msg, msg
+    assert "Update ComfyUI" not in msg, msg
+
+
+def test_a_rename_a_comfyui_release_made_stays_a_version_mismatch(comfy, flux):
+    """The rename ComfyUI 0.33 made (FLUX's q/k norms: '.scale' before, '.weight' since; the family's
+    ``comfy_renames``): tensors named as the other side of it are a version mismatch naming the release, whichever
+    side this ComfyUI is on, and never a damaged file."""
+    from prequant_core.errors import ComfyVersionError
+    from prequant_core.families import FAMILIES
+    _, pack = comfy
+    cm = pack.nodes.comfy_model
+    fam = families.get(FAMILY)
+    comfy_sd, _ = flux
+    model_config, _ = cm.model_config_for(fam, comfy_sd, {})
+    ours = model_config.process_unet_state_dict(dict(comfy_sd))  # this ComfyUI's names
+    model = model_config.get_model({}, "", device=torch.device("meta")).diffusion_model
+    assert set(ours) == set(model.state_dict())
+    (rename,) = fam.comfy_renames
+    flipped = {}
+    for k, v in ours.items():
+        module, _, attr = k.rpartition(".")
+        other = rename.counterpart(module, attr)
+        flipped[f"{module}.{other}" if other else k] = v
+    assert len(set(flipped) - set(ours)) >= 4  # every q/k norm of the tiny FLUX (double and single blocks)
+    with pytest.raises(ComfyVersionError) as e:
+        cm.check_names_match(model, flipped, fam, "/models/flux.safetensors")
+    msg = str(e.value)
+    assert "ComfyUI 0.33.0 renamed" in msg and "not a damaged file" in msg and "/models/flux.safetensors" in msg, msg
+    older = cm._older_than(cm.comfy_version(), rename.since)
+    assert ("Update ComfyUI to 0.33.0" in e.value.fix) == older, e.value.fix
+    # and the renames are data: only the families built from ComfyUI's FLUX layers carry this one
+    assert {f.name for f in FAMILIES.values() if rename in f.comfy_renames} == {
+        "flux.1", "flux.2-klein", "flux.2-dev", "hunyuanimage-2.1", "hunyuanvideo-1.5"}
+
+
+def test_a_pre_quant_scale_on_an_fp8_layer_is_ignored_as_stock_comfyui_ignores_it(comfy, wan):
+    """Issue 58 #8: a ComfyUI-native fp8 file (ComfyUI's writer restated) whose layers carry ``pre_quant_scale`` (an
+    nvfp4-only parameter in ComfyUI 0.33: its loader drops it on every other format) was refused by the node as a
+    file for another model size. The node loads it, says what it ignored, and samples what stock Load Diffusion
+    Model samples from the same file."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    nodes, _ = comfy
+    comfy_sd, _ = wan
+    layers = {n: ("float8_e4m3fn", {}) for n in _block_linears(comfy_sd)}
+    name = "native-fp8-pre-quant-scale.safetensors"
+    path = os.path.join(_folder("."), name)
+    cq.write(path, comfy_sd, layers, style="both")  # ComfyUI 0.3.75 reads the header's marking only
+    with safe_open(path, "pt") as f:
+        sd, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    for n in layers:  # far from 1, so that a layer applying it would compute visibly another function
+        sd[n + ".pre_quant_scale"] = torch.full((comfy_sd[n + ".weight"].shape[1],), 3.0, dtype=torch.bfloat16)
+    save_file(sd, path, metadata=meta)
+    try:
+        with torch.inference_mode():
+            stock = nodes.NODE_CLASS_MAPPINGS["UNETLoader"]().load_unet(name, "default")[0]
+            res = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/" + name)
+    finally:
+        os.remove(path)
+    ours = res["result"][0]
+    notes = res["ui"]["prequant"][0]["notes"]
+    assert any(f"{len(layers)} pre_quant_scale entries" in n for n in notes), notes
+    a, b = tf.sample(stock, WRITE_FAMILY), tf.sample(ours, WRITE_FAMILY)
+    assert torch.isfinite(a).all()
+    diff = ((a - b).norm() / b.norm()).item()
+    assert diff < 1e-3, f"stock ComfyUI and this pack must compute the same model from the same file: {diff}"
+
+
 def _build(nodes, tiny, scheme: str) -> str:
     """Build Prequant Checkpoint, container comfyui-native, from a dense file in models/diffusion_models."""
     from safetensors.torch import save_file

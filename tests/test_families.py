@@ -495,3 +495,58 @@ def test_a_family_this_comfyui_cannot_build_is_refused_before_any_download(comfy
         assert not isinstance(e.value, ComfyVersionError) and next(iter(fam.hosted_repos)) in str(e.value), str(e.value)
     else:
         assert isinstance(e.value, ComfyVersionError) and fam.min_comfy in str(e.value)
+
+
+def _krea2_native(path: str, cut: dict, **shape) -> None:
+    """A ComfyUI-native Krea 2 file (ComfyUI's writer restated, tests/comfy_quantizer.py; its MLPs fp8) of ComfyUI's
+    own Krea2 class at a tiny size with ``shape``'s heads, random weights; ``cut``: {tensor: rows kept}."""
+    import comfy.ops
+    import comfy_quantizer as cq
+    from comfy.ldm.krea2.model import SingleStreamDiT
+    cfg = {**dict(features=512, heads=4, kvheads=4, layers=1, channels=16, txtdim=512, txtlayers=2, txtheads=4,
+                  txtkvheads=4), **shape}
+    m = SingleStreamDiT(**cfg, device="cpu", dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init)
+    g = torch.Generator().manual_seed(0)
+    sd = {k: (torch.randn(v.shape, generator=g) * 0.02).to(v.dtype) if v.is_floating_point() else v.clone()
+          for k, v in m.state_dict().items()}
+    for k, rows in cut.items():
+        sd[k] = sd[k][:rows].contiguous()
+    cq.write(path, sd, {f"blocks.0.mlp.{n}": ("float8_e4m3fn", {}) for n in ("gate", "up", "down")})
+
+
+_QKV = lambda attn: {f"{attn}.w{p}.weight": 64 for p in "qkv"}  # noqa: E731 - half a 128-wide head each
+KREA2_MALFORMED = [  # (case, the class's shape, rows cut, the tensor the refusal names)
+    ("image-qkv-under-one-head", {}, _QKV("blocks.0.attn"), "blocks.0.attn.wq.weight"),
+    ("text-qkv-under-one-head", {}, _QKV("txtfusion.refiner_blocks.0.attn"),
+     "txtfusion.refiner_blocks.0.attn.wq.weight"),
+    ("3-kv-heads-for-4", {"kvheads": 3}, {}, "blocks.0.attn.wk.weight"),
+    ("5-kv-heads-for-4", {"kvheads": 5}, {}, "blocks.0.attn.wk.weight"),
+    ("3-text-kv-heads-for-4", {"txtkvheads": 3}, {}, "txtfusion.refiner_blocks.0.attn.wk.weight"),
+]
+
+
+@pytest.mark.parametrize("case,shape,cut,tensor", KREA2_MALFORMED, ids=[c[0] for c in KREA2_MALFORMED])
+def test_a_krea2_file_whose_heads_cannot_be_is_refused_naming_the_tensor(comfy, prequant_dir, case, shape, cut,
+                                                                         tensor):
+    """Issue 58 #5: q / k / v narrower than one 128-wide head made 0 heads, a ZeroDivisionError in ComfyUI's
+    constructor reported as an internal bug; kv heads that do not divide the q heads (3 or 5 for 4) loaded and sampled
+    a wrong image without a word (diffusers refuses those weights). The configuration read refuses both as a damaged
+    file, naming the file and the tensor. A ComfyUI without the Krea2 class refuses the family before any file."""
+    fam = families.get("krea-2")
+    load = comfy[0].NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load
+    if not hosts_here(comfy, fam):
+        with pytest.raises(ComfyVersionError) as e:
+            comfy_model(comfy).check_loadable(fam)
+        assert fam.min_comfy in str(e.value)
+        return
+    name = f"Krea-2-{case}-ComfyUI.safetensors"
+    path = os.path.join(prequant_dir, name)
+    _krea2_native(path, cut, **shape)
+    try:
+        with pytest.raises(CorruptCheckpointError) as e, torch.inference_mode():
+            load("families/" + name)
+    finally:
+        os.remove(path)
+    msg = str(e.value)
+    assert e.value.path == path and f"tensor '{tensor}'" in msg and "Krea 2" in msg, msg
+    assert e.value.expected and e.value.found and e.value.fix, msg

@@ -277,3 +277,62 @@ def test_build_from_a_clip_refuses_its_lora_and_reads_pristine_weights_after_ano
         build(plain)
     assert "holds no text encoder this pack writes" in e.value.message
     assert torch.equal(plain.cond_stage_model.state_dict()[key], pristine), "the build read the LoRA'd weights"
+
+
+def test_a_qwen3_labelled_hidreams_llama_is_refused_before_comfyui_builds_anything(comfy, models_dir):
+    """Issue 58: a Qwen3 pre-cast file recording HiDream's LlamaForCausalLM held Llama's one marker (every Qwen3
+    does), so the node reported "Llama-3.1-8B fp8" and ComfyUI, picking its class from the keys, built a Qwen3. Now
+    the load refuses it, naming the file, the class it claims and the one it holds, and what to do. (The right label
+    still loads: the Gemma2-2B tests above, through the same judge at full size.)"""
+    from prequant_core.errors import ValidationError
+    _, pack = comfy
+    name = "HiDream-I1-Full-text_encoder_4-FP8.safetensors"
+    path = os.path.join(models_dir, "prequant", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sd = te_builder.state_dict(te_builder.cast_layerwise(te_builder.encoder("Qwen3ForCausalLM")))
+    te_builder.save_safetensors(path, sd, te_builder.metadata(
+        te_class="LlamaForCausalLM", base_model_id="HiDream-ai/HiDream-I1-Full", family="hidream-i1",
+        component="text_encoder_4"))
+    node = pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]()
+    try:
+        for kw in ({}, {"family": "hidream-i1"}):
+            with pytest.raises(ValidationError) as e:
+                node.load(name, **kw)
+            assert e.value.path == os.path.realpath(path), kw
+            why = " ".join(e.value.reasons)
+            assert "te_class 'LlamaForCausalLM' says Llama-3.1-8B, but the tensors are not a Llama-3.1-8B's (they " \
+                   "are a Qwen3-4B's)" in why and "self_attn.q_norm.weight" in why, (kw, why)
+            assert "Pick the file hosted for this family" in e.value.fix
+            assert "Llama-3.1-8B fp8" not in str(e.value)
+    finally:
+        os.remove(path)
+
+
+def test_a_broken_tokenizer_donor_is_named_by_the_node_not_reported_as_a_bug(comfy, models_dir):
+    """Issue 58 #3: a ComfyUI Gemma2 file in models/text_encoders whose spiece_model SentencePiece cannot read lent
+    it anyway, and ComfyUI's tokenizer failed while the CLIP was built: "An unexpected error ... (the file itself was
+    read and judged valid before it) ... Please report this", naming the pre-cast file. The node now names the donor,
+    what it holds and what to do, before ComfyUI builds anything. (A tiny pre-cast Gemma2 from the restated Unsloth
+    builder: the tokenizer is fetched before ComfyUI sees a weight; the donor is written directly.)"""
+    from safetensors.torch import save_file
+    from prequant_core.errors import CorruptCheckpointError
+    from prequant_core.families import encoders
+    _, pack = comfy
+    name = "Lumina-Image-2.0-tiny-text_encoder-FP8.safetensors"
+    path = os.path.join(models_dir, "prequant", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    te_builder.build_file(path, "Gemma2Model", base_model_id=BASE, family="lumina-2")
+    donor = os.path.join(models_dir, "text_encoders", "a_gemma_2_2b_fp16.safetensors")  # listed before any other
+    os.makedirs(os.path.dirname(donor), exist_ok=True)
+    sd = {k: torch.zeros(8, dtype=torch.bfloat16) for k in encoders.for_class("Gemma2Model").markers}
+    sd["spiece_model"] = torch.frombuffer(bytearray(b"\x00" * 4096), dtype=torch.uint8)
+    save_file(sd, donor)
+    try:
+        with pytest.raises(CorruptCheckpointError) as e:
+            pack.nodes.NODE_CLASS_MAPPINGS["PrequantLoadTextEncoder"]().load(name)
+    finally:
+        os.remove(path)
+        os.remove(donor)
+    assert os.path.realpath(e.value.path) == os.path.realpath(donor), str(e.value)
+    assert "tokenizer donor a_gemma_2_2b_fp16.safetensors" in e.value.message and "report" not in str(e.value)
+    assert "SentencePiece" in e.value.expected and "4096 bytes" in e.value.found and "replace" in e.value.fix

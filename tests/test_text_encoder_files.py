@@ -210,9 +210,21 @@ def test_the_family_download_takes_the_pt_when_the_repo_has_no_safetensors(hub, 
                      download_dir=str(dest), model_dirs=[str(dest)])
 
 
+def spiece_model() -> bytes:
+    """A tiny SentencePiece model, trained here (the tokenizer bytes are parsed by SentencePiece on the way in)."""
+    import io
+    import sentencepiece as spm
+    words = "a watercolor painting of the lighthouse at dawn soft light cat dog photo".split()
+    lines = [" ".join(words[(i * j) % len(words)] for j in range(1, 9)) for i in range(1, 200)]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=40, model_type="bpe",
+                                   pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
+    return buf.getvalue()
+
+
 def test_the_tokenizer_comes_from_the_base_repo_once(hub, tmp_path):
     model = tmp_path / "tokenizer.model"
-    model.write_bytes(b"\x0a\x05hello" * 10)
+    model.write_bytes(spiece_model())
     hub.commit("Alpha-VLLM/Lumina-Image-2.0", {"tokenizer/tokenizer.model": str(model)})
     kind = encoders.for_class("Gemma2Model")
     first = tokenizer_source.from_hub(kind, "Alpha-VLLM/Lumina-Image-2.0")
@@ -307,6 +319,55 @@ def test_a_tokenizer_donor_is_sized_from_its_header_and_named_when_it_is_broken(
     assert grown_mib < 64, f"the donor was read before its size was checked: +{grown_mib:.0f} MiB"
 
 
+def write_donor(path: str, spiece: bytes) -> None:
+    """A ComfyUI Gemma2-2B text-encoder file as models/text_encoders may hold one: the marker keys ComfyUI's detection
+    reads and the tokenizer as a ``spiece_model`` uint8 tensor (written directly, not by this pack)."""
+    from safetensors.torch import save_file
+    kind = encoders.for_class("Gemma2Model")
+    sd = {k: torch.zeros(8, dtype=torch.bfloat16) for k in kind.markers}
+    sd["spiece_model"] = torch.frombuffer(bytearray(spiece), dtype=torch.uint8)
+    save_file(sd, path)
+
+
+BROKEN_SPIECE = {  # what a damaged or mistaken spiece_model may hold
+    "garbage": lambda: bytes(range(256)) * 64,
+    "one-byte": lambda: b"\x0a",
+    "nul": lambda: b"\x00" * 4096,
+    "padded": lambda: spiece_model() + b"\x00" * 4096,  # a real model with NULs after it: larger than its proto
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_SPIECE))
+def test_a_tokenizer_donor_that_sentencepiece_cannot_read_is_refused_naming_the_donor(tmp_path, broken):
+    """Issue 58 #3: a donor in models/text_encoders whose spiece_model is no SentencePiece model (garbage, one byte,
+    NULs, a model with bytes after it) passed the size check, and ComfyUI's tokenizer failed on it while it built the
+    CLIP: 'An unexpected error ... please report this' about the pre-cast file. SentencePiece parses the bytes when the
+    donor is read: a typed error naming the donor, what was expected and found, and that the donor is to replace. A
+    well-formed donor still serves."""
+    kind = encoders.for_class("Gemma2Model")
+    donor = tmp_path / "gemma_2_2b_fp16.safetensors"
+    write_donor(str(donor), BROKEN_SPIECE[broken]())
+    with pytest.raises(CorruptCheckpointError) as e:
+        tokenizer_source.from_comfy_files(kind, [str(tmp_path)])
+    assert e.value.path == str(donor) and "tokenizer donor gemma_2_2b_fp16.safetensors" in e.value.message
+    assert "SentencePiece model" in e.value.expected and "SentencePiece:" in e.value.found, str(e.value)
+    assert "Remove or replace gemma_2_2b_fp16.safetensors" in e.value.fix and "not at fault" in e.value.fix
+    good = spiece_model()
+    write_donor(str(donor), good)
+    assert bytes(tokenizer_source.from_comfy_files(kind, [str(tmp_path)]).data.numpy()) == good
+
+
+def test_a_hub_tokenizer_that_sentencepiece_cannot_read_is_refused_naming_it(hub, tmp_path):
+    """The same check on the base repo's tokenizer (Unsloth's route when no donor is on disk)."""
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(b"\x0a\x05hello" * 10)
+    hub.commit("Alpha-VLLM/Lumina-Image-2.0", {"tokenizer/tokenizer.model": str(model)})
+    with pytest.raises(CorruptCheckpointError) as e:
+        tokenizer_source.from_hub(encoders.for_class("Gemma2Model"), "Alpha-VLLM/Lumina-Image-2.0")
+    assert "Alpha-VLLM/Lumina-Image-2.0/tokenizer/tokenizer.model" in e.value.message and e.value.path
+    assert "SentencePiece:" in e.value.found and "gemma_2_2b_fp16.safetensors" in e.value.fix, str(e.value)
+
+
 @pytest.mark.parametrize("te_class,family", [("Gemma2Model", "z-image"), ("Qwen3ForCausalLM", "lumina-2"),
                                              ("T5EncoderModel", "z-image")])
 def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(tmp_path, te_class, family):
@@ -394,3 +455,185 @@ def test_flux2_devs_hosted_encoder_follows_unsloths_names():
         "FLUX.2-dev-text_encoder-FP8.safetensors", "FLUX.2-dev-text_encoder-FP8.pt")
     assert "FLUX.2 [dev] / text_encoder" in encoder_sources.preset_labels()
     assert encoder_sources.plan(family="flux.2-dev").candidates[0].repo == "unsloth/FLUX.2-dev-FP8"
+
+
+# --- issue 58, finding 2: the class a file records is judged against the tensors' whole structure ----------------
+# Llama's marker (a layer's post_attention_layernorm) is in every Qwen3 and every Gemma2: judged by one marker, a
+# Qwen3-4B labelled HiDream's LlamaForCausalLM loaded as "Llama-3.1-8B fp8" and ComfyUI built its Qwen3 (2560-wide
+# conditioning where 4096 belongs); 7 of 11 mislabelled files were VALID. Every file below is written here (the
+# restated Unsloth builder, or a header laid out by hand), not by the pack.
+
+HIDREAM = dict(te_class="LlamaForCausalLM", base_model_id="HiDream-ai/HiDream-I1-Full", family="hidream-i1",
+               component="text_encoder_4")
+LUMINA = dict(te_class="Gemma2Model", base_model_id="Alpha-VLLM/Lumina-Image-2.0", family="lumina-2",
+              component="text_encoder")
+ZIMAGE = dict(te_class="Qwen3ForCausalLM", base_model_id=Z_BASE, family="z-image", component="text_encoder")
+QWEN_IMAGE = dict(te_class="Qwen2_5_VLForConditionalGeneration", base_model_id="Qwen/Qwen-Image", family="qwen-image",
+                  component="text_encoder")
+KREA = dict(te_class="Qwen3VLModel", base_model_id="krea/Krea-2-Turbo", family="krea-2", component="text_encoder")
+LTX = dict(te_class="Gemma3ForConditionalGeneration", base_model_id="Lightricks/LTX-2", family="ltx-2",
+           component="text_encoder")
+
+
+def _cli(*args, cwd=ROOT):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "prequant_core", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _cast(te_class: str, *, comfy_names=False) -> dict:
+    """The restated Unsloth builder's cast tensors of a tiny encoder of the real class (ComfyUI's names if asked)."""
+    sd = te_builder.state_dict(te_builder.cast_layerwise(te_builder.encoder(te_class)))
+    return _comfy_layout(te_class, sd) if comfy_names else sd
+
+
+def _relabelled(tmp_path, name, sd, label, add=()):
+    """``sd`` written as Unsloth's file recording ``label``'s class, family and component, with ``add`` (keys of
+    layer 0, each a 64-wide bf16 norm) added: one more tensor each, a mislabeller's cheapest disguise."""
+    sd = dict(sd)
+    for key in add:
+        sd[key] = torch.ones(64, dtype=torch.bfloat16)
+    return te_builder.save_safetensors(str(tmp_path / f"{name}.safetensors"), sd, te_builder.metadata(**label))
+
+
+def _released_size_file(path, te_class, config, label) -> str:
+    """A released-size encoder's file as Unsloth's builder lays it out (the class's keys, the layerwise cast's dtypes,
+    the config's shapes) with its weight bytes left as holes of a sparse file: Info reads the header only, so gigabytes
+    are declared and none written. The model is built on ``meta`` (no weight is allocated)."""
+    import struct
+    import transformers
+    with torch.device("meta"):
+        model = getattr(transformers, te_class)(config)
+    model = te_builder.cast_layerwise(model.to(torch.bfloat16))
+    dtypes = {torch.float8_e4m3fn: "F8_E4M3", torch.bfloat16: "BF16"}
+    header: dict = {"__metadata__": {"unsloth_format": te_builder.TE_FORMAT,
+                                     "unsloth_metadata": json.dumps(te_builder.metadata(**label))}}
+    offset = 0
+    for k, v in model.state_dict().items():
+        size = v.numel() * v.element_size()
+        header[k] = {"dtype": dtypes[v.dtype], "shape": list(v.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return path
+
+
+def _qwen3_8b_config():
+    """Qwen3-8B's config (Qwen/Qwen3-8B): the Qwen3-4B's class, 4096 wide."""
+    import transformers
+    return transformers.Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                    num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                    tie_word_embeddings=False)
+
+
+def test_a_released_size_qwen3_4b_labelled_hidreams_llama_is_invalid_in_a_fresh_info_and_verify(tmp_path):
+    """The issue's file: a full-size Qwen3-4B pre-cast file recording LlamaForCausalLM for HiDream. ``info`` and
+    ``verify`` (a fresh interpreter, as a user runs them) say INVALID and why (Qwen3's per-head norms, its 2560
+    width); the same tensors labelled as what they are stay VALID, and a Qwen3-8B (the class, another size) labelled
+    as Z-Image's Qwen3-4B is INVALID by its width alone."""
+    config = te_builder.full_config("Qwen3ForCausalLM")
+    wrong = _released_size_file(str(tmp_path / "HiDream-I1-Full-text_encoder_4-FP8.safetensors"),
+                                "Qwen3ForCausalLM", config, HIDREAM)
+    p = _cli("info", wrong, "--json")
+    assert p.returncode == 0, p.stderr[-2000:]
+    d = json.loads(p.stdout)
+    assert d["valid"] is False, d["reasons"]
+    why = " ".join(d["reasons"])
+    assert "te_class 'LlamaForCausalLM' says Llama-3.1-8B, but the tensors are not a Llama-3.1-8B's (they are a " \
+           "Qwen3-4B's)" in why, why
+    assert "its 36 layers hold self_attn.k_norm.weight, self_attn.q_norm.weight" in why, why
+    assert "hidden width 2560 ('model.layers.0.input_layernorm.weight'), where a Llama-3.1-8B's is 4096" in why, why
+    p = _cli("verify", wrong, "--base", HIDREAM["base_model_id"], "--scheme", "fp8", "--family", "hidream-i1")
+    assert p.returncode == 1 and "INVALID" in p.stdout and "they are a Qwen3-4B's" in p.stdout, p.stdout + p.stderr
+
+    right = _released_size_file(str(tmp_path / "Z-Image-Turbo-text_encoder-FP8.safetensors"), "Qwen3ForCausalLM",
+                                config, ZIMAGE)
+    p = _cli("verify", right, "--base", Z_BASE, "--scheme", "fp8", "--family", "z-image")
+    assert p.returncode == 0 and ": VALID" in p.stdout, p.stdout + p.stderr[-2000:]
+
+    bigger = _released_size_file(str(tmp_path / "qwen3-8b.safetensors"), "Qwen3ForCausalLM", _qwen3_8b_config(),
+                                 ZIMAGE)
+    p = _cli("verify", bigger, "--base", Z_BASE, "--scheme", "fp8")
+    assert p.returncode == 1 and "INVALID" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert "hidden width 4096 ('model.layers.0.input_layernorm.weight'), where a Qwen3-4B's is 2560" in p.stdout
+
+
+def test_a_qwen3_with_one_gemma2_tensor_labelled_lumina_2s_gemma2_is_invalid_in_a_fresh_info_and_verify(tmp_path):
+    """A tiny Qwen3 of the real class plus the one tensor the old check looked for (Gemma2's post-feedforward norm of
+    layer 0), recording Gemma2Model for Lumina 2: INVALID, naming a Gemma2 norm missing and Qwen3's norms held. A real
+    Gemma2 with the same label stays VALID."""
+    path = _relabelled(tmp_path, "Lumina-Image-2.0-text_encoder-FP8", _cast("Qwen3ForCausalLM"), LUMINA,
+                       add=("model.layers.0.post_feedforward_layernorm.weight",))
+    base = LUMINA["base_model_id"]
+    p = _cli("info", path, "--json")
+    d = json.loads(p.stdout)
+    why = " ".join(d["reasons"])
+    assert p.returncode == 0 and d["valid"] is False, p.stdout + p.stderr[-2000:]
+    assert "says Gemma2-2B, but the tensors are not a Gemma2-2B's" in why, why
+    assert "no 'model.layers.0.pre_feedforward_layernorm.weight'" in why, why
+    assert "self_attn.q_norm.weight, which a Gemma2-2B's layers do not" in why, why
+    p = _cli("verify", path, "--base", base, "--scheme", "fp8", "--family", "lumina-2")
+    assert p.returncode == 1 and "INVALID" in p.stdout and "not a Gemma2-2B's" in p.stdout, p.stdout + p.stderr
+    gemma = _relabelled(tmp_path, "gemma", _cast("Gemma2Model"), LUMINA)
+    p = _cli("verify", gemma, "--base", base, "--scheme", "fp8", "--family", "lumina-2")
+    assert p.returncode == 0 and ": VALID" in p.stdout, p.stdout + p.stderr[-2000:]
+
+
+def test_build_refuses_a_dense_qwen3_for_hidreams_llama_before_writing_and_builds_a_llama(tmp_path):
+    """``build-text-encoder --family hidream-i1`` given a dense Qwen3 (the transformers class's names, its lm_head
+    included: everything the Llama build needs) wrote it as HiDream's Llama-3.1-8B. Now it is refused, in a fresh
+    interpreter, naming what the input is and the family it belongs to, with nothing written; a Llama is built and
+    judged VALID."""
+    from safetensors.torch import save_file
+    qwen = str(tmp_path / "qwen3.safetensors")
+    save_file({k: v.contiguous().clone() for k, v in te_builder.state_dict(
+        te_builder.encoder("Qwen3ForCausalLM")).items()}, qwen)
+    out = tmp_path / "out"
+    out.mkdir()
+    p = _cli("build-text-encoder", "-i", qwen, "--family", "hidream-i1", "-o", str(out / "te.safetensors"), "-q")
+    assert p.returncode != 0, p.stdout + p.stderr[-2000:]
+    assert "The input is not a Llama-3.1-8B, which is HiDream-I1's text_encoder_4; nothing was written." in p.stderr
+    assert "Found: a Qwen3-4B:" in p.stderr and "(z-image)" in p.stderr, p.stderr[-2000:]
+    assert os.listdir(out) == []
+    llama = str(tmp_path / "llama.safetensors")
+    save_file(te_builder.state_dict(te_builder.encoder("LlamaForCausalLM")), llama)
+    p = _cli("build-text-encoder", "-i", llama, "--family", "hidream-i1", "-o", str(out / "te.safetensors"), "-q")
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    p = _cli("verify", str(out / "te.safetensors"), "--base", HIDREAM["base_model_id"], "--scheme", "fp8")
+    assert p.returncode == 0 and ": VALID" in p.stdout, p.stdout + p.stderr[-2000:]
+    p = _cli("info", str(out / "te.safetensors"), "--json")
+    assert json.loads(p.stdout)["encoder"].startswith("Llama-3.1-8B (LlamaForCausalLM)"), p.stdout + p.stderr[-2000:]
+
+
+# The mislabelled files: (what the tensors are, in which naming, the label, the one tensor added to layer 0 (None:
+# none)). Each held the old marker(s) of the label it carries, so each was judged VALID; the first two are the issue's.
+MISLABELLED = [
+    ("Qwen3ForCausalLM", False, HIDREAM, None),
+    ("Qwen3ForCausalLM", False, LUMINA, "model.layers.0.post_feedforward_layernorm.weight"),
+    ("Gemma2Model", True, HIDREAM, None),
+    ("Gemma2Model", True, ZIMAGE, "model.layers.0.self_attn.q_norm.weight"),
+    ("LlamaForCausalLM", False, ZIMAGE, "model.layers.0.self_attn.q_norm.weight"),
+    ("LlamaForCausalLM", False, QWEN_IMAGE, "model.layers.0.self_attn.k_proj.bias"),
+    ("Qwen3ForCausalLM", False, QWEN_IMAGE, "model.layers.0.self_attn.k_proj.bias"),
+    ("Qwen2_5_VLForConditionalGeneration", True, HIDREAM, None),
+    ("Qwen2_5_VLForConditionalGeneration", True, ZIMAGE, "model.layers.0.self_attn.q_norm.weight"),
+    ("Gemma3ForConditionalGeneration", False, KREA, None),
+    ("Qwen3VLForConditionalGeneration", False, LTX, "model.language_model.layers.0.pre_feedforward_layernorm.weight"),
+]
+
+
+@pytest.mark.parametrize("held,comfy_names,label,add", MISLABELLED,
+                         ids=[f"{h}-as-{lab['te_class']}{'+1' if a else ''}" for h, _, lab, a in MISLABELLED])
+def test_a_mislabelled_encoder_is_refused_by_the_load_and_named(tmp_path, held, comfy_names, label, add):
+    path = _relabelled(tmp_path, "mislabelled", _cast(held, comfy_names=comfy_names), label, add=(add,) if add else ())
+    with pytest.raises(ValidationError) as e:
+        judge(path, component=label["component"], family=label["family"], base_model_id=label["base_model_id"])
+    claimed = encoders.for_class(label["te_class"]).name
+    assert any(f"but the tensors are not a {claimed}'s" in r for r in e.value.reasons), e.value.reasons
+    assert e.value.path == os.path.realpath(path) and e.value.fix
+    # as what it is, it is accepted (where the pack has a record of its class)
+    assert encoders.identify(_cast(held, comfy_names=comfy_names)) is encoders.for_class(held)

@@ -115,15 +115,15 @@ def build_text_encoder_from(src, dest: str, *, family: str, component: str | Non
     names or the transformers class's."""
     fam, hosted, kind = _writable(family, component, input_path)
     infos = src.infos()
-    wrong = kind.not_this_encoder(infos)
+    wrong = kind.mismatches(infos)
     if wrong:  # the input is another encoder: refused before anything is cast or written under this family's name
-        other = detect_comfy_encoder(list(infos))
+        other = encoders.identify(infos)
+        home = family_for_kind(other) if other is not None else None
         raise BuildError(f"The input is not a {kind.name}, which is {fam.title}'s {hosted.component}; nothing was "
-                         "written.", path=input_path, expected=f"a {kind.name} ({hosted.te_class}) with "
-                         f"'{wrong[0]}'", found=(f"a {other[0].name}" if other else f"{len(infos)} tensors without it"),
-                         fix=(f"Pick the family whose encoder it is ({family_for_kind(other[0])})" if other and
-                              family_for_kind(other[0]) else "Pick the family whose encoder it is") +
-                             ", or give this family's own encoder.")
+                         "written.", path=input_path, expected=f"a {kind.name} ({hosted.te_class})",
+                         found=(f"a {other.name}: " if other is not None else "") + "; ".join(wrong),
+                         fix=(f"Pick the family whose encoder it is ({home})" if home else
+                              "Pick the family whose encoder it is") + ", or give this family's own encoder.")
     comfy_names = not kind.missing_markers(infos)
     rename = kind.from_comfy if comfy_names else str
     shapes = {rename(k): tuple(i.shape) for k, i in infos.items() if k not in ("spiece_model", "tekken_model")}

@@ -28,6 +28,46 @@ def blocks(shapes: Shapes, *prefixes: str) -> int:
     return 0
 
 
+class ShapeRefused(ValueError):
+    """A config's own refusal of one tensor's shape: which tensor, what the model needs, what the file holds.
+    ``Family.config_from_shapes`` turns it into a CorruptCheckpointError naming the file and that tensor."""
+
+    def __init__(self, tensor: str, expected: str, found: str):
+        super().__init__(f"{tensor}: expected {expected}, found {found}")
+        self.tensor, self.expected, self.found = tensor, expected, found
+
+
+def first_named(shapes: Shapes, *keys: str) -> tuple[str, tuple]:
+    """(key, shape) of the first key present, so that a refusal can name the tensor the file really has."""
+    for k in keys:
+        if k in shapes:
+            return k, shapes[k]
+    raise KeyError(keys[0])
+
+
+def attention_heads(shapes: Shapes, q_keys: tuple[str, ...], k_keys: tuple[str, ...], v_keys: tuple[str, ...],
+                    head: int) -> tuple[int, int]:
+    """(heads, kv heads) from the q and k projections' rows at a fixed head width, as ComfyUI's detection reads them.
+    Refused (ShapeRefused, naming the tensor) where the rows are not whole heads (fewer rows than one head made 0
+    heads, a ZeroDivisionError in the model's constructor), where v is not as wide as k, or where the kv heads do not
+    divide the q heads: grouped attention repeats each kv head heads / kv times, and a remainder samples a wrong image
+    silently (diffusers refuses such weights)."""
+    qk, qs = first_named(shapes, *q_keys)
+    kk, ks = first_named(shapes, *k_keys)
+    vk, vs = first_named(shapes, *v_keys)
+    for key, shape in ((qk, qs), (kk, ks), (vk, vs)):
+        if len(shape) != 2 or shape[0] < head or shape[0] % head:
+            raise ShapeRefused(key, f"a 2-D projection of whole {head}-wide heads (rows a positive multiple of "
+                                    f"{head})", f"shape {tuple(shape)}")
+    if vs[0] != ks[0]:
+        raise ShapeRefused(vk, f"as many rows as {kk} ({ks[0]}: one value per key head)", f"{vs[0]} rows")
+    heads, kv = qs[0] // head, ks[0] // head
+    if heads % kv:
+        raise ShapeRefused(kk, f"a number of kv heads dividing the {heads} query heads of {qk}",
+                           f"{kv} kv heads ({ks[0]} rows)")
+    return heads, kv
+
+
 def has_any(shapes: Shapes, *keys: str) -> bool:
     return any(k in shapes for k in keys)
 
@@ -60,6 +100,32 @@ def base_tail(s: str) -> str:
 
 def _has(keys: set, marker) -> bool:
     return all(k in keys for k in ((marker,) if isinstance(marker, str) else marker))
+
+
+@dataclasses.dataclass(frozen=True)
+class ComfyRename:
+    """A tensor rename a ComfyUI release made in a family's model: modules whose name matches ``module`` (a regular
+    expression, searched) hold under ``.new`` from ComfyUI ``since`` on what older releases hold under ``.old``. A load
+    whose names differ from the running ComfyUI's only by such renames is a version mismatch; any other difference is
+    a damaged file (nodes/comfy_model.check_names_match)."""
+    module: str
+    old: str
+    new: str
+    since: str
+    what: str  # in words, for the message
+
+    def counterpart(self, module: str, attr: str) -> str | None:
+        """The other name of ``module.attr`` across this rename, where the rename covers it; else None."""
+        if attr not in (self.old, self.new) or not re.search(self.module, module):
+            return None
+        return self.new if attr == self.old else self.old
+
+
+# ComfyUI 0.33 made the q/k norms of comfy.ldm.flux.layers.QKNorm (FLUX.1, FLUX.2, and the HunyuanVideo models built
+# from the same layers) its common RMSNorm: ``norm.query_norm.scale`` became ``.weight`` (its process_unet_state_dict
+# renames older files' ``.scale`` on load; an older ComfyUI knows only ``.scale``).
+FLUX_QK_NORMS = ComfyRename(module=r"(^|\.)norm\.(query|key)_norm$", old="scale", new="weight", since="0.33.0",
+                            what="the q/k norms' scales (query_norm / key_norm)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +172,9 @@ class Family:
     unet_config: Callable[[Shapes], dict] | None
     # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them.
     fill_missing: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Tensor renames a ComfyUI release made in this family's model (ComfyRename): a load that differs from the running
+    # ComfyUI's names only by these is a version mismatch, any other difference a damaged file.
+    comfy_renames: tuple[ComfyRename, ...] = ()
     # Oldest ComfyUI that runs the family end to end (model class and the text encoder its workflow needs); named in
     # the error when the running ComfyUI lacks the class or key map (the loader refuses only then).
     min_comfy: str = "0.3.75"
@@ -152,6 +221,11 @@ class Family:
             raise ValueError(f"{self.title} has no ComfyUI unet config in this pack")
         try:
             return self.unet_config(shapes)
+        except ShapeRefused as e:
+            raise CorruptCheckpointError(
+                f"This {self.title} checkpoint's tensor '{e.tensor}' does not have a shape a {self.title} transformer "
+                "can have.", path=path, expected=e.expected, found=e.found,
+                fix="Download the file again, or pick the file (or family) of the model you meant.") from None
         except (IndexError, TypeError, ValueError, ZeroDivisionError) as e:
             # a tensor of the wrong rank (a 3-D weight where a Linear's 2-D one belongs) or an impossible size
             raise CorruptCheckpointError(

@@ -1,7 +1,7 @@
 """FLUX.1 (schnell, dev, Krea-dev): FluxTransformer2DModel -> ComfyUI's Flux / FluxSchnell (ComfyUI's own key map)."""
 from __future__ import annotations
 
-from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
+from ._base import FLUX_QK_NORMS, Family, HostedEncoder, Shapes, blocks, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -40,5 +40,6 @@ FAMILIES = (
         diffusers_markers=(("single_transformer_blocks.0.proj_mlp.weight", "time_text_embed.timestep_embedder.linear_1.weight"),),
         comfy_markers=(("double_blocks.0.img_mod.lin.weight", "img_in.weight", "vector_in.in_layer.weight"),),
         comfy_model=("Flux", "FluxSchnell"), comfy_key_map="flux_to_diffusers", unet_config=config,
+        comfy_renames=(FLUX_QK_NORMS,),
     ),
 )

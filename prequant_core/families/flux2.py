@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import mlp_embedder, moves, qkv_rows
-from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
+from ._base import FLUX_QK_NORMS, Family, HostedEncoder, Shapes, blocks, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -76,6 +76,7 @@ FAMILIES = (
         diffusers_markers=("double_stream_modulation_img.linear.weight",),
         comfy_markers=("double_stream_modulation_img.lin.weight",),
         comfy_model="Flux2", comfy_key_map=flux2_to_diffusers, unet_config=config,
+        comfy_renames=(FLUX_QK_NORMS,),
         # the transformer runs in 0.3.75's Flux2 class (tested); its Qwen3-4B text encoder arrived later
         min_comfy="0.9.2",
     ),
@@ -89,5 +90,6 @@ FAMILIES = (
         diffusers_markers=("double_stream_modulation_img.linear.weight",),
         comfy_markers=("double_stream_modulation_img.lin.weight",),
         comfy_model="Flux2", comfy_key_map=flux2_to_diffusers, unet_config=config,
+        comfy_renames=(FLUX_QK_NORMS,),
     ),
 )

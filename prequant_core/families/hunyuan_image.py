@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import mlp_embedder, moves, qkv_rows
-from ._base import Family, HostedEncoder, Shapes, blocks, first, has_any
+from ._base import FLUX_QK_NORMS, Family, HostedEncoder, Shapes, blocks, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -109,5 +109,6 @@ FAMILIES = (
                        ("txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight", "byt5_in.fc1.weight")),
         comfy_model="HunyuanImage21", comfy_key_map=hunyuan_image_to_diffusers,
         unet_config=config,
+        comfy_renames=(FLUX_QK_NORMS,),
     ),
 )

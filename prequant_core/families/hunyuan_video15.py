@@ -12,7 +12,7 @@ from typing import Mapping
 
 from .keymap import mlp_embedder, moves
 from . import hunyuan_image
-from ._base import Family, Shapes, first, has_any
+from ._base import FLUX_QK_NORMS, Family, Shapes, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -50,6 +50,7 @@ FAMILIES = (
         comfy_markers=(("cond_type_embedding.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight"),),
         comfy_model="HunyuanVideo15", comfy_key_map=hunyuan_video15_to_diffusers,
         unet_config=config,
+        comfy_renames=(FLUX_QK_NORMS,),
         # one repo, one file per variant (base): the base picks it (sources.filenames)
         variant_filenames={"unsloth/HunyuanVideo-1.5-NVFP4": {
             "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v":

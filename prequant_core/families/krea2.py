@@ -8,26 +8,30 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ._base import Family, HostedEncoder, Shapes, blocks, first
+from ._base import Family, HostedEncoder, Shapes, attention_heads, blocks, first
 from .keymap import moves
 
 HEAD = 128  # ComfyUI derives heads from the q / k rows at this head width, as its own detection does
 
 
+def _projections(diffusers: str, comfy: str) -> tuple[tuple[str, str], ...]:
+    """The q, k, v weights of one attention, each in either layout."""
+    return tuple((f"{diffusers}to_{p}.weight", f"{comfy}w{p}.weight") for p in "qkv")
+
+
 def config(shapes: Shapes) -> dict:
     features, cin = first(shapes, "img_in.weight", "first.weight")
-    q = first(shapes, "transformer_blocks.0.attn.to_q.weight", "blocks.0.attn.wq.weight")[0]
-    kv = first(shapes, "transformer_blocks.0.attn.to_k.weight", "blocks.0.attn.wk.weight")[0]
-    tq = first(shapes, "text_fusion.refiner_blocks.0.attn.to_q.weight", "txtfusion.refiner_blocks.0.attn.wq.weight")[0]
-    tkv = first(shapes, "text_fusion.refiner_blocks.0.attn.to_k.weight",
-                "txtfusion.refiner_blocks.0.attn.wk.weight")[0]
+    # whole heads, kv heads dividing q heads: both attentions refused by tensor name otherwise (_base.attention_heads)
+    heads, kvheads = attention_heads(shapes, *_projections("transformer_blocks.0.attn.", "blocks.0.attn."), HEAD)
+    txtheads, txtkvheads = attention_heads(
+        shapes, *_projections("text_fusion.refiner_blocks.0.attn.", "txtfusion.refiner_blocks.0.attn."), HEAD)
     return {
         "image_model": "krea2", "features": features, "patch": 2, "channels": cin // 4,
-        "layers": blocks(shapes, "transformer_blocks.", "blocks."), "heads": q // HEAD, "kvheads": kv // HEAD,
+        "layers": blocks(shapes, "transformer_blocks.", "blocks."), "heads": heads, "kvheads": kvheads,
         "txtlayers": first(shapes, "text_fusion.projector.weight", "txtfusion.projector.weight")[1],
         "txtdim": first(shapes, "txt_in.norm.weight", "txtmlp.0.scale")[0],
         # ComfyUI's detection leaves the text heads at the release's 20 (2560 wide); read them as the model holds them
-        "txtheads": tq // HEAD, "txtkvheads": tkv // HEAD,
+        "txtheads": txtheads, "txtkvheads": txtkvheads,
     }
 
 

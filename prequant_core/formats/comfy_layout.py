@@ -52,6 +52,19 @@ CONVROT_SINCE = "0.27.0"
 # Side tensors a format may carry that change the layer's math and that this pack does not apply: refused by name
 # (ComfyUI 0.33's nvfp4 multiplies the input by ``pre_quant_scale``, an AWQ-style smoothing, before its matmul)
 UNREAD_SIDE = {"nvfp4": ("pre_quant_scale",)}
+# Side tensors ComfyUI 0.33 loads for some formats only (``QUANT_ALGOS[fmt]["parameters"]`` in comfy/quant_ops.py:
+# ``pre_quant_scale`` is nvfp4's alone). On a layer of another format its loader (comfy/ops.py
+# ``_load_quantized_module``) leaves the tensor in the state dict, ``load_state_dict(strict=False)`` drops it (logged
+# as "unet unexpected") and the layer computes without it. Read the same way here: ignored, counted and noted; a
+# format that does use it lists it in UNREAD_SIDE (refused by name) or in its ``side``.
+DROPPED_UNLESS_USED = ("pre_quant_scale",)
+
+
+def dropped_side(fmt: ComfyFormat) -> tuple[str, ...]:
+    """The side tensors ComfyUI drops on a layer of ``fmt`` (DROPPED_UNLESS_USED less the ones the format uses)."""
+    return tuple(n for n in DROPPED_UNLESS_USED if n not in fmt.side and n not in UNREAD_SIDE.get(fmt.name, ()))
+
+
 # Formats ComfyUI has whose math this pack does not run (named in the refusal)
 OTHER = ("convrot_w4a4", "asym_w4a8_int8", "awq_w4a16", "svdquant_w4a4", "int4")
 LOGICAL_DTYPE = torch.bfloat16

@@ -144,10 +144,7 @@ def validate(ckpt, req: Request) -> Verdict:
                            f"{kinds.for_class(hosted.te_class).name}, this file holds a {kind.name} ({te_class})")
 
     if kind is not None:
-        wrong = kind.not_this_encoder(ckpt.tensors)
-        if wrong:  # labelled as one encoder, holding another's tensors (round 5: a Gemma2 built as Z-Image's Qwen3)
-            reasons.append(f"te_class {_text(te_class)!r} says {kind.name}, but the tensors are not a {kind.name}'s "
-                           f"(no '{_text(wrong[0])}')")
+        reasons += class_reasons(kind, te_class, ckpt.tensors)
     quantized = [k for k, v in ckpt.tensors.items() if qtensor.is_quantized(v)]
     if quantized:
         reasons.append(f"{len(quantized)} torchao-quantized tensors (e.g. '{_text(quantized[0])}'): a pre-cast "
@@ -163,6 +160,21 @@ def validate(ckpt, req: Request) -> Verdict:
     if not any(v.dtype == STORAGE_DTYPE for v in stored):
         reasons.append("no float8 weight: not a pre-cast (layerwise fp8) encoder")
     return Verdict(not reasons, reasons, notes)
+
+
+def class_reasons(kind, te_class, tensors) -> list[str]:
+    """Why the tensors are not the class the file records, the encoder they are where one record fits. Labelled as
+    one encoder, holding another's, a file would load as the other: ComfyUI picks its class from the keys, so a
+    Qwen3-4B labelled HiDream's Llama-3.1-8B became a Qwen3 giving 2560-wide conditioning where 4096 belongs
+    (issue 58; round 5: a Gemma2 built as Z-Image's Qwen3)."""
+    why = kind.mismatches(tensors)
+    if not why:
+        return []
+    other = kinds.identify(tensors)
+    they = f" (they are a {other.name}'s)" if other is not None and other is not kind else ""
+    # every name in ``why`` is a record's (a layer prefix and key): nothing from the file but numbers
+    return [f"te_class {_text(te_class)!r} says {kind.name}, but the tensors are not a {kind.name}'s{they}: "
+            + "; ".join(why)]
 
 
 def int8_layers(tensors) -> list[str]:

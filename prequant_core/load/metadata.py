@@ -69,6 +69,10 @@ def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
     if m.get("comfy_attention_configs"):
         notes.append(f"{m['comfy_attention_configs']} comfy_attention.config entries (a newer ComfyUI's attention "
                      "kernel preference) are ignored: ComfyUI's default attention runs")
+    dropped = m.get("comfy_dropped_side") if isinstance(m.get("comfy_dropped_side"), dict) else {}
+    for name, n in sorted(dropped.items()):
+        notes.append(f"{n} {name} entries on layers whose format does not use it are ignored, as ComfyUI's own "
+                     "loader ignores them (those layers compute without it there too)")
     return notes
 
 

@@ -23,11 +23,26 @@ class Tokenizer:
     source: str  # in words, for the node's status and Info
 
 
-def _checked(raw: bytes, where: str) -> torch.Tensor:
+def _checked(raw: bytes, where: str, what: str, fix: str) -> torch.Tensor:
+    """The bytes as the uint8 tensor ComfyUI takes, once SentencePiece itself has parsed them. ComfyUI parses them
+    only while it builds the CLIP, after the encoder file was judged: a broken model there was reported as an internal
+    error about the encoder file. Parsed here, the refusal names where the bytes came from (``where``, ``what``)."""
     if not raw or len(raw) > MAX_BYTES:
-        raise CorruptCheckpointError(f"The tokenizer from {where} is {len(raw)} bytes, not a SentencePiece model.",
-                                     path=where, expected=f"1 byte to {MAX_BYTES >> 20} MiB",
-                                     fix="Use the base model's own tokenizer file.")
+        raise CorruptCheckpointError(f"{what} is {len(raw)} bytes, not a SentencePiece model.", path=where,
+                                     expected=f"1 byte to {MAX_BYTES >> 20} MiB", found=f"{len(raw)} bytes", fix=fix)
+    # ComfyUI's SPieceTokenizer parses the same bytes with the same library (sentencepiece, one of its requirements)
+    import sentencepiece
+    try:
+        pieces = sentencepiece.SentencePieceProcessor(model_proto=bytes(raw)).get_piece_size()
+        problem = None if pieces > 0 else "a model without pieces"
+    except Exception as e:  # noqa: BLE001 - a stranger's bytes: whatever the parser raises, the source is named
+        problem = f"{type(e).__name__}: {str(e).strip()[:160]}"
+    if problem:
+        raise CorruptCheckpointError(f"{what} is not a SentencePiece model that SentencePiece can read.", path=where,
+                                     expected="a serialized SentencePiece model (ModelProto), as ComfyUI's "
+                                              "text-encoder files carry in their spiece_model tensor",
+                                     found=f"{len(raw)} bytes starting {bytes(raw[:8]).hex(' ')}; SentencePiece: "
+                                           f"{problem}", fix=fix)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
@@ -76,12 +91,13 @@ def _donor_bytes(full: str, entry: dict) -> torch.Tensor:
         from safetensors import safe_open
         with safe_open(full, framework="pt", device="cpu") as f:
             t = f.get_tensor(SPIECE_KEY)
-        return _checked(t.numpy().tobytes(), full)
+        raw = t.numpy().tobytes()
     except PrequantError:
         raise
     except Exception as e:  # noqa: BLE001 - a stranger's file: whatever the reader raises, the donor is named
         raise CorruptCheckpointError(f"The tokenizer donor {os.path.basename(full)} could not be read.", path=full,
                                      found=f"{type(e).__name__}: {str(e)[:200]}", fix=fix) from None
+    return _checked(raw, full, f"The spiece_model of the tokenizer donor {os.path.basename(full)}", fix)
 
 
 def from_hub(kind: EncoderKind, base_repo: str, *, token: str | None = None, status=None, check=None) -> Tokenizer:
@@ -90,4 +106,8 @@ def from_hub(kind: EncoderKind, base_repo: str, *, token: str | None = None, sta
     with open(fetched.path, "rb") as f:
         raw = f.read(MAX_BYTES + 1)
     how = "downloaded" if fetched.downloaded else "cached"
-    return Tokenizer(_checked(raw, fetched.path), f"{base_repo}/{kind.tokenizer_file} ({how})")
+    data = _checked(raw, fetched.path, f"The tokenizer {base_repo}/{kind.tokenizer_file} ({how})",
+                    f"Put ComfyUI's {kind.comfy_file_hint} into models/text_encoders (its tokenizer is used "
+                    f"instead of the repo's); if the copy on disk was damaged, delete {fetched.path} and the Hugging "
+                    "Face cache's blob it points to, so that it is downloaded again.")
+    return Tokenizer(data, f"{base_repo}/{kind.tokenizer_file} ({how})")

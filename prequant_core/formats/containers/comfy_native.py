@@ -10,7 +10,8 @@ Layout (docs/FORMAT.md section 6), ComfyUI key names (fused ``attention.qkv`` et
   ``float8_e4m3fn``, ``float8_e5m2``, ``nvfp4``, ``mxfp8``, ``int8_tensorwise`` with or without ConvRot);
   ``<layer>.input_scale`` may exist (a static activation scale for ComfyUI's fp8 GPU matmul: read, not used, as this
   pack quantizes activations dynamically); ``<block>.comfy_attention.config`` (an attention-kernel preference of
-  newer ComfyUI releases) is read and ignored, with a note;
+  newer ComfyUI releases) is read and ignored, with a note; ``<layer>.pre_quant_scale`` on a layer of a format ComfyUI
+  does not apply it to (all but nvfp4) is ignored as ComfyUI ignores it, with a note (on nvfp4 it is refused by name);
 * older files: the header entry ``_quantization_metadata`` = ``{"format_version": "1.0", "layers": {name: cfg}}``
   (``cfg`` a format name or the same JSON object), same tensor names;
 * oldest: the ``scaled_fp8`` marker tensor (its dtype is the fp8 format), every fp8 ``<layer>.weight`` with a scalar
@@ -151,6 +152,7 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
         counts: dict = {}
         rotated: dict = {}
         input_scales = attention = 0
+        dropped: dict = {}  # {side tensor name: layers}: what ComfyUI's own loader drops too (cf.dropped_side)
         for layer, cfg in sorted(layers.items()):
             fmt = cf.FORMATS[cfg["format"]]
             wkey = by_stripped.get(layer + ".weight")
@@ -165,6 +167,11 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
                         f"{name}", found=f"{layer[:80]}.{name}",
                         fix="Load it with ComfyUI's own 'Load Diffusion Model' (0.33+ reads it), or use the repo's "
                             "non-ComfyUI file.")
+            for name in cf.dropped_side(fmt):
+                key = by_stripped.get(layer + "." + name)
+                if key is not None:  # ComfyUI computes this layer without it: so does this pack
+                    consumed.add(key)
+                    dropped[name] = dropped.get(name, 0) + 1
             side = {}
             for name in fmt.side:
                 key = by_stripped.get(layer + (legacy_scale_key if name == "weight_scale" else "." + name))
@@ -207,6 +214,8 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
         metadata["comfy_input_scales"] = input_scales
     if attention:
         metadata["comfy_attention_configs"] = attention
+    if dropped:
+        metadata["comfy_dropped_side"] = dict(sorted(dropped.items()))
     for scheme, grans in granularity.items():
         field = _schemes.get(scheme)[0].granularity_field
         metadata[field] = "per_tensor" if grans == {"per_tensor"} else "per_row" if grans == {"per_row"} else "mixed"
