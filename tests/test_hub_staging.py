@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -220,11 +222,17 @@ def test_a_retry_after_a_cancel_is_watched_on_the_file_the_client_writes(hub, hf
     assert sha256(f.path) == sha256(blob)
     last = hub.body_gets(PRIMARY)[-1]
     assert f"hf_hub/{client}" in last["agent"], last["agent"]
+    said = [r.getMessage() for r in caplog.records]
     if client == "2.4":
         assert not last["range_start"] and last["sent"] == size  # this client never resumes
         assert "starts every download from byte 0" in caplog.text
+        # issue 58 #8: and the log never says it does (it said "resumed where the client resumes" first)
+        assert not [m for m in said if re.search(r"resumed|resuming|continues from", m)], said
+        assert any(f"left {kept} bytes, not reused" in m for m in said), said
     else:
         assert last["range_start"] == kept and last["sent"] == size - kept
+        assert any(f"left {kept} bytes: huggingface_hub 0.36" in m and "continues from there" in m for m in said), said
+        assert any(f"resumed from {kept}" in m for m in said), said
     assert partials(dest) == [] and sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)
 
 
@@ -259,3 +267,113 @@ def test_a_download_into_the_hf_cache_is_watched_on_the_file_the_client_writes(h
     assert sha256(f.path) == sha256(blob) and f.downloaded
     assert f"hf_hub/{client}" in hub.body_gets(PRIMARY)[-1]["agent"]
     assert not [p for p in cache_files(hf_env) if p.endswith(".incomplete")]
+
+
+def _snapshot(folder) -> dict:
+    """Every entry under ``folder`` (links not followed): relative path -> (kind, size, sha256 of a file's bytes)."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for n in dirs + files:
+            p = os.path.join(root, n)
+            kind = "link" if os.path.islink(p) else "dir" if os.path.isdir(p) else "file"
+            out[os.path.relpath(p, folder)] = (kind, os.lstat(p).st_size, sha256(p) if kind == "file" else None)
+    return out
+
+
+def _stored_inside(path, dest) -> None:
+    """The stored model is a regular file (not a link) whose real path lies inside the download folder."""
+    import stat
+    assert stat.S_ISREG(os.lstat(path).st_mode), f"{path} is not a regular file"
+    real, root = os.path.realpath(path), os.path.realpath(dest)
+    assert os.path.commonpath([real, root]) == root, (real, root)
+
+
+LINKS = ["staging folder", "partial", "client folder", "model file"]
+
+
+@pytest.mark.parametrize("link", LINKS)
+def test_a_symlink_in_the_staging_folder_is_never_followed(hub, hf_env, blob, tmp_path, client, link, caplog):  # noqa: F811
+    """Issue 58 #7: the staging folder is the pack's own; a link placed there (by anyone with write access to the
+    models folder) made the watcher delete every other-etag partial of the folder it points to, subfolders included
+    (a linked staging folder), and made huggingface_hub 0.36 append the download to a file outside the models folder
+    (a linked partial) and the pack store a link to that file as the model. Now each link there is removed itself
+    (never followed) before the transfer: nothing outside is deleted, written or grows, and the stored model is a
+    regular file inside the download folder, with both clients."""
+    import logging
+    from huggingface_hub._local_folder import get_local_download_paths
+    from prequant_core.load import hub as h
+    from prequant_core.load.hub_local import staging_dir
+    hub.commit(REPO, {PRIMARY: blob})
+    dest = tmp_path / "prequant"
+    outside = tmp_path / "outside"  # another folder on the machine, with another download's partials in it
+    (outside / "sub").mkdir(parents=True)
+    victim = outside / "victim.bin"
+    victim.write_bytes(os.urandom(4096))
+    (outside / "a.0123456789abcdef.incomplete").write_bytes(b"x" * 1000)
+    (outside / "sub" / "b.fedcba9876543210.incomplete").write_bytes(b"y" * 1000)
+    staging = staging_dir(str(dest), REPO, "main", PRIMARY)
+    if link == "staging folder":
+        os.makedirs(os.path.dirname(staging))
+        os.symlink(outside, staging)
+    else:
+        # where huggingface_hub keeps this file's partial in a local folder (0.36: resumed by appending to it)
+        paths = get_local_download_paths(Path(staging), PRIMARY)
+        if link == "partial":
+            os.symlink(victim, paths.incomplete_path(sha256(blob)))
+        elif link == "client folder":
+            import shutil
+            shutil.rmtree(paths.metadata_path.parent)
+            os.symlink(outside, paths.metadata_path.parent)
+        else:
+            os.symlink(victim, paths.file_path)
+    before = _snapshot(outside)
+    with caplog.at_level(logging.WARNING, logger="prequant"):
+        f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+    assert _snapshot(outside) == before, "nothing outside the download folder is deleted, written or grows"
+    assert f.path == str(dest / ORIGIN / PRIMARY) and f.downloaded
+    _stored_inside(f.path, dest)
+    assert sha256(f.path) == sha256(blob)
+    assert "symbolic link" in caplog.text and staging in caplog.text, caplog.text  # the removal is said
+    assert partials(dest) == [] and sorted(os.listdir(dest)) == ["unsloth"], cache_files(dest)
+
+
+def test_an_origin_folder_linked_outside_the_download_folder_is_refused_before_a_byte(hub, hf_env, blob, tmp_path):  # noqa: F811
+    """The folder a download is stored in must lie inside the download folder: one linked elsewhere is refused,
+    typed and naming it, before the transfer (no body request, nothing written there)."""
+    from prequant_core.load import hub as h
+    hub.commit(REPO, {PRIMARY: blob})
+    dest = tmp_path / "prequant"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest.mkdir()
+    os.symlink(outside, dest / REPO.split("/")[0])
+    with pytest.raises(h.HubDownloadError) as e:
+        h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+    msg = str(e.value)
+    assert str(dest / ORIGIN) in msg and os.path.realpath(outside) in msg and "Fix:" in msg, msg
+    assert hub.body_gets(PRIMARY) == [] and os.listdir(outside) == []
+
+
+def test_a_stored_file_that_is_a_link_or_lies_outside_is_refused_and_the_link_removed(tmp_path):
+    """The check after every transfer into a model folder (a link made while the client ran): lstat, never
+    followed; a link is removed itself, its target untouched; a regular file inside passes."""
+    from prequant_core.load.hub_errors import HubDownloadError
+    from prequant_core.load.hub_transfer import check_stored
+    dest, outside = tmp_path / "prequant", tmp_path / "outside"
+    dest.mkdir()
+    outside.mkdir()
+    target = outside / "victim.bin"
+    target.write_bytes(b"z" * 4096)
+    good = dest / "model.safetensors"
+    good.write_bytes(b"m")
+    check_stored(str(good), str(dest))
+    linked = dest / "linked.safetensors"
+    os.symlink(target, linked)
+    with pytest.raises(HubDownloadError) as e:
+        check_stored(str(linked), str(dest))
+    assert str(linked) in str(e.value) and "symbolic link" in str(e.value) and str(target) in str(e.value)
+    assert not os.path.lexists(linked) and target.read_bytes() == b"z" * 4096
+    os.symlink(outside, dest / "far")
+    with pytest.raises(HubDownloadError) as e:
+        check_stored(str(dest / "far" / "victim.bin"), str(dest))
+    assert "outside" in str(e.value) and target.read_bytes() == b"z" * 4096

@@ -143,20 +143,24 @@ def all_finite(v: torch.Tensor) -> bool:
     """A float32 sum is NaN / inf exactly when an element is (finite weights cannot overflow it): one fast pass, in
     chunks, so that checking a weight while it is read costs no second copy of it."""
     acc = torch.float64 if v.dtype == torch.float64 else torch.float32
-    flat = v.reshape(-1)
+    flat = _flat(v)
     return all(bool(torch.isfinite(flat[i:i + FINITE_CHUNK].sum(dtype=acc))) for i in range(0, flat.numel(),
                                                                                           FINITE_CHUNK))
 
 
-# the byte patterns of NaN / infinity: e4m3fn's NaN is S.1111.111 (it has no infinity), e5m2's NaN and inf S.11111.xx
-_FP8_NONFINITE = {torch.float8_e4m3fn: (0x7F, 0x7F), torch.float8_e5m2: (0x7C, 0x7C)}
+def _flat(v: torch.Tensor) -> torch.Tensor:
+    """``v``'s elements in storage order without a copy where the layout rule's permuted dense tensors allow it
+    (``reshape(-1)`` of a ``.pt``'s transposed weight would copy the whole of it first, gathering a byte per cache
+    line); else ``reshape(-1)``. Finiteness needs each element once, not their order."""
+    run = codec_checks.dense_run(v)
+    return v.reshape(-1) if run is None else run
 
 
 def fp8_all_finite(v: torch.Tensor) -> bool:
-    """The same for float8 storage (a pre-cast text encoder's layerwise weights), on the raw bytes, in chunks."""
-    mask, bad = _FP8_NONFINITE[v.dtype]
-    flat = v.reshape(-1).view(torch.uint8)
-    return not any(bool(((flat[i:i + FINITE_CHUNK] & mask) == bad).any()) for i in range(0, flat.numel(), FINITE_CHUNK))
+    """The same for float8 storage (a pre-cast text encoder's layerwise weights): the float8 codes scan
+    (``codec.any_special``: the storage run eight bytes at a time, whatever the layout or offset). e4m3fn's NaN is
+    S.1111.111 (it has no infinity), e5m2's NaN and inf S.11111.xx."""
+    return not codec_checks.any_special(_flat(v).contiguous(), v.dtype)
 
 
 PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2)

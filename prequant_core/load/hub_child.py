@@ -5,7 +5,8 @@ few seconds never trips its read timeout, and a thread cannot be stopped), while
 parent (``hub.py``) watches the partial file, stops the child on Cancel, on a stall or on a transfer too slow to
 finish, and never waits on it unboundedly. A killed child leaves the client's partial file, so the next run resumes.
 
-Protocol, one JSON object per line. Parent -> child (stdin): the request ``{"repo", "names", "revision", "cache_dir",
+Protocol, one JSON object per line (the first from the child: ``{"event": "ready", "client": <huggingface_hub
+version>}``). Parent -> child (stdin): the request ``{"repo", "names", "revision", "cache_dir",
 "endpoint", "local_dirs", "etag_timeout", "token"}`` (``local_dirs``: each name's own staging folder, empty for the
 HF cache; the token travels here, never in argv or the environment of the process table), then ``go`` or ``stop`` after each ``meta``. Child -> parent (stdout):
 ``{"event": "entry", "name", "detail"}`` (not in the repo: the next name follows), ``{"event": "meta", "name",
@@ -48,12 +49,15 @@ def _next_command() -> str:
 def main() -> int:
     req = json.loads(sys.stdin.readline())
     threading.Thread(target=_watch_parent, daemon=True).start()
+    import huggingface_hub
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
     from prequant_core.load.hub_errors import classify
     # The client writes what it receives in chunks of this size (10 MB by default); smaller chunks let the parent see
     # progress (and a stall) from the partial file's size. This process only: other tools keep their setting.
     constants.DOWNLOAD_CHUNK_SIZE = CHUNK
-    _say({"event": "ready"})  # imports done: from here on every wait is the server's
+    # imports done: from here on every wait is the server's. The version: whether this client resumes a partial file
+    # (the parent's own huggingface_hub may be another one)
+    _say({"event": "ready", "client": str(getattr(huggingface_hub, "__version__", ""))})
     token = req.get("token") or None
     for fn in req["names"]:
         try:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 import time
 from typing import Mapping
@@ -165,6 +166,7 @@ def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check
         if not ready or ready.get("event") != "ready":
             raise HubDownloadError("The download helper process did not start.", found=str(ready)[:200],
                                    fix="Check that ComfyUI's Python environment has huggingface_hub installed.")
+        client = str(ready.get("client") or "")  # the child's huggingface_hub version: it may not be this process's
         pending = list(names)
         say(f"connecting to {ep} for {repo}/{pending[0]}")
         while True:
@@ -189,6 +191,8 @@ def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check
             if ev == "meta":
                 fn = msg["name"]
                 if fn in staging:
+                    # before the lock (its file lies beside the staging folder) and before any partial is looked at
+                    remove_staging_links(dest_dir, staging[fn])
                     # another process downloading this very file: wait for it, then take its result
                     lock = _StagingLock(staging[fn])
                     lock.acquire(check, lambda: say(f"waiting for another download of {fn} to finish"))
@@ -205,7 +209,7 @@ def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check
                         return _Outcome("done", fn, fetched=Fetched(hit[1], repo, rev, fn, msg.get("commit"), size,
                                                                     False, os.path.dirname(hit[1]), list(tried)))
                 return _transfer(child, msg, repo, rev, cache, staging.get(fn), dest_dir, progress, check, say,
-                                 limits, tried, lock)
+                                 limits, tried, lock, client)
     finally:
         child.kill()
         if lock is not None:
@@ -230,9 +234,14 @@ class _StagingLock:
         while True:
             try:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                # O_NOFOLLOW: a link put there since remove_staging_links is refused, never opened (or created)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
             except FileNotFoundError:  # another process's finished download pruned the folder in between
                 continue
+            except OSError as e:
+                if os.path.islink(self.path):
+                    raise _link_error(self.path, "lock file") from e
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -273,11 +282,21 @@ def _wait_line(child, timeout, check, progress, keep=None):
 
 
 def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried,
-              lock=None) -> _Outcome:
+              lock=None, client: str = "") -> _Outcome:
     fn, total, etag = meta["name"], int(meta.get("size") or 0), (meta.get("etag") or "")
+    resumes = client_resumes(client)
     if staging:
-        partial = _Partials(staging, etag, own=True)
         final_dir = origin_dir(dest_dir, repo, rev)
+        outside = _outside(final_dir, dest_dir)
+        if outside:
+            child.send("stop")
+            raise HubDownloadError(
+                f"{fn} from {repo} would be stored in {final_dir}, which resolves outside the download folder "
+                f"{dest_dir}: nothing was written.", path=final_dir, expected=f"a folder inside {outside[1]}",
+                found=f"a path that resolves to {outside[0]}",
+                fix=f"Remove the link on that path (the pack makes real folders there), or set the node's download_to "
+                    "/ extra_model_paths.yaml to the folder it points to.")
+        partial = _Partials(staging, etag, own=True)
         blob = os.path.join(staging, *fn.split("/"))
     else:
         folder = storage_folder(repo, cache)
@@ -298,7 +317,7 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
     say(f"downloading {fn} from {repo}")
     if not cached_before:
         log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s", repo, fn, rev, total / 2**20,
-                 f"; an earlier attempt left {have0} bytes (resumed where the client resumes)" if have0 else "")
+                 _earlier_note(have0, client, resumes) if have0 else "")
     # The child's client writes every 256 KiB it receives (hub_child.CHUNK): the partial file's size is the liveness
     # signal for the stall / speed watch.
     history = [(time.monotonic(), have0)]  # (time, bytes) samples
@@ -309,8 +328,8 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
         on_disk = file_size(partial)
         now = time.monotonic()
         if partial.started_over():  # the client wrote a new file from byte 0: the earlier bytes are not reused
-            log.info("[prequant] %s/%s: this huggingface_hub starts every download from byte 0 (it does not resume "
-                     "partial files); the %d bytes an earlier attempt left were removed", repo, fn, have0)
+            log.info("[prequant] %s/%s: %s starts every download from byte 0 (it does not resume partial files); the "
+                     "%d bytes an earlier attempt left were removed", repo, fn, _client_name(client), have0)
             partial.drop_earlier()
             have0, done = 0, 0
             history, last_growth = [(now, 0)], now
@@ -330,14 +349,18 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
                     progress(total, total)
                 path = msg["path"]
                 if staging:
+                    check_stored(path, dest_dir)  # a link made while the client ran is never moved into place
                     path = _move_into(path, fn, repo, rev, final_dir, staging)
+                    check_stored(path, dest_dir)
                     if lock is not None:
                         lock.release(remove=True)  # the file is in place: a waiter finds it there
                     _prune(staging)
                 downloaded = not cached_before
                 if downloaded:
+                    # a resume only where it happened: the client resumes and wrote no new file
+                    resumed = have0 and resumes is not False and not partial.restarts
                     log.info("[prequant] downloaded %s/%s (%d bytes%s)", repo, fn, total,
-                             f", resumed from {have0}" if have0 else "")
+                             f", resumed from {have0}" if resumed else "")
                 return _Outcome("done", fn, fetched=Fetched(path, repo, rev, fn, meta.get("commit"), total, downloaded,
                                                             final_dir, list(tried)))
             if ev == "entry":  # removed between the two requests: the same rule as a 404 on the first
@@ -376,6 +399,30 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
 DISK_MARGIN = 64 * 2**20
 
 
+def client_resumes(version: str) -> bool | None:
+    """Whether this huggingface_hub resumes a partial file: < 1.0 appends to ``<etag>.incomplete`` with a Range
+    request; 1.0 and later write a fresh ``<etag>.<id>.incomplete`` from byte 0 on every attempt. None: unknown."""
+    try:
+        return int(version.split(".")[0]) < 1
+    except ValueError:
+        return None
+
+
+def _client_name(version: str) -> str:
+    return f"huggingface_hub {version}" if version else "this huggingface_hub"
+
+
+def _earlier_note(have0: int, version: str, resumes: bool | None) -> str:
+    """What happens to an earlier attempt's bytes, said once and as the client really does it (issue 58: the log
+    said "resumed" and then "starts every download from byte 0" for the same 2.x download)."""
+    if resumes:
+        return f"; an earlier attempt left {have0} bytes: {_client_name(version)} continues from there"
+    if resumes is False:
+        return (f"; an earlier attempt left {have0} bytes, not reused: {_client_name(version)} starts every download "
+                "from byte 0")
+    return f"; an earlier attempt left {have0} bytes, reused if {_client_name(version)} continues partial files"
+
+
 CHILD_START_S = 120.0  # importing the client in a fresh process (a slow disk, a busy machine)
 
 
@@ -407,7 +454,9 @@ class _Partials:
 
     def _all(self) -> list[str]:
         out = []
-        for root, _, names in os.walk(self.folder):
+        if os.path.islink(self.folder):  # never walked (nor anything in it deleted) through a link
+            return out
+        for root, _, names in os.walk(self.folder):  # followlinks=False: a linked subfolder is never entered
             out += [os.path.join(root, n) for n in names if n.endswith(".incomplete")]
             if not self.own:
                 break  # the HF cache's blobs folder: its own files only
@@ -458,6 +507,91 @@ def _move_into(staged: str, fn: str, repo: str, rev: str, final_dir: str, stagin
     shutil.rmtree(staging, ignore_errors=True)  # this file's staging folder: the client's metadata for it
     log.info("[prequant] stored %s/%s as %s", repo, fn, final)
     return final
+
+
+def _link_error(path: str, what: str) -> HubDownloadError:
+    return HubDownloadError(
+        f"The download's {what} {path} is a symbolic link the pack could not remove: a download never writes, reads "
+        "or deletes through a link.", path=path, expected="no link in the pack's staging folders",
+        found=f"a link to {_readlink(path)}",
+        fix="Remove the link (the pack never makes one there) and queue the prompt again.")
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def remove_staging_links(dest_dir: str, staging: str) -> list[str]:
+    """Every symbolic link on the way from ``dest_dir`` to this file's staging folder, beside it (its lock file)
+    and inside it, removed itself, never followed (lstat): the staging folders are the pack's own, it never makes a
+    link there, and one placed there by anyone with write access to the models folder would make the watcher delete
+    partials of the folder it points to, or the client append to or hand back a file outside the models folder
+    (issue 58). ``dest_dir`` itself is the user's (a models folder on another disk is often a link) and is kept.
+    Returns the links removed (each logged)."""
+    removed = []
+
+    def drop(p: str, what: str) -> None:
+        target = _readlink(p)
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise _link_error(p, what) from e
+        removed.append(p)
+        log.warning("[prequant] removed the symbolic link %s (-> %s) in the download staging folder: the pack never "
+                    "makes one there, and a download never goes through one", p, target)
+
+    path = dest_dir
+    for part in os.path.relpath(staging, dest_dir).split(os.sep):
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            drop(path, "staging folder")
+    if os.path.islink(staging + ".lock"):
+        drop(staging + ".lock", "lock file")
+    for root, dirs, files in os.walk(staging):  # followlinks=False: a linked folder is listed, never entered
+        for n in dirs + files:
+            p = os.path.join(root, n)
+            if os.path.islink(p):
+                drop(p, "staging entry")
+    return removed
+
+
+def _outside(path: str, folder: str) -> tuple[str, str] | None:
+    """(real path, real folder) when ``path``, its links resolved, lies outside ``folder``; else None."""
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return None if os.path.commonpath([real, root]) == root else (real, root)
+
+
+def check_stored(path: str, folder: str) -> None:
+    """A downloaded model is a regular file (lstat: a link is not one) whose real path lies inside ``folder``; else
+    ``HubDownloadError`` naming it, and a link is removed itself (its target untouched), so it is never loaded."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as e:
+        raise HubDownloadError(f"The downloaded file {path} is gone ({type(e).__name__}).", path=path,
+                               fix="Queue the prompt again.") from None
+    if stat.S_ISLNK(mode):
+        target = _readlink(path)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise HubDownloadError(
+            f"The downloaded file {path} is a symbolic link, not the file the client wrote: it is not stored or "
+            "loaded (the link was removed, its target untouched).", path=path,
+            expected=f"a regular file inside {folder}", found=f"a symbolic link to {target}",
+            fix="Look for whatever makes links in the models folder, then queue the prompt again.")
+    outside = _outside(path, folder)
+    if not stat.S_ISREG(mode) or outside:
+        raise HubDownloadError(
+            f"The downloaded file {path} is not a regular file inside {folder}: it is not loaded.", path=path,
+            expected=f"a regular file inside {os.path.realpath(folder)}",
+            found=f"a file at {outside[0]}, outside that folder" if outside else "not a regular file",
+            fix="Remove the links on that path (the pack makes real folders there) and queue the prompt again.")
 
 
 def _prune(staging: str) -> None:

@@ -165,10 +165,25 @@ _SPECIAL = {torch.float8_e4m3fn: (0x7F, 0x01), torch.float8_e5m2: (0x7C, 0x04)}
 SCAN_ROWS_BYTES = 1 << 23  # a block of rows scanned at a time: 8 MiB of codes, its temporaries stay in cache
 
 
+def dense_run(t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s elements as the one contiguous 1-D run of its storage they occupy, without a copy, when ``t`` is a
+    permutation of a contiguous tensor (row-major, or a ``.pt``'s transposed weight: the layout rule allows both);
+    None when its elements leave gaps or repeat (the caller then takes the strided path). A scan that needs each
+    element once and not their order reads this run front to back: reading a transposed view in its logical order
+    instead gathers one byte per cache line (issue 58: 15x the row-major cost, bench/RESULTS-cpu.md)."""
+    if t.is_contiguous():
+        return t.reshape(-1)  # a view
+    order = sorted(range(t.ndim), key=lambda d: t.stride(d), reverse=True)
+    p = t.permute(order)
+    # contiguous after the permutation: the elements fill storage[offset : offset + numel] exactly once each, so
+    # the run holds the view's bytes and no byte outside it (a NaN beside the view is never read)
+    return p.reshape(-1) if p.is_contiguous() else None
+
+
 def _words(b: torch.Tensor):
     """``b`` (uint8, contiguous) as the widest integer view its size and address allow."""
     for dt, n in ((torch.int64, 8), (torch.int32, 4)):
-        if b.numel() % n == 0 and b.data_ptr() % n == 0:
+        if b.numel() % n == 0 and b.data_ptr() % n == 0 and b.storage_offset() % n == 0:
             return b.view(dt), n
     return b, 1
 
@@ -178,29 +193,79 @@ def _repeat(byte: int, n: int) -> int:
     return v - (1 << (8 * n)) if v >= 1 << (8 * n - 1) else v  # as a signed word
 
 
+def _any_special_words(b: torch.Tensor, mask: int, carry: int) -> bool:
+    """Whether contiguous bytes ``b`` hold a special code, as the widest words ``_words`` allows."""
+    w, n = _words(b)
+    if n == 1:
+        return bool(((w & mask) == mask).any())
+    t = w & _repeat(mask, n)  # the block's one temporary; the rest in place
+    return bool(t.add_(_repeat(carry, n)).bitwise_and_(_repeat(0x80, n)).any())
+
+
+def any_special(run: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a contiguous 1-D run of float8 bytes (``dense_run``) holds a NaN (or, for e5m2, an infinite) code,
+    in blocks of ``SCAN_ROWS_BYTES``. A run that starts at an odd address (a ``.pt`` may store a tensor at any
+    storage offset) is scanned as its unaligned head and tail bytes, at most seven each, plus the 8-byte words
+    between them: byte at a time over the whole run cost 4.8x (issue 58, bench/RESULTS-cpu.md)."""
+    mask, carry = _SPECIAL[dtype]
+    b = run.view(torch.uint8) if run.dtype != torch.uint8 else run
+    head = min(b.numel(), -b.data_ptr() % 8)
+    body = (b.numel() - head) // 8 * 8
+    for edge in (b[:head], b[head + body:]):
+        if edge.numel() and bool(((edge & mask) == mask).any()):
+            return True
+    step = max(8, SCAN_ROWS_BYTES // 8 * 8)
+    return any(_any_special_words(b[i:min(i + step, head + body)], mask, carry) for i in range(head, head + body, step))
+
+
+def _first_row(b: torch.Tensor, step: int, mask: int, carry: int) -> tuple[int, int] | None:
+    """``first_special_row`` on the logical rows of ``b``, a block of ``step`` rows at a time (each block copied
+    when ``b`` is not contiguous): where ``b`` has no dense run, and to name the row of a row-major hit."""
+    for r0 in range(0, b.shape[0], step):
+        blk = b[r0:r0 + step]
+        if not blk.is_contiguous():
+            blk = blk.contiguous()
+        if _any_special_words(blk.reshape(-1), mask, carry):
+            bad = ((blk & mask) == mask).any(dim=1)
+            return r0 + int(bad.nonzero()[0, 0]), int(bad.sum())
+    return None
+
+
+def scan_plan(codes: torch.Tensor) -> str:
+    """Which pass ``first_special_row`` makes over 2-D ``codes``: "run" (its storage run, front to back, whatever
+    the layout) or "rows" (its logical rows, block by block: a view with gaps or repeats, which the layout rule
+    refuses before any scan)."""
+    b = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
+    return "run" if dense_run(b) is not None else "rows"
+
+
 def first_special_row(codes: torch.Tensor, dtype: torch.dtype) -> tuple[int, int] | None:
     """(row, count of such rows in its block) of the first row of float8 ``codes`` (stored as ``dtype`` or as bytes)
-    that holds a NaN (or, for e5m2, an infinity); None when every code is a number. One pass over the bytes, a block
-    of rows at a time (bench/bench_nan_scan.py measures it against reading the file)."""
+    that holds a NaN (or, for e5m2, an infinity); None when every code is a number. One pass over the storage run the
+    codes occupy (``dense_run``), eight bytes at a time, whatever the layout (row-major, transposed, any offset);
+    only a file that holds such a code pays for finding its row (bench/bench_nan_scan.py measures it against reading
+    the file). A block is ``SCAN_ROWS_BYTES // width`` logical rows, as the row-by-row pass counts them."""
     mask, carry = _SPECIAL[dtype]
     b = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
     if b.ndim != 2 or 0 in b.shape:
         return None
     step = max(1, SCAN_ROWS_BYTES // max(1, b.shape[1]))
-    for r0 in range(0, b.shape[0], step):
-        blk = b[r0:r0 + step]
-        if not blk.is_contiguous():
-            blk = blk.contiguous()
-        w, n = _words(blk.reshape(-1))
-        if n == 1:
-            hit = bool(((w & mask) == mask).any())
-        else:
-            t = w & _repeat(mask, n)  # the block's one temporary; the rest in place
-            hit = bool(t.add_(_repeat(carry, n)).bitwise_and_(_repeat(0x80, n)).any())
-        if hit:
-            bad = ((blk & mask) == mask).any(dim=1)
-            return r0 + int(bad.nonzero()[0, 0]), int(bad.sum())
-    return None
+    run = dense_run(b)
+    if run is None:
+        return _first_row(b, step, mask, carry)
+    if not any_special(run, dtype):
+        return None
+    if b.is_contiguous():
+        return _first_row(b, step, mask, carry)
+    # transposed: the storage holds columns; which rows hold a special code is folded column block by column block
+    cols = b.t()  # contiguous (a 2-D permutation that is not row-major)
+    bad = torch.zeros(b.shape[0], dtype=torch.bool)
+    cstep = max(1, SCAN_ROWS_BYTES // b.shape[0])
+    for c0 in range(0, cols.shape[0], cstep):
+        bad |= ((cols[c0:c0 + cstep] & mask) == mask).any(dim=0).cpu()
+    row = int(bad.nonzero()[0, 0])
+    r0 = row - row % step
+    return row, int(bad[r0:r0 + step].sum())
 
 
 def refuse_special_codes(key: str, codes: torch.Tensor, dtype: torch.dtype, path: str, what: str = "float8") -> None:
