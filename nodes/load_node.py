@@ -9,6 +9,7 @@ import torch
 from prequant_core import families, schemes
 from prequant_core.load import pipeline, route, sources
 from prequant_core.errors import PrequantError, reading
+from prequant_core.load.context import LoadContext
 from prequant_core.load.metadata import Request
 from prequant_core.safe_text import escape
 from prequant_core.units import human_bytes
@@ -78,6 +79,14 @@ def _memory_guard():
                             device_reclaimable=sum(m.model_loaded_memory() for m in mm.current_loaded_models))
     except AttributeError:  # a ComfyUI without these internals: the host check still applies
         return memory_check.Guard()
+
+
+def load_context(status: NodeStatus, model_dirs, download_dir) -> LoadContext:
+    """What ComfyUI gives a load, once per node run: its folders, the node's status lines and byte progress,
+    its interrupt, and the memory guard told about its devices. The token is the client's own (HF_TOKEN or the
+    stored login): a workflow never carries one."""
+    return LoadContext.of(model_dirs=model_dirs, download_dir=download_dir, search_dirs=paths.prequant_dirs(),
+                          progress=status.bytes, status=status.say, cancel=_interrupted, memory=_memory_guard())
 
 
 DOWNLOAD_TO_MODELS = "models/prequant"
@@ -231,11 +240,10 @@ class PrequantLoadTransformer:
         # Tensors made under ComfyUI's inference mode could not later be moved or swapped outside it.
         with torch.inference_mode(False), torch.no_grad():
             # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
-            routed = pipeline.run(src, req, policy=policy, model_dirs=paths.model_dirs(),
-                                  dense_path=paths.resolve_dense(dense_fallback), progress=status.bytes,
-                                  download_dir=paths.download_dir() if download_to != DOWNLOAD_TO_HF_CACHE else None,
-                                  search_dirs=paths.prequant_dirs(), status=status.say, check=_interrupted,
-                                  memory_guard=_memory_guard(), unavailable=unavailable)
+            ctx = load_context(status, paths.model_dirs(),
+                               paths.download_dir() if download_to != DOWNLOAD_TO_HF_CACHE else None)
+            routed = pipeline.run(src, req, ctx, policy=policy, dense_path=paths.resolve_dense(dense_fallback),
+                                  unavailable=unavailable)
             p, located = routed.route, routed.located
             if p.path == "pre-quantized":
                 status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "

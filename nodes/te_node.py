@@ -12,6 +12,7 @@ from prequant_core import families
 from prequant_core.errors import ComfyVersionError, ValidationError, reading
 from prequant_core.families import encoders
 from prequant_core.load import encoder_checks, encoder_sources, pipeline, tokenizer_source
+from prequant_core.load.context import LoadContext
 from prequant_core.load.metadata import Request
 from prequant_core.safe_text import escape
 from prequant_core.units import human_bytes
@@ -19,7 +20,7 @@ from prequant_core.units import human_bytes
 from . import paths
 from .comfy_clip import build_clip
 from .comfy_model import _older_than, comfy_version
-from .load_node import _interrupted, _memory_guard
+from .load_node import _interrupted, load_context
 from .status import NodeStatus
 
 log = logging.getLogger("prequant")
@@ -74,7 +75,7 @@ def _tokenizer(kind: encoders.EncoderKind, base: str | None, status: NodeStatus)
                               fix=f"Put ComfyUI's {kind.comfy_file_hint} into models/text_encoders (its tokenizer is "
                                   "used), or use the file hosted by Unsloth.")
     status.say(f"fetching the {kind.name} tokenizer ({kind.tokenizer_file}) from {base}")
-    return tokenizer_source.from_hub(kind, base, status=status.say, check=_interrupted)
+    return tokenizer_source.from_hub(kind, base, LoadContext(status=status.say, cancel=_interrupted))
 
 
 class PrequantLoadTextEncoder:
@@ -174,9 +175,7 @@ class PrequantLoadTextEncoder:
         req = Request(scheme="auto", base_model_id=(base_model_id or "").strip() or None, family=src.family,
                       component=comp)
         with torch.inference_mode(False), torch.no_grad():
-            routed = pipeline.run(src, req, model_dirs=paths.encoder_dirs(), progress=status.bytes,
-                                  download_dir=paths.download_dir(), search_dirs=paths.prequant_dirs(),
-                                  status=status.say, check=_interrupted, memory_guard=_memory_guard())
+            routed = pipeline.run(src, req, load_context(status, paths.encoder_dirs(), paths.download_dir()))
             opened = routed.route.opened
             ck, kind = opened.checkpoint, opened.encoder
             comp = ck.metadata["component"]

@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from . import families
-from .load import metadata, pipeline, sources
+from .load import metadata, opening, pipeline, sources
+from .load.context import LoadContext
 from .schemes import qtensor
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DependencyError, PrequantError,
                      UnknownFamilyError, UnsupportedFormatError)
@@ -169,8 +170,9 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
     cands = _candidates(source, fam, scheme=scheme, base_id=base_id, variant=variant, revision=revision)
     request = metadata.Request(scheme=scheme, base_model_id=base_id, min_features=min_features,
                                family=fam.name if family else None, component=component, fast_accum=fast_accum)
-    routed = pipeline.run(cands, request, model_dirs=allow_dirs, token=token, progress=progress,
-                          memory_guard=memory_guard)
+    ctx = LoadContext.of(model_dirs=allow_dirs, token=token, progress=progress,
+                         memory=opening.GUARD if memory_guard else None)
+    routed = pipeline.run(cands, request, ctx)
     located, opened, notes = routed.located, routed.route.opened, list(cands.notes)
     ck = opened.checkpoint
     fam = opened.family

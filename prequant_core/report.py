@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 
 from .formats import fingerprint, layer_policy
-from .load import encoder_checks, metadata, opening
+from .load import encoder_checks, memory_check, metadata, opening
 from .schemes import qtensor
 from .errors import CorruptCheckpointError
 from .formats.containers import READ_FULL, READ_HEADER, READ_MMAP, Light
@@ -310,10 +310,10 @@ def _request_dict(req: metadata.Request | None) -> dict | None:
 
 
 def info(path, request: metadata.Request | Mapping | None = None, verify_fingerprint: bool = False, *,
-         model_dirs: Iterable[str] | None = None, memory_guard: bool = True) -> Report:
+         model_dirs: Iterable[str] | None = None, memory: memory_check.Guard | None = opening.GUARD) -> Report:
     """Describe a checkpoint (and judge it against ``request``) without loading its weights: the load pipeline's
     open and judge steps (``load.opening.inspect``: allowlist, one handle, memory guard where a full read happens,
-    the same verdict as the loader), then this report.
+    the same verdict as the loader), then this report. ``memory`` None: no memory check.
 
     ``model_dirs``: the folders the file must lie in (Prequant Info: ComfyUI's model folders); None: the command
     line, where the file is named by hand. Raises the ``PrequantError`` family (not found, corrupt, unsafe,
@@ -323,7 +323,7 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
     if isinstance(request, Mapping):
         request = metadata.Request(**request)
     return opening.inspect(path, request, lambda o, light, fh: _report(o, light, fh, verify_fingerprint),
-                           model_dirs=model_dirs, memory_guard=memory_guard)
+                           model_dirs=model_dirs, memory=memory)
 
 
 def _report(opened: opening.Opened, light: Light, fh, verify_fingerprint: bool) -> Report:

@@ -174,8 +174,8 @@ def test_info_reads_through_the_loaders_open_step_with_its_memory_guard(tmp_path
     cq.write(path, _dense(), {"blocks.0.mlp.0": ("nvfp4", {})})
     assert report.info(path).read_mode == "full"
     with pytest.raises(errors.MemoryBudgetError):
-        report.info(path, memory_guard=memory_check.Guard(available=lambda: 1))
-    assert report.info(path, memory_guard=False).read_mode == "full"
+        report.info(path, memory=memory_check.Guard(available=lambda: 1))
+    assert report.info(path, memory=None).read_mode == "full"
     elsewhere = tmp_path / "models"
     elsewhere.mkdir()
     with pytest.raises(errors.PathNotAllowedError):

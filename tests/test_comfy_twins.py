@@ -6,6 +6,8 @@ restated ComfyUI quantizer (tests/comfy_quantizer.py) from a tiny real Qwen-Imag
 own key names."""
 from __future__ import annotations
 
+from prequant_core.load.context import LoadContext
+
 import json
 
 import pytest
@@ -104,8 +106,7 @@ def _load(tmp_path, scheme: str, base: str = BASE, preset: str | None = None):
     dest = tmp_path / "prequant"
     dest.mkdir(exist_ok=True)
     plan = sources.plan(preset=preset) if preset else sources.plan(hub_repo=REPO, scheme=scheme)
-    return pipeline.run(plan, Request(scheme=scheme, base_model_id=base), download_dir=str(dest),
-                        model_dirs=[str(dest)])
+    return pipeline.run(plan, Request(scheme=scheme, base_model_id=base), LoadContext.of(download_dir=str(dest), model_dirs=[str(dest)]))
 
 
 def test_a_repo_holding_only_the_twin_loads_it(hub, tmp_path):

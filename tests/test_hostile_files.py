@@ -248,7 +248,7 @@ def test_views_sharing_one_storage_count_at_their_declared_size(tmp_path):
     assert stored <= 3 * 2**20
     guard = memory_check.Guard(available=lambda: 64 * 2**20, headroom=0)
     with pytest.raises(errors.MemoryBudgetError) as e:
-        opening.open_checkpoint(str(path), Request(), model_dirs=[str(tmp_path)], strict=False, memory_guard=guard)
+        opening.open_checkpoint(str(path), Request(), model_dirs=[str(tmp_path)], strict=False, memory=guard)
     assert "128.00 MiB" in str(e.value)
 
 

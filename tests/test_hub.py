@@ -2,6 +2,8 @@
 (tests/hub_server.py) serving real tiny pre-quantized files; then the loader node and a real ComfyUI server."""
 from __future__ import annotations
 
+from prequant_core.load.context import LoadContext
+
 import dataclasses
 import json
 import logging
@@ -248,12 +250,12 @@ def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, hub_files,
     hub.require_token(REPO, "hf_good_token")
     for token in (None, "hf_wrong_token"):
         with pytest.raises(h.HubAuthError) as ei:
-            h.download(REPO, (PRIMARY, PT, LEGACY), token=token)
+            h.download(REPO, (PRIMARY, PT, LEGACY), LoadContext.of(token=token))
         msg = str(ei.value)
         assert "HTTP 401" in msg and "HF_TOKEN" in msg and "hf auth login" in msg and REPO in msg
         assert "hf_wrong_token" not in msg
     assert not hub.requests(filename=PT) and blobs(hf_env) == []
-    f = h.download(REPO, (PRIMARY, PT, LEGACY), token="hf_good_token")  # an explicit token (library use)
+    f = h.download(REPO, (PRIMARY, PT, LEGACY), LoadContext.of(token="hf_good_token"))  # an explicit token (library use)
     assert f.filename == PRIMARY and hub.requests("HEAD")[-1]["auth"]
     monkeypatch.setenv("HF_TOKEN", "hf_good_token")  # the client's default when no token is passed
     assert h.download(REPO, (PRIMARY, PT, LEGACY)).downloaded is False
@@ -418,7 +420,7 @@ def test_progress_reports_bytes(hub, hf_env, hub_files):
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.005
     seen = []
-    h.download(REPO, (PRIMARY,), progress=lambda d, t: seen.append((d, t)))
+    h.download(REPO, (PRIMARY,), LoadContext.of(progress=lambda d, t: seen.append((d, t))))
     assert seen[-1] == (size, size) and {t for _, t in seen} == {size}
     done = [d for d, _ in seen]
     assert done == sorted(done) and len({d for d in done if 0 < d < size}) >= 2, seen
@@ -429,12 +431,12 @@ def test_status_says_what_is_happening(hub, hf_env, hub_files):
     from prequant_core.load import hub as h
     hub.commit(REPO, {PT: hub_files["int8.pt"]})
     said = []
-    h.download(REPO, (PRIMARY, PT), status=said.append)
+    h.download(REPO, (PRIMARY, PT), LoadContext.of(status=said.append))
     ep = h.endpoint()
     assert said == [f"connecting to {ep} for {REPO}/{PRIMARY}", f"connecting to {ep} for {REPO}/{PT}",
                     f"downloading {PT} from {REPO}"], said
     said.clear()
-    h.download(REPO, (PRIMARY, PT), status=said.append, dest_dir=str(hf_env / "models"))
+    h.download(REPO, (PRIMARY, PT), LoadContext.of(status=said.append, download_dir=str(hf_env / "models")))
     assert said[-1] == f"downloading {PT} from {REPO}", said
 
 

@@ -3,6 +3,8 @@ against the loopback Hub: resumable, never half-written under the final name, re
 first folder ComfyUI lists for ``prequant`` (extra_model_paths.yaml) is where they land."""
 from __future__ import annotations
 
+from prequant_core.load.context import LoadContext
+
 import os
 import subprocess
 import sys
@@ -32,19 +34,19 @@ def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_en
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
-    f = h.download(REPO, NAMES, dest_dir=str(dest))
+    f = h.download(REPO, NAMES, LoadContext.of(download_dir=str(dest)))
     assert f.path == str(dest / ORIGIN / PRIMARY) and f.downloaded and f.storage_folder == str(dest / ORIGIN)
     assert sha256(f.path) == sha256(hub_files["int8.safetensors"])
     assert model_files(dest) == [os.path.join(ORIGIN, PRIMARY)], tree(dest)  # staging emptied, nothing else offered
     assert os.listdir(dest) == ["unsloth"], "the hidden staging folder is gone after a completed download"
     assert not any("/snapshots/" in p for p in tree(hf_env)), "nothing goes to the Hugging Face cache"
     n = len(hub.log)
-    again = h.download(REPO, NAMES, dest_dir=str(dest))
+    again = h.download(REPO, NAMES, LoadContext.of(download_dir=str(dest)))
     assert again.path == f.path and not again.downloaded and len(hub.log) == n  # no request at all
     # a second prequant folder (extra_model_paths) holding the file counts too
     other = tmp_path / "other"
     other.mkdir()
-    third = h.download(REPO, NAMES, dest_dir=str(other), search_dirs=[str(dest)])
+    third = h.download(REPO, NAMES, LoadContext.of(download_dir=str(other), search_dirs=[str(dest)]))
     assert third.path == f.path and len(hub.log) == n and model_files(other) == []
 
 
@@ -55,12 +57,12 @@ def test_offline_uses_the_folder(hub, hf_env, hub_files, tmp_path, monkeypatch):
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
-    h.download(REPO, NAMES, dest_dir=str(dest))
+    h.download(REPO, NAMES, LoadContext.of(download_dir=str(dest)))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     hub.stop()  # no server at all
     plan = sources.plan(None, REPO, None, "int8")
-    loc = h.locate(plan, model_dirs=[str(dest)], dest_dir=str(dest))
+    loc = h.locate(plan, LoadContext.of(model_dirs=[str(dest)], download_dir=str(dest)))
     assert loc.path == str(dest / ORIGIN / PRIMARY) and not loc.fetched.downloaded
 
 
@@ -69,7 +71,7 @@ def test_legacy_name_gets_the_repo_prefix(hub, hf_env, hub_files, tmp_path):
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {LEGACY: hub_files["int8.pt"]})
-    f = h.download(REPO, NAMES, dest_dir=str(dest))
+    f = h.download(REPO, NAMES, LoadContext.of(download_dir=str(dest)))
     assert os.path.basename(f.path) == "Z-Image-Turbo-transformer_int8.pt" and f.filename == LEGACY
     assert model_files(dest) == [os.path.join(ORIGIN, "Z-Image-Turbo-transformer_int8.pt")]
 
@@ -81,7 +83,7 @@ def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, hub_files, tm
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.fault(REPO, PRIMARY, drop_after=20 * MiB, times=1, method="GET", where="cdn")
-    f = h.download(REPO, NAMES, dest_dir=str(dest))
+    f = h.download(REPO, NAMES, LoadContext.of(download_dir=str(dest)))
     gets = hub.body_gets(PRIMARY)
     assert len(gets) == 2 and gets[0]["range_start"] is None and 0 < gets[1]["range_start"] <= 20 * MiB
     assert gets[1]["sent"] == size - gets[1]["range_start"]
@@ -99,7 +101,8 @@ def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from prequant_core.load import hub; "
-            "hub.download(sys.argv[2], [sys.argv[3]], dest_dir=sys.argv[4])")
+            "from prequant_core.load.context import LoadContext; "
+            "hub.download(sys.argv[2], [sys.argv[3]], LoadContext(download_dir=sys.argv[4]))")
     proc = subprocess.Popen([sys.executable, "-c", code, ROOT, REPO, PRIMARY, str(dest)], env=dict(os.environ),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -130,7 +133,7 @@ def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf
     assert 0 < kept < size
     assert model_files(dest) == [] and not (dest / ORIGIN / PRIMARY).exists()
     hub.slow.clear()
-    f = h.download(REPO, NAMES, dest_dir=str(dest))
+    f = h.download(REPO, NAMES, LoadContext.of(download_dir=str(dest)))
     last = hub.body_gets(PRIMARY)[-1]
     assert last["range_start"] == kept and last["sent"] == size - kept
     assert sha256(f.path) == sha256(hub_files["int8.safetensors"]) and model_files(dest) == [os.path.join(ORIGIN, PRIMARY)]

@@ -4,6 +4,8 @@ larger than the free disk is refused before a byte is written, and downloads are
 repo never stands in for the official one of the same name)."""
 from __future__ import annotations
 
+from prequant_core.load.context import LoadContext
+
 import os
 import time
 
@@ -47,11 +49,11 @@ def test_a_stalled_body_ends_typed_and_the_next_run_resumes(hub, hf_env, hub_fil
     dest = str(tmp_path / "prequant")
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", stall_after=25 * 2**20, times=1)  # the client writes 10 MB chunks
-    _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=dest)
+    _, e, secs = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=dest))
     assert isinstance(e, h.HubDownloadError), e
     assert "stopped at byte" in str(e) and "no byte for" in str(e) and hub.url in str(e) and secs < 20, (secs, e)
     assert _no_child_left()
-    f = h.download(REPO, (PRIMARY,), dest_dir=dest)  # resumes from the kept bytes
+    f = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest))  # resumes from the kept bytes
     starts = [r["range_start"] for r in hub.body_gets(PRIMARY)]
     assert starts[-1] and starts[-1] > 0, starts
     assert sha256(f.path) == sha256(hub_files["int8.safetensors"])
@@ -62,7 +64,7 @@ def test_a_dripping_server_is_stopped_by_the_speed_floor(hub, hf_env, hub_files,
     from prequant_core.load import hub as h
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", drip=0.0001, where="cdn")  # ~5 KB/s after the Python overheads
-    _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
+    _, e, secs = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=str(tmp_path / "d")))
     assert isinstance(e, h.HubDownloadError) and "stopped at byte" in str(e) and secs < 25, (secs, e)
     assert "bytes/s floor" in str(e) or "no byte for" in str(e)
     assert _no_child_left()
@@ -73,7 +75,7 @@ def test_a_server_that_never_answers_is_given_up_on(hub, hf_env, hub_files, tmp_
     monkeypatch.setenv("PREQUANT_HUB_ANSWER_S", "3")  # below the client's own 10 s timeout: this bound ends it
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, hang=True, where="resolve")
-    _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
+    _, e, secs = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=str(tmp_path / "d")))
     assert isinstance(e, h.HubUnavailableError) and "gave no answer" in str(e) and secs < 15, (secs, e)
 
 
@@ -90,7 +92,7 @@ def test_cancel_stops_the_transfer_at_once_and_keeps_its_bytes(hub, hf_env, hub_
     def check():
         if time.monotonic() - t0 > 1.5:
             raise Interrupted()
-    _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"), check=check)
+    _, e, secs = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=str(tmp_path / "d"), cancel=check))
     assert isinstance(e, Interrupted) and secs < 4, (secs, e)
     assert _no_child_left()
     partial = [f for f in cache_files(tmp_path / "d") if f.endswith(".incomplete")]
@@ -102,7 +104,7 @@ def test_a_file_larger_than_the_free_disk_is_refused_before_a_byte_is_written(hu
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, declare_size=40 * 2**40, where="resolve")  # announces 40 TiB
     dest = tmp_path / "d"
-    _, e, _ = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(dest))
+    _, e, _ = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     assert isinstance(e, h.HubDownloadError) and "nothing was written" in str(e) and "free" in str(e), e
     assert hub.body_gets(PRIMARY) == []
     assert [f for f in cache_files(dest) if not f.endswith(".lock")] == []
@@ -113,7 +115,7 @@ def test_a_body_longer_than_announced_is_never_kept(hub, hf_env, hub_files, tmp_
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     hub.fault(REPO, PRIMARY, method="GET", extra=100_000, where="cdn")
     dest = tmp_path / "d"
-    _, e, _ = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(dest))
+    _, e, _ = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     assert isinstance(e, h.HubError), e
     assert not os.path.exists(os.path.join(dest, "unsloth", "Z-Image-Turbo-FP8", PRIMARY))
     assert [f for f in cache_files(dest) if f.endswith((".safetensors", ".incomplete"))] == []
@@ -137,15 +139,15 @@ def test_downloads_are_kept_by_origin(hub, hf_env, hub_files, tmp_path):
     dest = str(tmp_path / "prequant")
     hub.commit("attacker/Z-Image-Turbo-FP8", {PRIMARY: hub_files["int8.pt"]})
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
-    bad = h.download("attacker/Z-Image-Turbo-FP8", (PRIMARY,), dest_dir=dest)
-    good = h.download(REPO, (PRIMARY,), dest_dir=dest)
+    bad = h.download("attacker/Z-Image-Turbo-FP8", (PRIMARY,), LoadContext.of(download_dir=dest))
+    good = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest))
     assert bad.path == os.path.join(dest, "attacker", "Z-Image-Turbo-FP8", PRIMARY) and bad.downloaded
     assert good.path == os.path.join(dest, "unsloth", "Z-Image-Turbo-FP8", PRIMARY) and good.downloaded
     assert sha256(good.path) == sha256(hub_files["int8.safetensors"])
-    pinned = h.download(REPO, (PRIMARY,), dest_dir=dest, revision=hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]},
+    pinned = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest), revision=hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]},
                                                                                    ref="v2"))
     assert "@" in os.path.basename(os.path.dirname(pinned.path))  # another revision, another folder
-    assert h.download(REPO, (PRIMARY,), dest_dir=dest).path == good.path  # found again, no new transfer
+    assert h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest)).path == good.path  # found again, no new transfer
 
 
 def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp_path, hub_files, caplog):
@@ -158,14 +160,14 @@ def test_refused_connection_and_server_errors_are_typed(hf_env, monkeypatch, tmp
     monkeypatch.setenv("HF_ENDPOINT", f"http://someone:{secret}@127.0.0.1:{free_port()}")
     for k, v in FAST.items():
         monkeypatch.setenv(k, v)
-    _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
+    _, e, secs = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=str(tmp_path / "d")))
     assert isinstance(e, h.HubUnavailableError) and "Could not reach" in str(e) and secs < 60, (secs, e)
     assert "http://***@127.0.0.1" in str(e), e
     with HubServer() as s:
         monkeypatch.setenv("HF_ENDPOINT", s.url.replace("://", f"://someone:{secret}@"))
         s.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
         s.fault(REPO, PRIMARY, status=503, where="resolve")
-        _, e2, _ = _timed(h.download, REPO, (PRIMARY, PT), dest_dir=str(tmp_path / "d"))
+        _, e2, _ = _timed(h.download, REPO, (PRIMARY, PT), LoadContext.of(download_dir=str(tmp_path / "d")))
         assert isinstance(e2, h.HubUnavailableError) and "503" in str(e2)
         assert [r["filename"] for r in s.requests(route="resolve")].count(PT) == 0  # no other name tried
     for text in (str(e), repr(e.reasons), str(e2), repr(e2.reasons), caplog.text):
@@ -192,7 +194,7 @@ def test_a_redirect_to_nowhere_or_to_itself_ends_typed(hub, hf_env, hub_files, t
     target = f"http://127.0.0.1:{free_port()}/nothing" if where == "elsewhere" else \
         f"{hub.url}/{REPO}/resolve/main/{PRIMARY}"
     hub.fault(REPO, PRIMARY, redirect_to=target, where="resolve")
-    _, e, secs = _timed(h.download, REPO, (PRIMARY,), dest_dir=str(tmp_path / "d"))
+    _, e, secs = _timed(h.download, REPO, (PRIMARY,), LoadContext.of(download_dir=str(tmp_path / "d")))
     assert isinstance(e, h.HubError) and secs < 60, (secs, e)
     assert not os.path.exists(os.path.join(tmp_path, "d", "unsloth", "Z-Image-Turbo-FP8", PRIMARY))
 

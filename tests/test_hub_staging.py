@@ -6,6 +6,8 @@ repo never delete each other's staging, two downloading one file transfer it onc
 never labelled with a pinned commit it does not record."""
 from __future__ import annotations
 
+from prequant_core.load.context import LoadContext
+
 import json
 import os
 import re
@@ -22,7 +24,8 @@ from loopback_hub import MiB, PRIMARY, REPO, cache_files, partials, sha256
 FP8 = "Z-Image-Turbo-FP8.safetensors"
 ORIGIN = os.path.join(*REPO.split("/"))
 DOWNLOAD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from prequant_core.load import hub; "
-            "f = hub.download(sys.argv[2], [sys.argv[3]], dest_dir=sys.argv[4]); "
+            "from prequant_core.load.context import LoadContext; "
+            "f = hub.download(sys.argv[2], [sys.argv[3]], LoadContext(download_dir=sys.argv[4])); "
             "print(json.dumps({'path': f.path, 'downloaded': f.downloaded}))")
 
 
@@ -43,18 +46,18 @@ def test_a_cancelled_partial_survives_another_files_download_and_resumes(hub, hf
         if partials(dest) and os.path.getsize(dest / partials(dest)[0]) >= 5 * MiB:
             raise Interrupted()
     with pytest.raises(Interrupted):
-        h.download(REPO, (PRIMARY,), dest_dir=str(dest), check=check)
+        h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest), cancel=check))
     time.sleep(0.5)
     (kept_name,) = partials(dest)
     kept = os.path.getsize(dest / kept_name)
     assert 0 < kept < size
 
-    other = h.download(REPO, (FP8,), dest_dir=str(dest))  # the FP8 file of the same repo, meanwhile
+    other = h.download(REPO, (FP8,), LoadContext.of(download_dir=str(dest)))  # the FP8 file of the same repo, meanwhile
     assert sha256(other.path) == sha256(hub_files["int8.pt"])
     assert partials(dest) == [kept_name] and os.path.getsize(dest / kept_name) == kept, "the INT8 bytes are kept"
 
     hub.slow.clear()
-    f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+    f = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     last = hub.body_gets(PRIMARY)[-1]
     assert last["range_start"] == kept and last["sent"] == size - kept  # resumed, not from byte 0
     assert sha256(f.path) == sha256(hub_files["int8.safetensors"])
@@ -106,12 +109,12 @@ def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, 
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]}, ref="feature/x")
     hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]}, ref="feature--x")
     dest = str(tmp_path / "prequant")
-    slash = h.download(REPO, (PRIMARY,), revision="feature/x", dest_dir=dest)
-    dash = h.download(REPO, (PRIMARY,), revision="feature--x", dest_dir=dest)
+    slash = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest), revision="feature/x")
+    dash = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest), revision="feature--x")
     assert slash.path != dash.path and dash.downloaded, (slash.path, dash.path)
     assert sha256(slash.path) == sha256(hub_files["int8.safetensors"]) and sha256(dash.path) == sha256(hub_files["int8.pt"])
     gets = len(hub.body_gets())
-    again = [h.download(REPO, (PRIMARY,), revision=r, dest_dir=dest).path for r in ("feature/x", "feature--x")]
+    again = [h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest), revision=r).path for r in ("feature/x", "feature--x")]
     assert again == [slash.path, dash.path] and len(hub.body_gets()) == gets  # found again, no request
 
 
@@ -121,11 +124,11 @@ def test_a_long_repo_and_revision_store_and_are_found_again(hub, hf_env, hub_fil
     rev = "r" * 200
     hub.commit(repo, {PRIMARY: hub_files["int8.safetensors"]}, ref=rev)
     dest = str(tmp_path / "prequant")
-    f = h.download(repo, (PRIMARY,), revision=rev, dest_dir=dest)  # was: "File name too long" after the transfer
+    f = h.download(repo, (PRIMARY,), LoadContext.of(download_dir=dest), revision=rev)  # was: "File name too long" after the transfer
     assert f.downloaded and sha256(f.path) == sha256(hub_files["int8.safetensors"])
     assert all(len(p.encode()) <= 255 for p in f.path.split(os.sep))
     gets = len(hub.body_gets())
-    assert h.download(repo, (PRIMARY,), revision=rev, dest_dir=dest).path == f.path
+    assert h.download(repo, (PRIMARY,), LoadContext.of(download_dir=dest), revision=rev).path == f.path
     assert len(hub.body_gets()) == gets
     assert partials(dest) == [] and sorted(os.listdir(dest)) == ["unsloth"]
 
@@ -151,17 +154,17 @@ def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record
     mirror = _mirror_copy(root, old)
     monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_MIRROR", root)
 
-    assert h.download(REPO, (PRIMARY,), dest_dir=dest).path == mirror  # the default branch: the mirror, as before
-    pinned_old = h.download(REPO, (PRIMARY,), revision=old, dest_dir=dest)
+    assert h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest)).path == mirror  # the default branch: the mirror, as before
+    pinned_old = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest), revision=old)
     assert pinned_old.path == mirror and pinned_old.revision == old  # the commit it records
     assert hub.body_gets() == []
 
-    pinned_new = h.download(REPO, (PRIMARY,), revision=new, dest_dir=dest)  # a commit the mirror's copy is not
+    pinned_new = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=dest), revision=new)  # a commit the mirror's copy is not
     assert pinned_new.path != mirror and pinned_new.downloaded and pinned_new.commit == new
     assert sha256(pinned_new.path) == sha256(hub_files["int8.safetensors"])
 
     _mirror_copy(root, None)  # a copy that records no revision proves none
-    other = h.download(REPO, (PRIMARY,), revision=old, dest_dir=str(tmp_path / "other"))
+    other = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(tmp_path / "other")), revision=old)
     assert other.path != mirror and other.downloaded and sha256(other.path) == sha256(hub_files["int8.pt"])
 
 
@@ -195,7 +198,7 @@ def _cancel_at(h, dest, nbytes):
         if any(os.path.getsize(dest / p) >= nbytes for p in partials(dest) if os.path.exists(dest / p)):
             raise Interrupted()
     with pytest.raises(Interrupted):
-        h.download(REPO, (PRIMARY,), dest_dir=str(dest), check=check)
+        h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest), cancel=check))
     time.sleep(0.5)
 
 
@@ -218,7 +221,7 @@ def test_a_retry_after_a_cancel_is_watched_on_the_file_the_client_writes(hub, hf
     hub.slow[(REPO, PRIMARY)] = 0.06  # the retry needs ~4 s to pass the earlier partial's size: over the stall limit
     monkeypatch.setenv("PREQUANT_HUB_STALL_S", "2")
     with caplog.at_level(logging.INFO, logger="prequant"):
-        f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+        f = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     assert sha256(f.path) == sha256(blob)
     last = hub.body_gets(PRIMARY)[-1]
     assert f"hf_hub/{client}" in last["agent"], last["agent"]
@@ -249,7 +252,7 @@ def test_a_smaller_new_version_of_a_file_downloads_despite_an_old_partial(hub, h
     small.write_bytes(os.urandom(MiB))
     hub.commit(REPO, {PRIMARY: str(small)})  # the repo's new version: another etag, a quarter of the partial's size
     hub.slow[(REPO, PRIMARY)] = 0.1  # watched for a while (a fast transfer ends before the first look)
-    f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+    f = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     assert sha256(f.path) == sha256(str(small)) and f.downloaded
     assert partials(dest) == [], cache_files(dest)
 
@@ -328,7 +331,7 @@ def test_a_symlink_in_the_staging_folder_is_never_followed(hub, hf_env, blob, tm
             os.symlink(victim, paths.file_path)
     before = _snapshot(outside)
     with caplog.at_level(logging.WARNING, logger="prequant"):
-        f = h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+        f = h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     assert _snapshot(outside) == before, "nothing outside the download folder is deleted, written or grows"
     assert f.path == str(dest / ORIGIN / PRIMARY) and f.downloaded
     _stored_inside(f.path, dest)
@@ -348,7 +351,7 @@ def test_an_origin_folder_linked_outside_the_download_folder_is_refused_before_a
     dest.mkdir()
     os.symlink(outside, dest / REPO.split("/")[0])
     with pytest.raises(h.HubDownloadError) as e:
-        h.download(REPO, (PRIMARY,), dest_dir=str(dest))
+        h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     msg = str(e.value)
     assert str(dest / ORIGIN) in msg and os.path.realpath(outside) in msg and "Fix:" in msg, msg
     assert hub.body_gets(PRIMARY) == [] and os.listdir(outside) == []

@@ -83,11 +83,11 @@ def test_host_budget_boundary(prequant_files):
     declared = memory_check.declared_bytes(path)
     needed = declared + memory_check.HOST_HEADROOM
     ok = open_checkpoint(path, model_dirs=[os.path.dirname(path)],
-                         memory_guard=memory_check.Guard(available=lambda: needed))
+                         memory=memory_check.Guard(available=lambda: needed))
     assert ok.family.name == "z-image"
     with pytest.raises(errors.MemoryBudgetError) as e:
         open_checkpoint(path, model_dirs=[os.path.dirname(path)],
-                        memory_guard=memory_check.Guard(available=lambda: needed - 1))
+                        memory=memory_check.Guard(available=lambda: needed - 1))
     err = e.value
     assert err.where == "host" and err.needed == needed and err.available == needed - 1
     text = str(err)
@@ -102,17 +102,17 @@ def test_refused_before_any_tensor_is_read(prequant_files, folder):
     bad = folder / "garbage-data.safetensors"
     bad.write_bytes(src[: 8 + n] + b"\xff" * (len(src) - 8 - n))
     with pytest.raises(errors.MemoryBudgetError):
-        open_checkpoint(str(bad), model_dirs=[str(folder)], memory_guard=memory_check.Guard(available=lambda: 1))
+        open_checkpoint(str(bad), model_dirs=[str(folder)], memory=memory_check.Guard(available=lambda: 1))
 
 
 def test_opt_out(prequant_files, monkeypatch):
     path = prequant_files("int8", "pt")
     tiny = memory_check.Guard(available=lambda: 1)
     with pytest.raises(errors.MemoryBudgetError):
-        open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory_guard=tiny)
-    assert open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory_guard=False).verdict.ok
+        open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory=tiny)
+    assert open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory=None).verdict.ok
     monkeypatch.setenv(memory_check.ENV_VAR, "0")
-    assert open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory_guard=tiny).verdict.ok
+    assert open_checkpoint(path, model_dirs=[os.path.dirname(path)], memory=tiny).verdict.ok
     assert memory_check.check_file(path, tiny) is None
 
 
@@ -161,7 +161,7 @@ def test_tiny_file_declaring_more_than_the_machine_has(folder):
     assert "claims-terabytes.pt" in str(e.value) and e.value.needed > machine_budget()
     # without the guard the reader reads the same file as the damaged archive it is: still a clear error
     with pytest.raises(errors.PrequantError) as e2:
-        open_checkpoint(str(huge), model_dirs=[str(folder)], memory_guard=False)
+        open_checkpoint(str(huge), model_dirs=[str(folder)], memory=None)
     assert not isinstance(e2.value, errors.MemoryBudgetError)
 
 

@@ -6,6 +6,8 @@ configs of the real transformers classes); ComfyUI is not imported here (tests/t
 node in ComfyUI)."""
 from __future__ import annotations
 
+from prequant_core.load.context import LoadContext
+
 import json
 import os
 
@@ -198,16 +200,14 @@ def test_the_family_download_takes_the_pt_when_the_repo_has_no_safetensors(hub, 
     dest = tmp_path / "prequant"
     dest.mkdir()
     src = encoder_sources.plan(family="z-image")
-    routed = pipeline.run(src, Request(scheme="fp8", family="z-image", component="text_encoder"),
-                          download_dir=str(dest), model_dirs=[str(dest)])
+    routed = pipeline.run(src, Request(scheme="fp8", family="z-image", component="text_encoder"), LoadContext.of(download_dir=str(dest), model_dirs=[str(dest)]))
     assert routed.route.opened.encoder.name == "Qwen3-4B"
     assert routed.located.fetched.filename == "Z-Image-Turbo-text_encoder-FP8.pt"
     asked = [r["filename"] for r in hub.requests("HEAD")]
     assert asked.index("Z-Image-Turbo-text_encoder-FP8.safetensors") < asked.index("Z-Image-Turbo-text_encoder-FP8.pt")
     with pytest.raises(HubNotFoundError):
         pipeline.run(encoder_sources.plan(family="lumina-2"), Request(scheme="fp8", family="lumina-2",
-                                                                       component="text_encoder"),
-                     download_dir=str(dest), model_dirs=[str(dest)])
+                                                                       component="text_encoder"), LoadContext.of(download_dir=str(dest), model_dirs=[str(dest)]))
 
 
 def spiece_model() -> bytes:

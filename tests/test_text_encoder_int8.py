@@ -8,6 +8,8 @@ the file (Info, ``info`` / ``verify``), names it on the Hub the way Unsloth's re
 (tests/test_text_encoder_comfy.py: the node, naming the version). Core tier: no ComfyUI."""
 from __future__ import annotations
 
+from prequant_core.load.context import LoadContext
+
 import json
 import os
 
@@ -172,8 +174,6 @@ def test_the_family_download_asks_for_the_int8_file_first(hub, tmp_path):
     hub.commit("unsloth/Qwen-Image-2.1-FP8", {NAME: build(src_dir)})
     dest = tmp_path / "prequant"
     dest.mkdir()
-    routed = pipeline.run(encoder_sources.plan(family="qwen-image-2.1"),
-                          Request(scheme="auto", family="qwen-image-2.1", component="text_encoder"),
-                          download_dir=str(dest), model_dirs=[str(dest)])
+    routed = pipeline.run(encoder_sources.plan(family="qwen-image-2.1"), Request(scheme="auto", family="qwen-image-2.1", component="text_encoder"), LoadContext.of(download_dir=str(dest), model_dirs=[str(dest)]))
     assert routed.located.fetched.filename == NAME and routed.route.opened.encoder.name == "Qwen3-VL"
     assert [r["filename"] for r in hub.requests("HEAD")][0] == NAME

@@ -22,18 +22,18 @@ Rules (see ``sources`` for where the names come from):
   tried and the fix. The client itself retries 5xx and connection errors with back-off before that.
 - Every wait is bounded and can be cancelled: the client runs in a child process (``hub_child``) that this process
   watches (``Limits``: an answer within ``answer_s``, no stall longer than ``stall_s``, no transfer slower than
-  ``min_bps``); ``check()`` (ComfyUI's interrupt) is called every poll. A stopped child is killed at once, its partial
+  ``min_bps``); the context's ``cancel`` (ComfyUI's interrupt) is called every poll. A stopped child is killed at once, its partial
   file kept, and the next run resumes from it with an HTTP Range request.
 - A file announced larger than the free space of its disk is refused before a byte is written; a body longer than
   announced is discarded; a body of the wrong size is never renamed into place (the client checks the size).
-- Token: the ``token`` argument, else the client's default (``HF_TOKEN``, then the stored ``hf auth login``). A token
+- Token: the context's ``token``, else the client's default (``HF_TOKEN``, then the stored ``hf auth login``). A token
   is never logged, put into a message or on a command line (it reaches the child through its stdin).
 - ``revision`` pins a branch, tag or commit (``sources.normalize_revision``: what the Hub accepts, no path tricks);
   a commit hash already in the cache is served without any request.
 - Offline (``HF_HUB_OFFLINE=1``): served from the cache only (names the cache records as absent are skipped); if none
   of the names is cached, ``HubOfflineError`` lists them all.
-- Status and progress: ``status(text)`` gets a short line at each stage, ``progress(done_bytes, total_bytes)`` is
-  called every poll from the size of the client's partial file.
+- Status and progress (``LoadContext``): ``status(text)`` gets a short line at each stage, ``progress(done_bytes,
+  total_bytes)`` is called every poll from the size of the client's partial file.
 - Resume: when the transfer breaks mid-body the client is started again (up to ``resume_attempts`` times, as long as
   bytes keep arriving), which resumes; a run killed or cancelled mid-download resumes the same way next time.
 - No partial file is left on refusals (wrong size, oversized); the bytes of a transfer that broke, stalled or was
@@ -44,9 +44,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Callable, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from . import sources
+from .context import LoadContext
 from ..errors import CheckpointNotFoundError, HubError  # noqa: F401
 from ..safe_text import redact
 from .hub_cache import (cache_dir, cached_file, client_constants, endpoint, is_cached, is_offline, shown_endpoint,  # noqa: F401
@@ -54,32 +55,27 @@ from .hub_cache import (cache_dir, cached_file, client_constants, endpoint, is_c
 from .hub_errors import (HubAuthError, HubDownloadError, HubNotFoundError, HubOfflineError,  # noqa: F401
                          HubUnavailableError, raise_for, reasons_of, where)
 from .hub_local import MIRROR_ENV, STAGING_DIR, local_file, mirror_file, origin_dir  # noqa: F401
-from .hub_transfer import Fetched, Limits, discard_partial, fetch_in_child, file_size  # noqa: F401
+from .hub_transfer import Fetched, Job, Limits, discard_partial, fetch_in_child, file_size  # noqa: F401
 
 log = logging.getLogger("prequant")
-
-ProgressFn = Callable[[int, int], None]
-StatusFn = Callable[[str], None]  # a short line for the user while they wait (connecting, downloading, ...)
 
 
 @dataclasses.dataclass
 class Located:
     path: str
     candidate: sources.Candidate
-    model_dirs: list[str]  # folders open_checkpoint may read for this path
+    extra_dirs: tuple[str, ...] = ()  # the folder a Hub file was stored in: allowed for this file only
     fetched: Fetched | None = None
 
 
-def download(repo: str, filenames: Iterable[str], *, revision: str | None = None, token: str | None = None,
-             progress: ProgressFn | None = None, resume_attempts: int = 3, dest_dir: str | None = None,
-             search_dirs: Iterable[str] = (), status: StatusFn | None = None,
-             check: Callable[[], None] | None = None) -> Fetched:
+def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext(), *,
+             revision: str | None = None, resume_attempts: int = 3) -> Fetched:
     """Fetch the first of ``filenames`` that exists in ``repo``; return where it is.
 
-    ``dest_dir`` None: into the HF cache. A folder (ComfyUI's models/prequant): the file is stored in its origin
-    folder there (``origin_dir``: ``<dest>/<owner>/<repo>[@<revision>]/``); a file already in the origin folder of
-    ``dest_dir`` or ``search_dirs`` is used as it is, without any request. ``check()`` is called every poll while
-    waiting and may raise to cancel (ComfyUI's interrupt); the transfer then stops at once and its bytes are kept."""
+    ``ctx.download_dir`` None: into the HF cache. A folder (ComfyUI's models/prequant): the file is stored in its
+    origin folder there (``origin_dir``: ``<dest>/<owner>/<repo>[@<revision>]/``); a file already in the origin folder
+    of the download folder or of ``ctx.search_dirs`` is used as it is, without any request. ``ctx.cancel`` is called
+    every poll while waiting and may raise (ComfyUI's interrupt); the transfer then stops at once, its bytes kept."""
     constants = client_constants()
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -87,26 +83,26 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
     repo = sources.normalize_repo(repo)
     filenames = list(filenames)
     rev = sources.normalize_revision(revision) or constants.DEFAULT_REVISION
-    token = (token or "").strip() or None  # None: the client's default (HF_TOKEN, then the stored login)
+    token = (ctx.token or "").strip() or None  # None: the client's default (HF_TOKEN, then the stored login)
+    ctx = dataclasses.replace(ctx, token=token)
+    dest_dir, progress = ctx.download_dir, ctx.show
     cache, ep = cache_dir(), endpoint()
     folder = storage_folder(repo, cache)
     tried: list[tuple[str, str]] = []
 
     if dest_dir:
-        hit = local_file(repo, filenames, [dest_dir, *search_dirs], rev)
+        hit = local_file(repo, filenames, [dest_dir, *ctx.search_dirs], rev)
         if hit:
             fn, p = hit
             log.info("[prequant] using %s (%s/%s, already downloaded)", p, repo, fn)
-            if progress:
-                progress(file_size(p) or 0, file_size(p) or 0)
+            progress(file_size(p) or 0, file_size(p) or 0)
             return Fetched(p, repo, rev, fn, None, file_size(p) or 0, False, os.path.dirname(p), tried)
 
     hit = mirror_file(repo, filenames, revision=rev)
     if hit:
         fn, p, root = hit
         log.info("[prequant] using %s (%s/%s from the operator mirror %s)", p, repo, fn, root)
-        if progress:
-            progress(file_size(p) or 0, file_size(p) or 0)
+        progress(file_size(p) or 0, file_size(p) or 0)
         return Fetched(p, repo, rev, fn, None, file_size(p) or 0, False, os.path.dirname(p), tried)
 
     if is_offline():
@@ -117,8 +113,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                 tried.append((fn, "not in the local cache"))
                 continue
             log.info("[prequant] offline: using cached %s/%s (%s)", repo, fn, rev)
-            if progress:
-                progress(file_size(p) or 0, file_size(p) or 0)
+            progress(file_size(p) or 0, file_size(p) or 0)
             return Fetched(p, repo, rev, fn, None, file_size(p) or 0, False, folder, tried)
         raise HubOfflineError(f"Offline mode (HF_HUB_OFFLINE) is on and {repo} (revision {rev}) has none of these "
                               f"files in the local Hugging Face cache ({cache}).", reasons=reasons_of(tried),
@@ -129,16 +124,14 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
     if hit:
         fn, p, skipped = hit
         log.info("[prequant] using cached %s/%s at pinned commit %s", repo, fn, rev)
-        if progress:
-            progress(file_size(p) or 0, file_size(p) or 0)
+        progress(file_size(p) or 0, file_size(p) or 0)
         return Fetched(p, repo, rev, fn, rev, file_size(p) or 0, False, folder, skipped)
 
-    say = status or (lambda text: None)
-    limits = Limits.from_env()
+    job = Job(repo, rev, cache, ep, Limits.from_env(), tried)
     names = sources.prefer_cached_twins(list(filenames), lambda n: cached_file(repo, [n], rev, cache) is not None)
     attempt = 0
     while names:
-        out = fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried)
+        out = fetch_in_child(job, names, ctx)
         if out.kind == "done":
             return out.fetched
         if out.kind == "exhausted":
@@ -153,8 +146,7 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
             hit = cached_file(repo, [fn], rev, cache)
             if hit:
                 log.warning("[prequant] %s unreachable (%s); using the cached %s", redact(ep), redact(out.detail), fn)
-                if progress:
-                    progress(file_size(hit[1]) or 0, file_size(hit[1]) or 0)
+                progress(file_size(hit[1]) or 0, file_size(hit[1]) or 0)
                 return Fetched(hit[1], repo, rev, fn, None, file_size(hit[1]) or 0, False, folder, tried)
         if out.kind == "network" and out.gained > 0 and attempt < resume_attempts:
             attempt += 1
@@ -177,31 +169,27 @@ def download(repo: str, filenames: Iterable[str], *, revision: str | None = None
                                "ComfyUI/models/prequant/.")
 
 
-def locate(plan: sources.Candidates | Iterable[sources.Candidate], *, model_dirs: Iterable[str] = (),
-           token: str | None = None, progress: ProgressFn | None = None,
-           env: Mapping[str, str] | None = None, dest_dir: str | None = None,
-           search_dirs: Iterable[str] = (), status: StatusFn | None = None,
-           check: Callable[[], None] | None = None) -> Located:
+def locate(plan: sources.Candidates | Iterable[sources.Candidate], ctx: LoadContext = LoadContext(), *,
+           env: Mapping[str, str] | None = None) -> Located:
     """The file to open for a plan.
 
     A local candidate (typed path or listed file) comes first in a plan and is always used as given: a refused or
     missing file is reported by ``open_checkpoint``, never replaced by a silent download. Among Hub candidates the
     first usable one is taken (``sources.usable``: cached, or we are online), else the first, so that its own error
     explains what is wrong. Only a Hub file gets its repo's cache folder as an extra allowed folder.
-    ``dest_dir``: download into this folder instead of the HF cache (see ``download``); a file stored there or in
-    ``search_dirs`` before counts as available offline.
+    ``ctx.download_dir``: download into this folder instead of the HF cache (see ``download``); a file stored there or
+    in ``ctx.search_dirs`` before counts as available offline.
     """
     cands = list(plan)
-    model_dirs = list(model_dirs)
+    model_dirs, dest_dir, search_dirs = list(ctx.model_dirs), ctx.download_dir, list(ctx.search_dirs)
     if not cands:
         notes = list(getattr(plan, "notes", ()))
         raise CheckpointNotFoundError("No checkpoint chosen.", reasons=notes,
                                       fix="Pick a file in 'checkpoint', fill 'path', type a 'hub_repo' (e.g. "
                                           "unsloth/Z-Image-Turbo-FP8) with a scheme, or pick a preset.")
     if cands[0].kind == "local":
-        return Located(cands[0].path, cands[0], model_dirs)
+        return Located(cands[0].path, cands[0])
     hub_cands = [c for c in cands if c.kind == "hub"]
-    search_dirs = list(search_dirs)
 
     def available(c):
         return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs],
@@ -213,6 +201,5 @@ def locate(plan: sources.Candidates | Iterable[sources.Candidate], *, model_dirs
     for c, why in u.rejected:
         if hub_cands.index(c) < hub_cands.index(chosen):
             log.warning("[prequant] skipping %s: %s; using %s", c.describe(), why, chosen.describe())
-    f = download(chosen.repo, chosen.filenames, revision=chosen.revision, token=token, progress=progress, check=check,
-                 dest_dir=dest_dir, search_dirs=search_dirs, status=status)
-    return Located(f.path, chosen, model_dirs + [f.storage_folder], f)
+    f = download(chosen.repo, chosen.filenames, ctx, revision=chosen.revision)
+    return Located(f.path, chosen, (f.storage_folder,), f)

@@ -13,6 +13,7 @@ import time
 from typing import Mapping
 
 from . import sources
+from .context import LoadContext
 from .hub_cache import storage_folder
 from .hub_errors import HubDownloadError, HubUnavailableError, reasons_of, where
 from .hub_local import STAGING_DIR, local_file, origin_dir, staging_dir  # noqa: F401
@@ -69,6 +70,26 @@ class Limits:
             except ValueError:
                 pass
         return cls(**out)
+
+
+@dataclasses.dataclass
+class Job:
+    """One download: what is asked and where it goes, shared by the watch and the transfer; ``tried`` grows with
+    the names the Hub says it does not hold; ``client``: the child's huggingface_hub version, once it said."""
+    repo: str
+    revision: str
+    cache: str
+    endpoint: str
+    limits: Limits
+    tried: list
+    client: str = ""
+
+
+@dataclasses.dataclass
+class _Slot:
+    """Where this process keeps the file while the child writes it (a models-folder download), and its lock."""
+    staging: str | None = None
+    lock: "_StagingLock | None" = None
 
 
 @dataclasses.dataclass
@@ -153,24 +174,25 @@ def _free_bytes(folder: str) -> int | None:
         return None
 
 
-def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check, say, limits, tried) -> _Outcome:
+def fetch_in_child(job: Job, names, ctx: LoadContext) -> _Outcome:
     """Ask the child for the first of ``names`` that exists and download it, watching every wait."""
     from huggingface_hub import constants
+    repo, rev, dest_dir, limits, tried = job.repo, job.revision, ctx.download_dir, job.limits, job.tried
     staging = {fn: staging_dir(dest_dir, repo, rev, fn) for fn in names} if dest_dir else {}
-    req = {"repo": repo, "names": list(names), "revision": rev, "cache_dir": cache, "endpoint": ep,
-           "local_dirs": staging, "etag_timeout": float(constants.HF_HUB_ETAG_TIMEOUT), "token": token}
+    req = {"repo": repo, "names": list(names), "revision": rev, "cache_dir": job.cache, "endpoint": job.endpoint,
+           "local_dirs": staging, "etag_timeout": float(constants.HF_HUB_ETAG_TIMEOUT), "token": ctx.token}
     child = _Child(req)
-    lock = None
+    slot = _Slot()
     try:
-        ready = _wait_line(child, CHILD_START_S, check, progress)
+        ready = _wait_line(child, CHILD_START_S, ctx)
         if not ready or ready.get("event") != "ready":
             raise HubDownloadError("The download helper process did not start.", found=str(ready)[:200],
                                    fix="Check that ComfyUI's Python environment has huggingface_hub installed.")
-        client = str(ready.get("client") or "")  # the child's huggingface_hub version: it may not be this process's
+        job.client = str(ready.get("client") or "")  # the child's huggingface_hub version: may not be this process's
         pending = list(names)
-        say(f"connecting to {ep} for {repo}/{pending[0]}")
+        ctx.say(f"connecting to {job.endpoint} for {repo}/{pending[0]}")
         while True:
-            msg = _wait_line(child, limits.answer_s, check, progress)
+            msg = _wait_line(child, limits.answer_s, ctx)
             if msg is None:
                 raise HubUnavailableError(
                     f"{where(repo, rev)} gave no answer about {pending[0]} within {limits.answer_s:.0f} s.",
@@ -181,7 +203,7 @@ def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check
                 tried.append((msg["name"], msg.get("detail") or "not in the repo (404 EntryNotFound)"))
                 pending = pending[pending.index(msg["name"]) + 1:] if msg["name"] in pending else pending[1:]
                 if pending:
-                    say(f"connecting to {ep} for {repo}/{pending[0]}")
+                    ctx.say(f"connecting to {job.endpoint} for {repo}/{pending[0]}")
                 continue
             if ev == "exhausted":
                 return _Outcome("exhausted")
@@ -194,26 +216,25 @@ def fetch_in_child(repo, names, rev, cache, ep, token, dest_dir, progress, check
                     # before the lock (its file lies beside the staging folder) and before any partial is looked at
                     remove_staging_links(dest_dir, staging[fn])
                     # another process downloading this very file: wait for it, then take its result
-                    lock = _StagingLock(staging[fn])
-                    lock.acquire(check, lambda: say(f"waiting for another download of {fn} to finish"))
+                    slot.lock = _StagingLock(staging[fn])
+                    slot.lock.acquire(ctx.poll, lambda: ctx.say(f"waiting for another download of {fn} to finish"))
                     hit = local_file(repo, [fn], [dest_dir], rev)
                     if hit:
                         child.send("stop")
-                        lock.release(remove=True)
+                        slot.lock.release(remove=True)
                         _prune(staging[fn])
                         log.info("[prequant] %s/%s was downloaded by another process meanwhile: using %s",
                                  repo, fn, hit[1])
                         size = file_size(hit[1]) or 0
-                        if progress:
-                            progress(size, size)
+                        ctx.show(size, size)
                         return _Outcome("done", fn, fetched=Fetched(hit[1], repo, rev, fn, msg.get("commit"), size,
                                                                     False, os.path.dirname(hit[1]), list(tried)))
-                return _transfer(child, msg, repo, rev, cache, staging.get(fn), dest_dir, progress, check, say,
-                                 limits, tried, lock, client)
+                slot.staging = staging.get(fn)
+                return _transfer(child, msg, job, ctx, slot)
     finally:
         child.kill()
-        if lock is not None:
-            lock.release()
+        if slot.lock is not None:
+            slot.lock.release()
 
 
 class _StagingLock:
@@ -270,20 +291,21 @@ class _StagingLock:
         self.fd = None
 
 
-def _wait_line(child, timeout, check, progress, keep=None):
-    """A message within ``timeout`` s; Cancel (``check``) is honoured every poll."""
+def _wait_line(child, timeout, ctx: LoadContext):
+    """A message within ``timeout`` s; Cancel (``ctx.poll``) is honoured every poll."""
     end = time.monotonic() + timeout
     while True:
-        if check:
-            check()
+        ctx.poll()
         msg = child.line(min(POLL_S, max(end - time.monotonic(), 0)))
         if msg is not None or time.monotonic() >= end:
             return msg
 
 
-def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check, say, limits, tried,
-              lock=None, client: str = "") -> _Outcome:
+def _transfer(child, meta, job: Job, ctx: LoadContext, slot: _Slot) -> _Outcome:
     fn, total, etag = meta["name"], int(meta.get("size") or 0), (meta.get("etag") or "")
+    repo, rev, staging, dest_dir, limits, tried = job.repo, job.revision, slot.staging, ctx.download_dir, job.limits, \
+        job.tried
+    client, lock = job.client, slot.lock
     resumes = client_resumes(client)
     if staging:
         final_dir = origin_dir(dest_dir, repo, rev)
@@ -299,7 +321,7 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
         partial = _Partials(staging, etag, own=True)
         blob = os.path.join(staging, *fn.split("/"))
     else:
-        folder = storage_folder(repo, cache)
+        folder = storage_folder(repo, job.cache)
         blob = os.path.join(folder, "blobs", etag)
         partial = _Partials(os.path.join(folder, "blobs"), etag, own=False)
         final_dir = folder
@@ -314,7 +336,7 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
             expected=f"{human_size(total - have0 + DISK_MARGIN)} free", found=f"{human_size(free)} free",
             fix="Free disk space, or set the node's download_to / extra_model_paths.yaml to a larger disk.")
     child.send("go")
-    say(f"downloading {fn} from {repo}")
+    ctx.say(f"downloading {fn} from {repo}")
     if not cached_before:
         log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s", repo, fn, rev, total / 2**20,
                  _earlier_note(have0, client, resumes) if have0 else "")
@@ -324,7 +346,7 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
     last_growth = time.monotonic()
     done = have0
     while True:
-        msg = _wait_line(child, POLL_S, check, None)
+        msg = _wait_line(child, POLL_S, ctx)
         on_disk = file_size(partial)
         now = time.monotonic()
         if partial.started_over():  # the client wrote a new file from byte 0: the earlier bytes are not reused
@@ -340,13 +362,11 @@ def _transfer(child, meta, repo, rev, cache, staging, dest_dir, progress, check,
         history.append((now, got))
         while len(history) > 2 and now - history[1][0] > limits.stall_s:
             history.pop(0)
-        if progress:
-            progress(min(done, total), total)  # every poll: ComfyUI's hook raises here when Cancel was pressed
+        ctx.show(min(done, total), total)  # every poll: ComfyUI's hook raises here when Cancel was pressed
         if msg is not None:
             ev = msg.get("event")
             if ev == "done":
-                if progress:
-                    progress(total, total)
+                ctx.show(total, total)
                 path = msg["path"]
                 if staging:
                     check_stored(path, dest_dir)  # a link made while the client ran is never moved into place

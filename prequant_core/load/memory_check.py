@@ -33,7 +33,7 @@ other models before loading a new one). Refused when ``declared > budget``.
 
 Not covered: a container's memory limit (cgroups) is not read; ``psutil`` reports the host's memory there.
 
-Opting out: ``open_checkpoint(..., memory_guard=False)``, or ``PREQUANT_MEMORY_CHECK=0`` in the environment.
+Opting out: ``open_checkpoint(..., memory=None)`` (``LoadContext(memory=None)``), or ``PREQUANT_MEMORY_CHECK=0`` in the environment.
 Testing without real memory pressure: pass ``Guard(available=lambda: n, device_free=lambda dev: n)``.
 """
 from __future__ import annotations

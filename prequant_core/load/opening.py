@@ -44,22 +44,21 @@ def open_allowed(path: str, model_dirs: Iterable[str] = ()) -> Iterator[formats.
         yield f
 
 
-def _guard(memory_guard) -> memory_check.Guard | None:
-    return memory_guard if isinstance(memory_guard, memory_check.Guard) else None
+GUARD = memory_check.Guard()  # the host check alone: what a load is judged by where the caller names no device
 
 
-def read_full(f, memory_guard=True) -> Checkpoint:
+def read_full(f, memory: memory_check.Guard | None = GUARD) -> Checkpoint:
     """Every tensor, after the memory guard judged the stored bytes; then what the tensors declare, before any of
-    their bytes is touched."""
-    if memory_guard is not False:
-        memory_check.check_file(f, _guard(memory_guard))
+    their bytes is touched. ``memory`` None: no memory check."""
+    if memory is not None:
+        memory_check.check_file(f, memory)
     ckpt = formats.read(f)
-    if memory_guard is not False:
-        memory_check.check_declared(ckpt, _guard(memory_guard))
+    if memory is not None:
+        memory_check.check_declared(ckpt, memory)
     return ckpt
 
 
-def read_light(f, memory_guard=True) -> Light:
+def read_light(f, memory: memory_check.Guard | None = GUARD) -> Light:
     """The container's header / index read (no weight byte), else (kinds the light paths do not understand) the
     full read under the memory guard."""
     light = recognise(f).read_light(f)
@@ -68,7 +67,7 @@ def read_light(f, memory_guard=True) -> Light:
         check_plain_tensors(light.checkpoint.tensors, f.path, read_data=False,  # dtypes from the header
                             exempt=int8_encoder_parts(light.checkpoint))
         return light
-    return Light(read_full(f, memory_guard), READ_FULL)
+    return Light(read_full(f, memory), READ_FULL)
 
 
 def judge(ckpt: Checkpoint, request: metadata.Request, real: str, *, strict: bool = True) -> Opened:
@@ -152,15 +151,15 @@ def _judge_encoder(ckpt: Checkpoint, request: metadata.Request, real: str, stric
 
 
 def open_checkpoint(path: str, request: metadata.Request | None = None, *, model_dirs: Iterable[str] = (),
-                    strict: bool = True, memory_guard: bool | memory_check.Guard = True,
+                    strict: bool = True, memory: memory_check.Guard | None = GUARD,
                     fingerprint_mode: str | None = None) -> Opened:
-    """A load's open and judge: ``memory_guard`` True checks host memory against the file's declared size before
-    reading it (``memory_check``); a ``memory_check.Guard`` also names the load device etc.; False skips the check.
+    """A load's open and judge: ``memory`` checks host memory (and, where the guard names one, the load device's)
+    against the file's declared size before reading it (``memory_check``); None skips the check.
     ``fingerprint_mode``: ``full`` / ``sample`` / ``off`` (None: ``fingerprint.mode_from_env``); checked only for a
     file that passed validation."""
     request = request or metadata.Request()
     with open_allowed(path, model_dirs) as f:
-        ckpt = read_full(f, memory_guard)
+        ckpt = read_full(f, memory)
         st = os.fstat(f.fd)  # the opened file's identity, for a remembered fingerprint pass
     real = f.real
     with reading(real, "judged"):
@@ -174,7 +173,7 @@ def open_checkpoint(path: str, request: metadata.Request | None = None, *, model
 
 
 def inspect(path, request: metadata.Request | None, build: Callable[[Opened, Light, formats.OpenedFile], T], *,
-            model_dirs: Iterable[str] | None = None, memory_guard: bool | memory_check.Guard = True) -> T:
+            model_dirs: Iterable[str] | None = None, memory: memory_check.Guard | None = GUARD) -> T:
     """Info's open and judge (header / index only where the container can), then ``build(opened, light, handle)``
     while the file is still open (fingerprint verification reads weights through it). ``path``: a name, or a handle
     the caller opened (then already judged by the allowlist). ``model_dirs`` None: the command line, where the person
@@ -186,7 +185,7 @@ def inspect(path, request: metadata.Request | None, build: Callable[[Opened, Lig
         dirs = [os.path.dirname(os.path.abspath(str(path)))] if model_dirs is None else list(model_dirs)
         ctx = open_allowed(str(path), dirs)
     with ctx as f, reading(f.path, "described"):
-        light = read_light(f, memory_guard)
+        light = read_light(f, memory)
         opened = judge(light.checkpoint, request, f.path, strict=False)
         opened.read_mode = light.read_mode
         return build(opened, light, f)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Iterable
 
 from . import hub, sources
+from .context import LoadContext
 from ..errors import PrequantError
 from .metadata import Request
 from .route import DENSE_ONLY, PREQUANT_ONLY, LoadRoute, choose
@@ -23,27 +23,22 @@ class Routed:
     request: Request  # as judged: the located candidate's scheme filled in
 
 
-def run(candidates: sources.Candidates, request: Request, *, policy: str = PREQUANT_ONLY,
-          model_dirs: Iterable[str] = (), dense_path: str | None = None, token: str | None = None,
-          progress: hub.ProgressFn | None = None, download_dir: str | None = None, search_dirs: Iterable[str] = (),
-          status: Callable[[str], None] | None = None, check: Callable[[], None] | None = None,
-          memory_guard=True, unavailable: PrequantError | None = None) -> Routed:
+def run(candidates: sources.Candidates, request: Request, ctx: LoadContext, *, policy: str = PREQUANT_ONLY,
+        dense_path: str | None = None, unavailable: PrequantError | None = None) -> Routed:
     """Locate, open and judge, before anything is loaded or evicted: a refused file never costs the model that is
-    resident now. ``model_dirs``: the folders a local path must lie in (a Hub file's cache folder is added for that
-    file only); ``policy``: ``route.POLICIES``; a file that cannot be located counts as unusable for the fallback, as
-    does ``unavailable`` (why the caller could not even make candidates, e.g. a listed file that is missing)."""
-    model_dirs = list(model_dirs)
+    resident now. ``ctx.model_dirs``: the folders a local path must lie in (a Hub file's cache folder is added for
+    that file only); ``policy``: ``route.POLICIES``; a file that cannot be located counts as unusable for the
+    fallback, as does ``unavailable`` (why the caller could not even make candidates, e.g. a listed file that is
+    missing)."""
     located = None
     if policy != DENSE_ONLY and unavailable is None:
         try:
-            located = hub.locate(candidates, model_dirs=model_dirs, token=token, progress=progress,
-                                 dest_dir=download_dir, search_dirs=search_dirs, status=status, check=check)
+            located = hub.locate(candidates, ctx)
         except PrequantError as e:
             unavailable = e
     request = dataclasses.replace(request, scheme=(located.candidate.scheme if located else None) or request.scheme)
-    if located and status:
-        status(f"checking {os.path.basename(located.path)} (header: scheme, base model, layout)")
-    r = choose(located.path if located else None, request, policy=policy, dense_path=dense_path,
-                  model_dirs=located.model_dirs if located else model_dirs, dense_model_dirs=model_dirs,
-                  unavailable=unavailable, memory_guard=memory_guard)
+    if located:
+        ctx.say(f"checking {os.path.basename(located.path)} (header: scheme, base model, layout)")
+    r = choose(located.path if located else None, request, ctx.within(*located.extra_dirs) if located else ctx,
+               policy=policy, dense_path=dense_path, dense_dirs=ctx.model_dirs, unavailable=unavailable)
     return Routed(r, located, request)

@@ -14,6 +14,7 @@ from . import allowlist
 from .. import families, schemes
 from ..errors import MemoryBudgetError, PrequantError, ValidationError
 from .opening import Opened, open_checkpoint
+from .context import LoadContext
 from .metadata import Request
 
 PREQUANT_ONLY = "prequant only"
@@ -37,15 +38,15 @@ class LoadRoute:
 
 
 
-def choose(prequant_path: str | None, request: Request, *, policy: str = PREQUANT_ONLY,
-              dense_path: str | None = None, model_dirs: Iterable[str] = (),
-              dense_model_dirs: Iterable[str] | None = None, unavailable: PrequantError | None = None,
-              memory_guard=True) -> LoadRoute:
-    """``unavailable``: why no pre-quantized file could even be located (e.g. offline, not on the Hub)."""
+def choose(prequant_path: str | None, request: Request, ctx: LoadContext, *, policy: str = PREQUANT_ONLY,
+           dense_path: str | None = None, dense_dirs: Iterable[str] | None = None,
+           unavailable: PrequantError | None = None) -> LoadRoute:
+    """``unavailable``: why no pre-quantized file could even be located (e.g. offline, not on the Hub);
+    ``dense_dirs``: the folders the dense file may lie in (default ``ctx.model_dirs``)."""
     if policy not in POLICIES:
         raise ValidationError(f"Unknown load policy '{policy}'.", expected=", ".join(POLICIES), found=policy)
-    model_dirs = list(model_dirs)
-    dense_model_dirs = model_dirs if dense_model_dirs is None else list(dense_model_dirs)
+    model_dirs = list(ctx.model_dirs)
+    dense_model_dirs = model_dirs if dense_dirs is None else list(dense_dirs)
     reasons: list[str] = []
     opened = None
     if policy != DENSE_ONLY:
@@ -55,7 +56,7 @@ def choose(prequant_path: str | None, request: Request, *, policy: str = PREQUAN
             reasons.extend(unavailable.reasons or [unavailable.message])
         elif prequant_path:
             try:
-                opened = open_checkpoint(prequant_path, request, model_dirs=model_dirs, memory_guard=memory_guard)
+                opened = open_checkpoint(prequant_path, request, model_dirs=model_dirs, memory=ctx.memory)
             except PrequantError as e:
                 # Short of memory for the quantized file means shorter still for quantizing the dense one.
                 if policy == PREQUANT_ONLY or isinstance(e, MemoryBudgetError):

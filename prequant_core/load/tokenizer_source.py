@@ -12,6 +12,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, PrequantError
 from ..families.encoders import EncoderKind
+from .context import LoadContext
 
 MAX_BYTES = 64 << 20  # a SentencePiece model is a few MB (Gemma's: 4.2 MB)
 SPIECE_KEY = "spiece_model"
@@ -100,9 +101,11 @@ def _donor_bytes(full: str, entry: dict) -> torch.Tensor:
     return _checked(raw, full, f"The spiece_model of the tokenizer donor {os.path.basename(full)}", fix)
 
 
-def from_hub(kind: EncoderKind, base_repo: str, *, token: str | None = None, status=None, check=None) -> Tokenizer:
+def from_hub(kind: EncoderKind, base_repo: str, ctx: LoadContext = LoadContext()) -> Tokenizer:
+    """The tokenizer file of ``base_repo`` through the Hugging Face cache (``ctx``'s download folder is for model
+    files only)."""
     from . import hub
-    fetched = hub.download(base_repo, [kind.tokenizer_file], token=token, status=status, check=check)
+    fetched = hub.download(base_repo, [kind.tokenizer_file], dataclasses.replace(ctx, download_dir=None))
     with open(fetched.path, "rb") as f:
         raw = f.read(MAX_BYTES + 1)
     how = "downloaded" if fetched.downloaded else "cached"
