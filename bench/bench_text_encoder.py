@@ -72,7 +72,7 @@ def make_files(base: str, encoder: str) -> None:
     sd = b.state_dict(b.cast_layerwise(model))
     del model
     from prequant_core import families
-    component = families.get(family).text_encoders[0].component  # FLUX.1's T5 is its text_encoder_2
+    component = families.get(family).hosting.text_encoders[0].component  # FLUX.1's T5 is its text_encoder_2
     b.save_safetensors(os.path.join(base, "models", "prequant", pack_file), sd,
                        b.metadata(te_class=te_class, base_model_id=base_id, family=family, component=component))
     save_file({**comfy_layout(te_class, sd), **extra}, os.path.join(te, fp8_file))

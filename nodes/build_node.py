@@ -186,7 +186,7 @@ class PrequantBuildCheckpoint:
                 "dense_file": (dense_file_choices(), {"tooltip": "A dense .safetensors in models/diffusion_models "
                                "(diffusers or ComfyUI keys; a shard of a diffusers folder builds the whole folder). "
                                "Leave on '(none)' to build from the model input."}),
-                "scheme": (list(schemes.SCHEMES), {"default": "int8", "tooltip": "int8 / fp8 quantize weights and "
+                "scheme": (list(schemes.names()), {"default": schemes.DEFAULT, "tooltip": "int8 / fp8 quantize weights and "
                            "activations; the weight-only variants keep activations in bf16. nvfp4 (4-bit) / mxfp8: "
                            "per-block formats, written as .pt (set container to pt); they run natively on Blackwell "
                            "GPUs and dequantize at matmul time elsewhere."}),
@@ -256,7 +256,7 @@ class PrequantBuildCheckpoint:
                 fam_for_name = dense_sources.open_input(
                     folder_paths.get_full_path_or_raise("diffusion_models", dense_file),
                     key_map=file_key_map).family
-            base = fam_for_name.base_repos[0]
+            base = fam_for_name.hosting.base_repos[0]
         component = core.check_component(component, fam_arg)
         name = check_filename(filename, container, base, scheme, component)
         native = container == core.NATIVE

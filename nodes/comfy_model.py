@@ -45,10 +45,11 @@ def _older_than(version: str, wanted: str) -> bool:
 
 
 def _needs_newer(family: Family, what: str, path: str | None = None) -> ComfyVersionError:
+    need = family.arch.min_comfy
     return ComfyVersionError(f"This ComfyUI ({comfy_version()}) {what}; {family.title} needs ComfyUI "
-                             f"{family.min_comfy} or newer.", path=path,
-                             expected=f"ComfyUI >= {family.min_comfy}", found=f"ComfyUI {comfy_version()}",
-                             fix=f"Update ComfyUI to {family.min_comfy} or newer.")
+                             f"{need} or newer.", path=path,
+                             expected=f"ComfyUI >= {need}", found=f"ComfyUI {comfy_version()}",
+                             fix=f"Update ComfyUI to {need} or newer.")
 
 
 def model_class_for(family: Family, unet_config: dict):
@@ -67,7 +68,7 @@ def model_class_for(family: Family, unet_config: dict):
 
 def check_loadable(family: Family) -> None:
     """Refuse, before anything is downloaded or read, a family this ComfyUI (or this pack) cannot build."""
-    if family.unet_config is None:
+    if family.arch.unet_config is None:
         model_config_for(family, {}, {})
     model_class_for(family, {})
 
@@ -81,28 +82,24 @@ def _param_fields(module: str, cls: str) -> set:
         return set()
 
 
-def complete_for_this_comfyui(unet_config: dict) -> dict:
-    """Fields that a newer ComfyUI's model parameters require and an older one's refuse (0.12.1 added Flux's
-    ``txt_ids_dims`` and HunyuanVideo's ``meanflow_sum``): set, with the value ComfyUI's own detection gives the
-    same weights, only where this ComfyUI's parameter class has the field."""
+def complete_for_this_comfyui(family: Family, unet_config: dict) -> dict:
+    """Fields that a newer ComfyUI's model parameters require and an older one's refuse (the family's
+    ``arch.comfy_params``: 0.12.1 added FLUX's ``txt_ids_dims`` and HunyuanVideo's ``meanflow_sum``): set, with the
+    value ComfyUI's own detection gives the same weights, only where this ComfyUI's parameter class has the field."""
     cfg = dict(unet_config)
-    model = cfg.get("image_model")
-    if model in ("flux", "flux2") and "txt_ids_dims" not in cfg and \
-            "txt_ids_dims" in _param_fields("comfy.ldm.flux.model", "FluxParams"):
-        cfg["txt_ids_dims"] = [3] if model == "flux2" else []
-    if model == "hunyuan_video" and "meanflow_sum" not in cfg and \
-            "meanflow_sum" in _param_fields("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams"):
-        cfg["meanflow_sum"] = cfg.get("vision_in_dim") is not None
+    for p in family.arch.comfy_params:
+        if p.field not in cfg and p.field in _param_fields(p.module, p.params):
+            cfg[p.field] = p.value(cfg)
     return cfg
 
 
 def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16, path: str | None = None):
-    if family.unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
-        if _older_than(comfy_version(), family.min_comfy):
+    if family.arch.unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
+        if _older_than(comfy_version(), family.arch.min_comfy):
             # an older ComfyUI may have a class of that name that cannot host this model (0.12.1's LTXAV is
             # LTX-2's: 6 modulation rows, no gated attention), so the version decides before the class lookup
             raise _needs_newer(family, f"has no class that hosts {family.title} ('{', '.join(family.comfy_models)}' "
-                                       f"as {family.min_comfy} has it)", path)
+                                       f"as {family.arch.min_comfy} has it)", path)
         model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"
         raise ComfyVersionError(f"This ComfyUI ({comfy_version()}) has the {family.title} class, but this version of "
                                 f"ComfyUI-Prequant cannot load {family.title} into it yet.",
@@ -110,7 +107,7 @@ def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.
                                 found=f"ComfyUI {comfy_version()}",
                                 fix="Update ComfyUI-Prequant, or load the repo's -ComfyUI twin with ComfyUI's own loader.")
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    unet_config = complete_for_this_comfyui(family.config_from_shapes(shapes, path))
+    unet_config = complete_for_this_comfyui(family, family.config_from_shapes(shapes, path))
     cls = model_class_for(family, unet_config)
     return cls(dict(unet_config)), unet_config
 
@@ -120,7 +117,7 @@ def key_map_for(family: Family, unet_config: dict, path: str | None = None, mode
     ``model_config`` its targets are this ComfyUI's names: the maps name a family's original release (FLUX's q/k norm
     ``.scale``), and ComfyUI's own ``process_unet_state_dict`` says what each version calls them (0.33's RMSNorm
     ``.weight``), in both directions (loading a file, building from a loaded MODEL)."""
-    km = family.comfy_key_map
+    km = family.arch.comfy_key_map
     if km is None:
         return None
     if callable(km):
@@ -163,19 +160,19 @@ def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dic
 
 def check_names_match(model, tensors: dict, family: Family, path: str | None = None) -> None:
     """Refuse, as a version mismatch rather than a damaged file, tensors whose names differ from this ComfyUI's
-    model only by renames a known ComfyUI release made in this family's model (``family.comfy_renames``: 0.33's FLUX
-    q/k norms ``.scale`` -> ``.weight``). Any other difference (a tensor renamed as no release renamed it, one
+    model only by renames a known ComfyUI release made in this family's model (``family.arch.comfy_renames``: 0.33's
+    FLUX q/k norms ``.scale`` -> ``.weight``). Any other difference (a tensor renamed as no release renamed it, one
     missing, one extra) is a damaged file: left to the placement's own check, which names the tensors. Comparing
     module names alone took a damaged file (``q.bias`` stored as ``q.scale``) for a ComfyUI update."""
     expected = set(placement.expected_entries(model))
-    missing = sorted(k for k in expected if k not in tensors and k not in (family.fill_missing or {}))
+    missing = sorted(k for k in expected if k not in tensors and k not in (family.arch.fill_missing or {}))
     unexpected = {k for k in tensors if k not in expected}
     if not missing or not unexpected:
         return
     pairs = []  # (this ComfyUI's name, the name given, the rename between them)
     for k in missing:
         module, _, attr = k.rpartition(".")
-        hit = next(((f"{module}.{other}", r) for r in family.comfy_renames
+        hit = next(((f"{module}.{other}", r) for r in family.arch.comfy_renames
                     for other in [r.counterpart(module, attr)] if other and f"{module}.{other}" in unexpected), None)
         if hit is None:
             return
@@ -212,7 +209,7 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     # Only the diffusion model's layers take device=meta; model_sampling and buffers stay real.
     model = model_config.get_model({}, "", device=torch.device("meta"))
     check_names_match(model.diffusion_model, tensors, family, path)
-    held = placement.assign(model.diffusion_model, tensors, path=path, fill_missing=family.fill_missing,
+    held = placement.assign(model.diffusion_model, tensors, path=path, fill_missing=family.arch.fill_missing,
                             hold_quantized=True, cast_plain=dtype)
     for sub, attr, t in held:
         set_quantized(sub, attr, t)

@@ -21,4 +21,4 @@ def family_titles() -> list[str]:
 
 def containers_text() -> str:
     exts = " and ".join(sorted({c.extension for c in containers.containers()}))
-    return f"Unsloth's {exts} files and ComfyUI's own quantized files ({', '.join(comfy_layout.FORMATS)})"
+    return f"Unsloth's {exts} files and ComfyUI's own quantized files ({', '.join(comfy_layout.formats())})"

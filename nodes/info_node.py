@@ -42,7 +42,7 @@ class PrequantInfo:
             "optional": {
                 "base_model_id": ("STRING", {"default": "", "tooltip": "Judge the file against this base model "
                                              "(e.g. Tongyi-MAI/Z-Image-Turbo; the last path part is enough)."}),
-                "scheme": ([ANY] + list(schemes.SCHEMES), {"default": ANY,
+                "scheme": ([ANY] + list(schemes.names()), {"default": ANY,
                                                            "tooltip": "Judge the file against this scheme."}),
                 "verify_fingerprint": ("BOOLEAN", {"default": False, "tooltip": "Also hash every quantized weight "
                                                    "against the recorded fingerprint (reads the whole file)."}),

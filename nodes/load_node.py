@@ -142,7 +142,7 @@ class PrequantLoadTransformer:
                              "file is chosen, e.g. unsloth/Z-Image-Turbo-FP8 (uses 'scheme'; auto takes the repo's "
                              "-FP8 / -INT8 suffix). Gated or private repos: set HF_TOKEN or run `hf auth login` "
                              "before starting ComfyUI; no token is ever stored in the workflow."}),
-                "scheme": ([AUTO] + list(schemes.SCHEMES), {"default": AUTO, "tooltip": "Refuse a file of another "
+                "scheme": ([AUTO] + list(schemes.names()), {"default": AUTO, "tooltip": "Refuse a file of another "
                            "scheme, and pick which file a Hub repo or family serves (auto: whatever the file or "
                            "repo name says). int8 / fp8 use quantized matmuls; -weight-only variants dequantize "
                            "rows at matmul time."}),

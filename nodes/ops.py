@@ -18,9 +18,9 @@ import torch
 from prequant_core.schemes import devices, qtensor, registry, rotation
 
 
-def fp8_table(module) -> str:
-    """The decode table of a layer's fp8 codes kept as bytes: e5m2 for ComfyUI-native float8_e5m2 files."""
-    return "e5m2" if getattr(module, "prequant_fp8_e5m2", False) else "e4m3"
+def codes_table(module) -> str:
+    """The decode table of a layer's codes (its codec's ``code_table``: which float8 codes kept as bytes are)."""
+    return module.prequant_table
 
 
 def spec_is_dynamic(spec) -> bool:
@@ -44,10 +44,9 @@ def choose_matmul(module: torch.nn.Module, device) -> list:
         if key not in choices:
             choices[key] = devices.choose(spec.kind, key[1], dev, override)
         m.prequant_matmul = choices[key].path
-        if m.prequant_matmul == devices.QUANTIZED and getattr(m, "prequant_fp8_e5m2", False):
-            m.prequant_matmul = devices.WEIGHT_ONLY  # torchao's fp8 matmul takes e4m3 weights
-        if m.prequant_matmul == devices.QUANTIZED and not registry.codec(spec.kind).torchao_form(m.prequant_parts()):
-            m.prequant_matmul = devices.WEIGHT_ONLY  # e.g. fused NVFP4 rows with different scales
+        if m.prequant_matmul == devices.QUANTIZED and not registry.codec(spec.kind).runs_quantized(
+                m.prequant_parts(), spec):
+            m.prequant_matmul = devices.WEIGHT_ONLY  # e.g. e5m2 fp8 codes, fused NVFP4 rows with different scales
         if choices[key].codes_as_bytes:
             m.prequant_keep_bytes()
     return list(choices.values())
@@ -94,11 +93,9 @@ def make_ops(base):
 
             def prequant_typed(self, q):
                 """The codes with their real dtype (CPU / CUDA only when kept as bytes)."""
-                if q.dtype != torch.uint8:
-                    return q
-                return q.view(torch.float8_e5m2 if self.prequant_fp8_e5m2 else torch.float8_e4m3fn)
+                return registry.codec(self.prequant_spec.kind).typed_codes(q, self.prequant_table)
 
-            prequant_fp8_e5m2 = False  # ComfyUI-native float8_e5m2 codes (every other fp8 weight is e4m3)
+            prequant_table = None  # the codec's decode table for these codes (e.g. ComfyUI-native float8_e5m2)
 
             def prequant_requantize(self, dense, like=None, keep=None) -> tuple:
                 """``dense`` quantized like this layer's weight (``qtensor.quantize_parts``; on the CPU for
@@ -111,11 +108,9 @@ def make_ops(base):
 
             def prequant_assign(self, tensors, spec):
                 tensors = tuple(tensors)
-                # which float8 the codes are: their dtype, or the spec where they are bytes (set and cleared here,
-                # so a LoRA's requantized weight is read as what it now is)
-                codes = tensors[0].dtype
-                self.prequant_fp8_e5m2 = codes == torch.float8_e5m2 or (
-                    codes == torch.uint8 and spec.kind == "float8" and spec.as_kwargs().get("codes") == "e5m2")
+                # which codes they are (which float8): their dtype, or the spec where they are bytes (set here, so
+                # a LoRA's requantized weight is read as what it now is)
+                self.prequant_table = registry.codec(spec.kind).code_table(tensors[0].dtype, spec)
                 if self.prequant_bytes and tensors[0].dtype != torch.uint8:
                     tensors = (tensors[0].view(torch.uint8),) + tensors[1:]
                 # New Parameters, never in-place writes: ModelPatcher backups keep pointing at the originals.
@@ -241,7 +236,7 @@ def make_ops(base):
                     if spec.rotation:
                         input = rotation.rotate(input, spec.rotation)
                     if path == devices.WEIGHT_ONLY:
-                        return layout.weight_only_linear(input, ts, spec, bias, fp8_table(self))
+                        return layout.weight_only_linear(input, ts, spec, bias, codes_table(self))
                     if layout.float8_codes:
                         ts = (self.prequant_typed(ts[0]), *ts[1:])
                     return layout.quantized_linear(input.to(spec.dtype), ts, spec, bias).to(input.dtype)

@@ -29,7 +29,7 @@ ALIASES = ["text encoder", "clip", "fp8", "quantized", "pre-quantized", "prequan
 
 
 def _family_choices() -> list[str]:
-    return [AUTO] + sorted(n for n, f in families.FAMILIES.items() if f.text_encoders)
+    return [AUTO] + sorted(n for n, f in families.FAMILIES.items() if f.hosting.text_encoders)
 
 
 def _hosted(family, kind: encoders.EncoderKind, component: str):
@@ -37,11 +37,12 @@ def _hosted(family, kind: encoders.EncoderKind, component: str):
     family hosting this encoder model."""
     fams = [families.get(family)] if family else list(families.FAMILIES.values())
     for fam in fams:
-        for e in fam.text_encoders:
+        for e in fam.hosting.text_encoders:
             if e.te_class in kind.te_classes and (family is None or e.component == component):
                 return fam, e
     raise ValidationError(f"No family this pack knows runs a {kind.name} as its {component}.",
-                          expected=", ".join(f"{f.title}: {e.component}" for f in fams for e in f.text_encoders) or
+                          expected=", ".join(f"{f.title}: {e.component}" for f in fams
+                                             for e in f.hosting.text_encoders) or
                           "a family with a hosted text encoder", found=f"{kind.name} ({component})",
                           fix="Set the node's family to the model this encoder belongs to.")
 

@@ -74,20 +74,21 @@ def _family_for(cls: type, family: str | None, base_id: str) -> families.Family:
     is given."""
     if family:
         fam = families.get(family)
-        if fam.diffusers_class != cls.__name__:
-            raise UnknownFamilyError(f"Family '{fam.name}' loads into {fam.diffusers_class}, not {cls.__name__}.",
-                                     expected=fam.diffusers_class, found=cls.__name__,
+        if fam.arch.diffusers_class != cls.__name__:
+            raise UnknownFamilyError(f"Family '{fam.name}' loads into {fam.arch.diffusers_class}, not {cls.__name__}.",
+                                     expected=fam.arch.diffusers_class, found=cls.__name__,
                                      fix="Pass the family's diffusers class, or leave family empty.")
         return fam
-    cands = [f for f in families.FAMILIES.values() if f.diffusers_class == cls.__name__]
+    cands = [f for f in families.FAMILIES.values() if f.arch.diffusers_class == cls.__name__]
     if not cands:
         raise UnknownFamilyError(f"No registered family loads into {cls.__name__}.",
-                                 expected=", ".join(sorted({f.diffusers_class for f in families.FAMILIES.values()})),
+                                 expected=", ".join(sorted({f.arch.diffusers_class
+                                                            for f in families.FAMILIES.values()})),
                                  found=cls.__name__, fix="Use one of the listed classes.")
     if len(cands) == 1:
         return cands[0]
     for f in cands:
-        if any(families.base_tail(b) == families.base_tail(base_id) for b in f.base_repos):
+        if any(families.base_tail(b) == families.base_tail(base_id) for b in f.hosting.base_repos):
             return f
     return cands[0]
 
@@ -176,10 +177,11 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
     located, opened, notes = routed.located, routed.route.opened, list(cands.notes)
     ck = opened.checkpoint
     fam = opened.family
-    if fam.diffusers_class != cls.__name__:
-        raise UnknownFamilyError(f"This file is {fam.title}, which loads into {fam.diffusers_class}, not "
-                                 f"{cls.__name__}.", path=ck.path, expected=cls.__name__, found=fam.diffusers_class,
-                                 fix=f"Use {fam.diffusers_class} (and its base) for this file.")
+    want = fam.arch.diffusers_class
+    if want != cls.__name__:
+        raise UnknownFamilyError(f"This file is {fam.title}, which loads into {want}, not "
+                                 f"{cls.__name__}.", path=ck.path, expected=cls.__name__, found=want,
+                                 fix=f"Use {want} (and its base) for this file.")
     if opened.layout != "diffusers":
         raise UnsupportedFormatError("This file uses ComfyUI's key names; a diffusers class needs diffusers names.",
                                      path=ck.path, expected="a diffusers-layout file (Unsloth's main files, or one "
@@ -188,9 +190,9 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
     config = _config(cls, str(base), subfolder, None, token)  # ``revision`` pins the pre-quantized source, not the base
     with accelerate.init_empty_weights():  # parameters on meta; buffers computed for real on the CPU
         model = cls.from_config(config)
-    if fam.diffusers_prepare is not None:
+    if fam.arch.diffusers_prepare is not None:
         try:
-            if fam.diffusers_prepare(model, ck.metadata):  # the file's weights are another form of the class
+            if fam.arch.diffusers_prepare(model, ck.metadata):  # the file's weights are another form of the class
                 notes.append(f"{fam.title}: the skeleton reshaped to the form the file records "
                              f"({', '.join(f'{k} {ck.metadata[k]}' for k in ('adaln_form', 'curve_dim', 'curve_grid') if k in ck.metadata)})")
         except ValueError as e:
@@ -232,7 +234,7 @@ def attach_layer_formats(model: torch.nn.Module, device, rotations: Mapping[str,
         if group:
             m.register_forward_pre_hook(lambda mod, args, g=group: (rotation.rotate(args[0], g), *args[1:]))
             rotated += 1
-        if spec.kind in qtensor.BLOCK_KINDS and devices.choose(spec.kind, spec.dynamic, dev).path == \
+        if spec.kind in qtensor.block_kinds() and devices.choose(spec.kind, spec.dynamic, dev).path == \
                 devices.WEIGHT_ONLY:
             m.forward = lambda x, mod=m: torch.nn.functional.linear(
                 x, qtensor.dequantize_parts(*qtensor.parts(mod.weight), x.dtype), mod.bias)

@@ -50,6 +50,7 @@ CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_
             tests/test_hostile_files.py tests/test_block_formats.py tests/test_unsloth_parity.py tests/test_bad_input.py
             tests/test_core_tier.py tests/test_int8_cpu.py tests/test_cpu_weight_only.py tests/test_registry.py tests/test_comfy_native.py
             tests/test_pages.py tests/test_format_registry.py tests/test_readme_tables.py tests/test_scheme_registry.py
+            tests/test_family_registry.py
             tests/test_harness.py tests/test_text_encoder_files.py tests/test_cli.py tests/test_comfy_twins.py
             tests/test_verified_cache.py tests/test_hub_staging.py tests/test_lora_requant.py
             tests/test_text_encoder_int8.py tests/test_zero_rows.py tests/test_nan_codes.py)

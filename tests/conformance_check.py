@@ -65,7 +65,7 @@ def load_time_reference(family: str, ck, kind: str) -> torch.nn.Module:
     fam = families.get(family)
     scheme = ub.KINDS[kind]
     flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
-                              tuple(schemes.exclude_tokens(scheme, fam.int8_exclude_extra)))
+                              tuple(schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)))
     pol = ck.metadata.get("nvfp4_policy") or {}
     nv = set(pol.get("nvfp4_fqns") or ())
     for name, mod in list(m.named_modules()):
@@ -133,14 +133,14 @@ def check_family(family: str, folder: str, kinds=KINDS) -> list[dict]:
             r["same_as_pt"] = _same_tensors(ck.tensors, twin.tensors)
             results.append(r)
             continue
-        loaded = diffusers_loader.load(fam.diffusers_class, base_dir, path, scheme=scheme, allow_dirs=[folder])
+        loaded = diffusers_loader.load(fam.arch.diffusers_class, base_dir, path, scheme=scheme, allow_dirs=[folder])
         with torch.no_grad():
             got = tf.diffusers_forward(family, loaded.model)
             if kind != "convrot":
                 if kind not in refs:  # this pack quantizing the same dense weights at load: one per kind
                     ref = load_time_reference(family, ck, kind)
                     flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
-                                              tuple(schemes.exclude_tokens(scheme, fam.int8_exclude_extra)))
+                                              tuple(schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)))
                     selected = sorted(n + ".weight" for n, mod in ref.named_modules()
                                       if isinstance(mod, torch.nn.Linear) and flt.reason_skipped(n, mod.weight) is None)
                     refs[kind] = (tf.diffusers_forward(family, ref), selected)

@@ -12,6 +12,7 @@ import torch
 
 from prequant_core import build, families, formats, schemes
 from prequant_core.formats import layer_policy
+from prequant_core.schemes import nvfp4_policy
 from prequant_core.load import metadata
 from prequant_core.schemes import qtensor, rotation
 from prequant_core.build import writers
@@ -118,7 +119,7 @@ def _policy_file():
     tensors = {"a.weight": schemes.quantize_weight(w, "nvfp4"), "b.weight": schemes.quantize_weight(w, "nvfp4"),
                "c.weight": schemes.quantize_weight(w, "fp8"), "d.weight": w.clone(), "n.weight": torch.ones(64)}
     meta = {"scheme": "nvfp4", "nvfp4_policy": {
-        "kind": layer_policy.POLICY_KIND, "policy_id": "p1", "policy_version": 1,
+        "kind": nvfp4_policy.POLICY_KIND, "policy_id": "p1", "policy_version": 1,
         "counts": {"nvfp4": 2, "fp8": 1, "bf16": 1}, "nvfp4_fqns": ["a", "b"], "activation_scales_baked": False,
         "gptq": False}}
     return tensors, meta
@@ -131,7 +132,7 @@ def test_a_well_formed_policy_file_is_valid():
 
 
 @pytest.mark.parametrize("change,words", [
-    (lambda m: m["nvfp4_policy"].update(kind="other_policy"), ["'kind'", "other_policy", layer_policy.POLICY_KIND]),
+    (lambda m: m["nvfp4_policy"].update(kind="other_policy"), ["'kind'", "other_policy", nvfp4_policy.POLICY_KIND]),
     (lambda m: m["nvfp4_policy"].update(policy_id=""), ["'policy_id'", "non-empty"]),
     (lambda m: m["nvfp4_policy"].update(policy_version=0), ["'policy_version'", ">= 1", "0"]),
     (lambda m: m["nvfp4_policy"].update(policy_version=True), ["'policy_version'", "True"]),

@@ -14,7 +14,7 @@ import torch
 from conftest import dense_of
 
 from prequant_core import build, families, formats, schemes
-from prequant_core.formats import layer_policy
+from prequant_core.schemes import nvfp4_policy
 from prequant_core.schemes import quantize, rotation
 from prequant_core.build import writers
 from prequant_core.formats.checkpoint import FORMAT_V2, FORMAT_V3
@@ -190,7 +190,7 @@ def policy_tensors():
             counts["fp8"] += 1
     meta = build.make_metadata(family=fam, scheme="nvfp4", base_model_id=tf.TINY[FAMILY].base_model_id,
                                min_features=schemes.DEFAULT_MIN_FEATURES, exclude=[], tensors=out, skipped=[])
-    meta["nvfp4_policy"] = {"kind": layer_policy.POLICY_KIND, "policy_id": "tiny_flux_attn_v1", "policy_version": 1,
+    meta["nvfp4_policy"] = {"kind": nvfp4_policy.POLICY_KIND, "policy_id": "tiny_flux_attn_v1", "policy_version": 1,
                             "counts": counts, "nvfp4_fqns": fqns, "activation_scales_baked": False, "gptq": False}
     return out, meta
 
@@ -246,7 +246,8 @@ def convrot_tensors(group=64):
             out[k] = v
     meta = build.make_metadata(family=fam, scheme="int8", base_model_id=tf.TINY[FAMILY].base_model_id,
                                min_features=schemes.DEFAULT_MIN_FEATURES,
-                               exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra), tensors=out, skipped=[])
+                               exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra), tensors=out,
+                               skipped=[])
     meta.update(activation_rotation=rotation.KIND, activation_rotation_group=group, activation_rotation_fqns=fqns)
     return out, meta
 

@@ -261,7 +261,7 @@ def test_row_chunked_quantization_is_the_same_tensor(dtype):
     w = (torch.randn(1056, 768, generator=g) * 2).to(dtype)  # both dims divisible by 32 (MX blocks)
     w[3] = 0
     w[9, :4] = 1e4
-    for scheme in schemes.SCHEMES:
+    for scheme in schemes.names():
         whole = schemes.quantize_weight(w.to(torch.bfloat16).contiguous(), scheme)
         got, skipped = quantize.quantize_one("blk.proj.weight", w, schemes.LayerFilter(scheme, 512, ()),
                                           chunk_elems=100 * 768)  # 11 row blocks, the last one short
@@ -467,7 +467,7 @@ def test_node_input_and_filename_rules(comfy, dense_files):
     types = build_node(comfy).INPUT_TYPES()
     assert DENSE_NAME in types["required"]["dense_file"][0]
     assert types["required"]["min_features"][1]["default"] == 512 and not types["required"]["overwrite"][1]["default"]
-    assert set(schemes.SCHEMES) == set(types["required"]["scheme"][0])
+    assert set(schemes.names()) == set(types["required"]["scheme"][0])
     nodes, _ = comfy
     cls = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]
     assert cls.OUTPUT_NODE and cls.CATEGORY == "loaders/prequant" and cls.RETURN_TYPES == ("STRING",)
@@ -536,7 +536,7 @@ def test_cli_help_documents_every_option():
     for opt in ("--input", "--output", "--scheme", "--min-features", "--base-model-id", "--family", "--container",
                 "--overwrite", "--comfyui", "--quiet"):
         assert opt in r.stdout, opt
-    for word in list(schemes.SCHEMES) + sorted(families.FAMILIES) + ["safetensors", "pt", "default: 512"]:
+    for word in list(schemes.names()) + sorted(families.FAMILIES) + ["safetensors", "pt", "default: 512"]:
         assert word in r.stdout, word
 
 

@@ -42,7 +42,7 @@ def test_the_names_the_parser_offers_are_the_registries():
     from prequant_core.cli import choices
     from prequant_core.load import encoder_checks
     from prequant_core.schemes import registry
-    assert scheme_names.NAMES == registry.names() == tuple(schemes.SCHEMES)
+    assert scheme_names.NAMES == registry.names() == schemes.names()
     assert choices.BUILD_CONTAINERS == build.OUTPUTS and choices.NATIVE == build.NATIVE
     assert choices.ENCODER_CONTAINERS == build.CONTAINERS
     assert choices.ENCODER_COMPONENTS == encoder_checks.COMPONENTS

@@ -172,7 +172,7 @@ def test_a_rename_a_comfyui_release_made_stays_a_version_mismatch(comfy, flux):
     ours = model_config.process_unet_state_dict(dict(comfy_sd))  # this ComfyUI's names
     model = model_config.get_model({}, "", device=torch.device("meta")).diffusion_model
     assert set(ours) == set(model.state_dict())
-    (rename,) = fam.comfy_renames
+    (rename,) = fam.arch.comfy_renames
     flipped = {}
     for k, v in ours.items():
         module, _, attr = k.rpartition(".")
@@ -186,7 +186,7 @@ def test_a_rename_a_comfyui_release_made_stays_a_version_mismatch(comfy, flux):
     older = cm._older_than(cm.comfy_version(), rename.since)
     assert ("Update ComfyUI to 0.33.0" in e.value.fix) == older, e.value.fix
     # and the renames are data: only the families built from ComfyUI's FLUX layers carry this one
-    assert {f.name for f in FAMILIES.values() if rename in f.comfy_renames} == {
+    assert {f.name for f in FAMILIES.values() if rename in f.arch.comfy_renames} == {
         "flux.1", "flux.2-klein", "flux.2-dev", "hunyuanimage-2.1", "hunyuanvideo-1.5"}
 
 

@@ -73,7 +73,7 @@ def _newer_diffusers(args, tmp_path):
 def test_newer_families_load_into_diffusers_042_classes(tmp_path, family, scheme, container):
     r = json.loads(_newer_diffusers(["-m", "tools.diffusers_check", family, scheme, container, str(tmp_path)],
                                     tmp_path))
-    assert r["diffusers"] == "0.42.1" and r["class"] == families.get(family).diffusers_class
+    assert r["diffusers"] == "0.42.1" and r["class"] == families.get(family).arch.diffusers_class
     _assert_identical(r)
     if family == "qwen-image-2.1":  # a non-persistent buffer the file does not hold, computed by the class
         assert r["non_persistent_buffers"] == ["time_text_embed.time_proj.freqs"]
@@ -220,7 +220,7 @@ def test_nvfp4_file_dequantizes_at_matmul_in_the_diffusers_class(tmp_path):
     dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
     path = str(tmp_path / "Qwen-Image-NVFP4.pt")
     build.build_from_tensors(path, dense, family=fam, scheme="nvfp4", base_model_id=base_id, container="pt")
-    loaded = diffusers_loader.load(fam.diffusers_class, str(base_dir), path, scheme="nvfp4", allow_dirs=[tmp_path])
+    loaded = diffusers_loader.load(fam.arch.diffusers_class, str(base_dir), path, scheme="nvfp4", allow_dirs=[tmp_path])
     assert any("dequantize at matmul" in n for n in loaded.notes), loaded.notes
     q = formats.read(path).tensors
     ref = diffusers_check.dense_load(family)

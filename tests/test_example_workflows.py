@@ -144,7 +144,7 @@ def env(tmp_path_factory, comfy):
             named = node_values(node, loader_info)
             c = hosted_target(named)
             fam = named["family"]
-            seed = families.get(fam).components.index(named["component"])  # each expert its own weights
+            seed = families.get(fam).arch.components.index(named["component"])  # each expert its own weights
             if fam == "z-image":
                 dense = tiny_models.zimage_dense(seed=0)
             elif fam in tiny_families.DIFFUSERS_ONLY:  # its class needs diffusers 0.42.1: made in a subprocess
@@ -188,7 +188,7 @@ def test_there_is_a_workflow_for_every_family(comfy):
     covered = {node_values(n, loader_info)["family"] for p in WORKFLOWS for n in loader_nodes(load_wf(p))}
     # Families no ComfyUI this pack can test has a model class for (unet_config None: the loader refuses them
     # naming min_comfy) get a workflow once one can be run here; every other family must have one.
-    runnable = {n for n, f in families.FAMILIES.items() if f.unet_config is not None}
+    runnable = {n for n, f in families.FAMILIES.items() if f.arch.unet_config is not None}
     assert {"z-image", "flux.1", "qwen-image"} <= runnable
     missing = runnable - covered
     assert not missing, f"families without an example workflow: {sorted(missing)}"
@@ -256,8 +256,8 @@ def test_workflow_runs_as_shipped_for_a_user_without_the_file(env, server, path)
     for repo, fname, _, lid in served:
         named = node_values(nodes[lid], info[LOADER])
         fam = named["family"]
-        assert named["base_model_id"] in families.get(fam).base_repos
-        assert named["component"] in families.get(fam).components
+        assert named["base_model_id"] in families.get(fam).hosting.base_repos
+        assert named["component"] in families.get(fam).arch.components
         assert sources.hosted_repo(fam, base_model_id=named["base_model_id"]) == repo
         p = sources.get_preset(named["preset"])
         assert (p.repo, p.family, p.scheme) == (repo, fam, named["scheme"])
@@ -452,7 +452,7 @@ def test_a_workflow_for_a_newer_comfyui_follows_its_official_template(comfy, mon
         theirs = _template_nodes(json.load(f))
     need = wfmod.needs_newer_comfyui(wf)  # None: a family this ComfyUI hosts (its run: the tests above)
     fam = families.get(next(n for n in wf["nodes"] if n["type"] == LOADER)["widgets_values"][wfmod.LOADER_FAMILY_SLOT])
-    assert need in (None, "0.38.1") and (need is None) == (fam.unet_config is not None)
+    assert need in (None, "0.38.1") and (need is None) == (fam.arch.unet_config is not None)
 
     by_type = {}
     for n in theirs:
@@ -483,7 +483,7 @@ def test_a_workflow_for_a_newer_comfyui_follows_its_official_template(comfy, mon
     assert {"KSampler", "VAEDecode", "SaveImage"} <= {n["type"] for n in ours}
 
     note = next(n for n in wf["nodes"] if n["type"] in NOTES)["widgets_values"][0]
-    assert f"Needs ComfyUI {fam.min_comfy} or newer" in note and fam.min_comfy in wf["extra"]["info"]
+    assert f"Needs ComfyUI {fam.arch.min_comfy} or newer" in note and fam.arch.min_comfy in wf["extra"]["info"]
     if need is None:
         return
 

@@ -30,9 +30,9 @@ def test_every_registered_family_has_a_tiny_model():
     assert set(FAMILIES) | set(tf.DIFFUSERS_ONLY) == set(families.FAMILIES) - {"z-image"}
     # a diffusers-only family is either not mapped into ComfyUI yet, or mapped with a record of its diffusers forward
     # to prove the map against (its class needs a diffusers newer than the pinned one: a subprocess makes the record)
-    assert all((families.get(f).unet_config is None) == (tf.DIFFUSERS_ONLY[f].record is None)
+    assert all((families.get(f).arch.unet_config is None) == (tf.DIFFUSERS_ONLY[f].record is None)
                for f in tf.DIFFUSERS_ONLY)
-    assert all(families.get(f).unet_config is not None for f in FAMILIES)
+    assert all(families.get(f).arch.unet_config is not None for f in FAMILIES)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_prequant_equals_load_time_quantization(comfy, prequant_dir, family, sch
 
     out = sample(model, family)
     q, _ = quantize.quantize_tensors(dense(family), scheme,
-                                  exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra))
+                                  exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra))
     ref = sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {}), family)
     assert torch.isfinite(out).all()
     diff = (out - ref).abs().max().item()
@@ -168,7 +168,7 @@ def test_int8_exclusions_follow_the_family(comfy, prequant_dir):
     name = prequant_file(prequant_dir, "qwen-image", "int8")
     import folder_paths
     ck = formats.read(folder_paths.get_full_path_or_raise("prequant", name))
-    assert set(families.get("qwen-image").int8_exclude_extra) <= set(ck.metadata["exclude_name_tokens"])
+    assert set(families.get("qwen-image").arch.int8_exclude_extra) <= set(ck.metadata["exclude_name_tokens"])
     assert not qtensor.is_quantized(ck.tensors["transformer_blocks.0.attn.add_q_proj.weight"])
     assert not qtensor.is_quantized(ck.tensors["transformer_blocks.0.txt_mlp.net.0.proj.weight"])
     assert qtensor.is_quantized(ck.tensors["transformer_blocks.0.attn.to_q.weight"])
@@ -183,13 +183,13 @@ def test_detection_from_metadata_and_from_keys(family):
     keys = list(dense(family))
     fam, layout = families.detect(keys, {"family": family})
     assert (fam.name, layout) == (family, "diffusers")
-    by_class, _ = families.detect(keys, {"transformer_class": fam.diffusers_class})
+    by_class, _ = families.detect(keys, {"transformer_class": fam.arch.diffusers_class})
     by_keys, layout = families.detect(keys, {})
     assert layout == "diffusers"
     # FLUX.2 klein and dev, Wan 2.2 TI2V-5B and A14B share class and names: without a family field either loads
     # (config and ComfyUI class from shapes)
-    assert by_keys.diffusers_class == by_class.diffusers_class == fam.diffusers_class
-    if families.CLASS_TO_FAMILY[fam.diffusers_class] == family:
+    assert by_keys.arch.diffusers_class == by_class.arch.diffusers_class == fam.arch.diffusers_class
+    if families.classes()[fam.arch.diffusers_class] == family:
         assert by_keys.name == by_class.name == family
 
 
@@ -225,7 +225,7 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
     model_config.custom_operations = ops.disable_weight_init
     skeleton = {k: tuple(v.shape) for k, v in
                 model_config.get_model({}, "", device=torch.device("meta")).diffusion_model.state_dict().items()}
-    assert set(skeleton) - set(converted) <= set(fam.fill_missing) and set(converted) <= set(skeleton)
+    assert set(skeleton) - set(converted) <= set(fam.arch.fill_missing) and set(converted) <= set(skeleton)
     assert {k: tuple(v.shape) for k, v in converted.items()} == {k: s for k, s in skeleton.items() if k in converted}
 
     detected = detection.detect_unet_config(converted, "")
@@ -245,7 +245,7 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
             fused.setdefault(target.name, []).append(dk)
     for scheme in SCHEMES:
         flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
-                                  tuple(schemes.exclude_tokens(scheme, fam.int8_exclude_extra)))
+                                  tuple(schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)))
         quantized = {k for k in quantize.linear_weight_keys(sd) if flt.reason_skipped(k[:-len(".weight")], sd[k]) is None}
         assert len(quantized) > 10
         mixed = {t: parts for t, parts in fused.items() if len({p in quantized for p in parts}) > 1}
@@ -253,15 +253,54 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
 
 
 def test_missing_comfy_class_names_the_version_needed(comfy):
-    fam = dataclasses.replace(families.get("flux.1"), comfy_model="FluxFromTheFuture", min_comfy="9.1.0")
+    flux = families.get("flux.1")
+    fam = dataclasses.replace(flux, arch=dataclasses.replace(flux.arch, comfy_model="FluxFromTheFuture",
+                                                             min_comfy="9.1.0"))
     with pytest.raises(ComfyVersionError) as e:
         comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")), {})
     msg = str(e.value)
     assert "9.1.0" in msg and "FLUX.1" in msg and comfy_model(comfy).comfy_version() in msg
 
 
+def test_comfyui_parameter_defaults_are_the_familys_data(comfy):
+    """A field a newer ComfyUI's parameter class requires and an older one's refuses (0.12.1: FLUX's
+    ``txt_ids_dims``, HunyuanVideo's ``meanflow_sum``) is the family record's ``arch.comfy_params``: the ComfyUI side
+    has no per-family rule. The same configs as the rule it replaced (keyed by ``image_model``), on this ComfyUI."""
+    cm = comfy_model(comfy)
+
+    def keyed_by_model(cfg):  # the rule nodes/comfy_model.py had before issue 59 step 4
+        cfg = dict(cfg)
+        model = cfg.get("image_model")
+        if model in ("flux", "flux2") and "txt_ids_dims" not in cfg and \
+                "txt_ids_dims" in cm._param_fields("comfy.ldm.flux.model", "FluxParams"):
+            cfg["txt_ids_dims"] = [3] if model == "flux2" else []
+        if model == "hunyuan_video" and "meanflow_sum" not in cfg and \
+                "meanflow_sum" in cm._param_fields("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams"):
+            cfg["meanflow_sum"] = cfg.get("vision_in_dim") is not None
+        return cfg
+
+    for name in FAMILIES:
+        fam = families.get(name)
+        cfg = fam.config_from_shapes({k: tuple(v.shape) for k, v in tf.meta_state_dict(name, real=False).items()})
+        assert cm.complete_for_this_comfyui(fam, cfg) == keyed_by_model(cfg), name
+    has = "meanflow_sum" in cm._param_fields("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams")  # 0.12.1 on
+    cfg = {"image_model": "hunyuan_video", "vision_in_dim": 8}
+    assert cm.complete_for_this_comfyui(families.get("hunyuanvideo-1.5"), cfg) == (
+        {**cfg, "meanflow_sum": True} if has else cfg)
+    # any family's: set only where the parameter class has the field and the config lacks it
+    from toy import toy_family
+    toy = toy_family.FAMILIES[0]
+    assert cm.complete_for_this_comfyui(toy, {"dim": 4}) == {"dim": 4, "toy_axes": [4]}
+    assert cm.complete_for_this_comfyui(toy, {"dim": 4, "toy_axes": [1]}) == {"dim": 4, "toy_axes": [1]}
+    lacking = dataclasses.replace(toy, arch=dataclasses.replace(toy.arch, comfy_params=(
+        dataclasses.replace(toy.arch.comfy_params[0], field="not_a_field"),)))
+    assert cm.complete_for_this_comfyui(lacking, {"dim": 4}) == {"dim": 4}
+
+
 def test_missing_comfy_key_map_names_the_version_needed(comfy):
-    fam = dataclasses.replace(families.get("flux.1"), comfy_key_map="flux_to_diffusers_v9", min_comfy="9.1.0")
+    flux = families.get("flux.1")
+    fam = dataclasses.replace(flux, arch=dataclasses.replace(flux.arch, comfy_key_map="flux_to_diffusers_v9",
+                                                             min_comfy="9.1.0"))
     with pytest.raises(ComfyVersionError) as e:
         comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")), {})
     assert "9.1.0" in str(e.value)
@@ -411,7 +450,7 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
         with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
             load()
         msg = str(e.value)
-        assert fam.min_comfy in msg and fam.title in msg and fam.comfy_models[0] in msg
+        assert fam.arch.min_comfy in msg and fam.title in msg and fam.comfy_models[0] in msg
         assert comfy_model(comfy).comfy_version() in msg
         return
     # this ComfyUI hosts it: the node's model is ComfyUI's class, and computes what the same weights quantized at load
@@ -423,7 +462,8 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     assert res["ui"]["prequant"][0]["family"] == family
     rec = _record(family)
     dense_sd = {k[len("dense."):]: v.to(torch.bfloat16) for k, v in rec.items() if k.startswith("dense.")}
-    q, _ = quantize.quantize_tensors(dense_sd, "int8", exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra))
+    q, _ = quantize.quantize_tensors(dense_sd, "int8",
+                                     exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra))
     ref = comfy_model(comfy).build_patcher(fam, "diffusers", q, {})
     dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {})
     got, want, d = (_recorded_velocity(m, rec) for m in (model, ref, dense_model))
@@ -434,7 +474,7 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
 def hosts_here(comfy, fam) -> bool:
     """Whether this ComfyUI has the class the pack maps ``fam`` into (the version the family records, and the class)."""
     cm = comfy_model(comfy)
-    if fam.unet_config is None or cm._older_than(cm.comfy_version(), fam.min_comfy):
+    if fam.arch.unet_config is None or cm._older_than(cm.comfy_version(), fam.arch.min_comfy):
         return False
     try:
         cm.model_class_for(fam, {})
@@ -469,7 +509,7 @@ def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family
     if not hosts_here(comfy, fam):
         with pytest.raises(ComfyVersionError) as e:
             comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
-        assert fam.min_comfy in str(e.value)
+        assert fam.arch.min_comfy in str(e.value)
         return
     patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
     assert type(patcher.model.model_config).__name__ == fam.comfy_models[0]
@@ -492,9 +532,10 @@ def test_a_family_this_comfyui_cannot_build_is_refused_before_any_download(comfy
         nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(pack.nodes.paths.NONE_CHOICE, family=family,
                                                                      scheme="fp8")
     if hosts_here(comfy, fam):
-        assert not isinstance(e.value, ComfyVersionError) and next(iter(fam.hosted_repos)) in str(e.value), str(e.value)
+        assert not isinstance(e.value, ComfyVersionError) and next(iter(fam.hosting.repos)) in str(e.value), \
+            str(e.value)
     else:
-        assert isinstance(e.value, ComfyVersionError) and fam.min_comfy in str(e.value)
+        assert isinstance(e.value, ComfyVersionError) and fam.arch.min_comfy in str(e.value)
 
 
 def _krea2_native(path: str, cut: dict, **shape) -> None:
@@ -537,7 +578,7 @@ def test_a_krea2_file_whose_heads_cannot_be_is_refused_naming_the_tensor(comfy, 
     if not hosts_here(comfy, fam):
         with pytest.raises(ComfyVersionError) as e:
             comfy_model(comfy).check_loadable(fam)
-        assert fam.min_comfy in str(e.value)
+        assert fam.arch.min_comfy in str(e.value)
         return
     name = f"Krea-2-{case}-ComfyUI.safetensors"
     path = os.path.join(prequant_dir, name)
@@ -550,3 +591,38 @@ def test_a_krea2_file_whose_heads_cannot_be_is_refused_naming_the_tensor(comfy, 
     msg = str(e.value)
     assert e.value.path == path and f"tensor '{tensor}'" in msg and "Krea 2" in msg, msg
     assert e.value.expected and e.value.found and e.value.fix, msg
+
+
+def test_a_krea2_of_another_text_width_loads_as_stock_comfyui_builds_it(comfy):
+    """Issue 60 #4: ComfyUI's detection keeps Krea 2's text heads at the release's 20 and its layers take the head
+    width from the width (``dim // heads``); the pack derived the text heads as q rows // 128, so a Krea 2 whose text
+    width is not 2560 (here 1280: twenty 64-wide heads) was refused as another model size although stock ComfyUI 0.33
+    builds and runs it. The heads are now read as the layers hold them (the q / k norms' width), and the node's model
+    computes what the stock Load Diffusion Model's does from the same file."""
+    import folder_paths
+    fam = families.get("krea-2")
+    if not hosts_here(comfy, fam):
+        with pytest.raises(ComfyVersionError):
+            comfy_model(comfy).check_loadable(fam)
+        return
+    nodes_ = comfy[0]
+    name = "Krea-2-txt1280-ComfyUI.safetensors"
+    path = os.path.join(folder_paths.get_folder_paths("diffusion_models")[0], name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _krea2_native(path, {}, txtdim=1280, txtheads=20, txtkvheads=20)
+    try:
+        with torch.inference_mode():
+            stock = nodes_.NODE_CLASS_MAPPINGS["UNETLoader"]().load_unet(name, "default")[0]
+            ours = nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("diffusion_models/" + name)["result"][0]
+    finally:
+        os.remove(path)
+    txt = ours.model.diffusion_model.txtfusion.refiner_blocks[0].attn
+    assert (txt.heads, txt.kvheads, txt.headdim) == (20, 20, 64)
+    g = torch.Generator().manual_seed(1)
+    x, ctx, sigma = torch.randn(1, 16, 8, 8, generator=g), torch.randn(1, 6, 2 * 1280, generator=g), torch.tensor([0.7])
+    with torch.inference_mode():
+        a = stock.model.apply_model(x, sigma, c_crossattn=ctx).float()
+        b = ours.model.apply_model(x, sigma, c_crossattn=ctx).float()
+    assert torch.isfinite(a).all()
+    diff = ((a - b).norm() / a.norm()).item()
+    assert diff < 1e-3, f"stock ComfyUI and this pack must compute the same model from the same file: {diff}"

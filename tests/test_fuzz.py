@@ -171,7 +171,7 @@ def tiny_tensors(scheme: str) -> dict:
 def tiny_metadata(tensors: dict, scheme: str) -> dict:
     fam = families.get("z-image")
     return build.make_metadata(family=fam, scheme=scheme, base_model_id=BASE_ID, min_features=32,
-                               exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra), tensors=tensors,
+                               exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra), tensors=tensors,
                                skipped=[])
 
 
@@ -732,7 +732,7 @@ meta_dict = st.dictionaries(st.sampled_from(metadata.FIELDS + ("", "family", "sc
                             st.one_of(json_value, st.sampled_from(["int8", "fp8", "nvfp4", "z-image", "flux.1", BASE_ID,
                                                                    "per_tensor", "per_row", "torchao"])), max_size=8)
 py_meta_dict = st.dictionaries(st.sampled_from(metadata.FIELDS + ("unknown",)), py_value, max_size=6)
-requests = st.builds(Request, scheme=st.one_of(st.none(), st.sampled_from(list(schemes.SCHEMES) + ["nvfp4", "INT8",
+requests = st.builds(Request, scheme=st.one_of(st.none(), st.sampled_from(list(schemes.names()) + ["nvfp4", "INT8",
                                                                                                    "int8_wo", ""]),
                                                short_text),
                      base_model_id=st.one_of(st.none(), short_text, st.just(BASE_ID)),

@@ -76,9 +76,10 @@ def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
     from prequant_core import families
     from prequant_core.load import sources
     from prequant_core.errors import HubError
-    fam = dataclasses.replace(families.get("z-image"), name="multi",
-                              base_repos=("org/Thing-schnell", "org/Thing-dev"),
-                              hosted_repos=("u/Thing-schnell-FP8", "u/Thing-dev-FP8", "u/Thing-Krea-dev-FP8"))
+    zimg = families.get("z-image")
+    fam = dataclasses.replace(zimg, name="multi", hosting=dataclasses.replace(
+        zimg.hosting, base_repos=("org/Thing-schnell", "org/Thing-dev"),
+        repos=("u/Thing-schnell-FP8", "u/Thing-dev-FP8", "u/Thing-Krea-dev-FP8")))
     monkeypatch.setitem(families.FAMILIES, "multi", fam)
     pick = lambda **kw: sources.plan(None, None, "multi", "fp8", **kw).candidates[0].repo  # noqa: E731
     assert pick() == "u/Thing-schnell-FP8"  # the family's first base repo

@@ -184,7 +184,7 @@ def test_comfyui_native_twin_goes_through_its_full_reader(comfy, zimage_dense, t
     dense = tiny_models.zimage_comfy_layout(zimage_dense)
     sd = {k: v.contiguous() for k, v in dense.items()}
     layers = [k[: -len(".weight")] for k, v in dense.items() if k.endswith(".weight") and v.ndim == 2
-              and min(v.shape) >= 512 and not any(t in k for t in schemes.INT8_BASE_EXCLUDE)]
+              and min(v.shape) >= 512 and not any(t in k for t in schemes.int8.BASE_EXCLUDE)]
     assert layers
     for layer in layers:
         w = dense[layer + ".weight"].float()

@@ -121,7 +121,7 @@ def test_fast_dequantize_is_the_reference_dequantize():
             assert a.dtype == dt and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (q.dtype, dt)
 
 
-@pytest.mark.parametrize("scheme", schemes.SCHEMES)
+@pytest.mark.parametrize("scheme", schemes.names())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_weight_only_path_equals_dequantize_then_linear(pack_ops, scheme, dtype):
     lin, dense = _linear(pack_ops, scheme)
@@ -132,7 +132,7 @@ def test_weight_only_path_equals_dequantize_then_linear(pack_ops, scheme, dtype)
     ref = torch.nn.functional.linear(x, qtensor.dequantize_parts(lin.prequant_parts(), lin.prequant_spec, dtype),
                                      lin.bias.to(dtype))
     assert out.dtype == dtype
-    if dtype == torch.float32 and scheme not in schemes.BLOCK_SCHEMES:
+    if dtype == torch.float32 and scheme not in schemes.block_schemes():
         # per-row scales applied to the output columns: same product, float32-level rounding
         exact = torch.nn.functional.linear(x, lin.weight.to(dtype)) * lin.weight_scale.reshape(-1) + lin.bias.float()
         assert torch.equal(out, exact), scheme

@@ -38,7 +38,7 @@ def test_descriptions_name_what_the_registries_hold(comfy):
         assert s in loader and s in nodes["PrequantBuildCheckpoint"].DESCRIPTION and s in nodes["PrequantInfo"].DESCRIPTION
     for fam in families.FAMILIES.values():
         assert fam.title in loader, fam.title
-    for fmt in comfy_layout.FORMATS:
+    for fmt in comfy_layout.formats():
         assert fmt in loader
     assert "comfyui-native" in nodes["PrequantBuildCheckpoint"].DESCRIPTION
 

@@ -20,6 +20,7 @@ from prequant_core.schemes import registry
 from prequant_core.errors import CorruptCheckpointError
 from prequant_core.formats import validate_tensors
 from prequant_core.formats.containers import safetensors_container
+from prequant_core.formats import comfy_layout, layer_policy
 from toy import toy_kind, toy_scheme
 
 REPO = "me/Z-Image-Turbo-Q8TOY"
@@ -42,12 +43,12 @@ def test_every_scheme_record_is_complete_and_unique():
     recs = registry.all_schemes()
     assert [s.name for s in recs] == ["int8", "fp8", "nvfp4", "mxfp8"]
     assert len({s.suffix.lower() for s in recs}) == len(recs) and all(s.suffix.startswith("-") for s in recs)
-    assert schemes.SCHEMES == ("int8", "fp8", "nvfp4", "mxfp8", "int8-weight-only", "fp8-weight-only")
-    assert schemes.BLOCK_SCHEMES == ("nvfp4", "mxfp8")
+    assert schemes.names() == ("int8", "fp8", "nvfp4", "mxfp8", "int8-weight-only", "fp8-weight-only")
+    assert schemes.block_schemes() == ("nvfp4", "mxfp8")
     # Unsloth's builder rules, one record each (docs/FORMAT.md section 4)
     assert {s.name: (s.require_bf16, s.require_divisible) for s in recs} == {
         "int8": (False, 0), "fp8": (True, 16), "nvfp4": (False, 16), "mxfp8": (True, 32)}
-    assert {s.kind for s in recs} == set(qtensor.ROW_KINDS + qtensor.BLOCK_KINDS)
+    assert {s.kind for s in recs} == set(qtensor.row_kinds() + qtensor.block_kinds())
 
 
 def test_a_scheme_is_unknown_without_its_registry_line(tmp_path):
@@ -62,7 +63,7 @@ def test_a_scheme_is_unknown_without_its_registry_line(tmp_path):
 
 def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
     # named from a repo's suffix, with its own file names (no legacy transformer_<s>.pt: legacy_pt is False)
-    assert schemes.normalize("Q8TOY") == "q8toy" and "q8toy" in schemes.SCHEMES
+    assert schemes.normalize("Q8TOY") == "q8toy" and "q8toy" in schemes.names()
     assert families.schemes_from_suffix(REPO) == ("q8toy",) and sources.schemes_for_repo(REPO) == ("q8toy",)
     assert sources.model_name(REPO) == "Z-Image-Turbo"
     assert sources.filenames(REPO, "q8toy") == ("Z-Image-Turbo-Q8TOY.safetensors", "Z-Image-Turbo-Q8TOY.pt",
@@ -77,7 +78,7 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
                                     min_features=32)
     ck = formats.read(path)
     assert ck.metadata["scheme"] == "q8toy" and ck.metadata["require_divisible"] == 32
-    extra = families.get("z-image").int8_exclude_extra
+    extra = families.get("z-image").arch.int8_exclude_extra
     assert ck.metadata["exclude_name_tokens"] == schemes.exclude_tokens("int8", extra)
     w = ck.tensors["layers.0.attention.qkv.weight"]
     assert qtensor.is_quantized(w) and not qtensor.is_quantized(ck.tensors["layers.0.feed_forward.w1.weight"])
@@ -115,14 +116,17 @@ def _q4toy_file(tmp_path, name="Z-Image-Turbo-Q4TOY.safetensors"):
 def test_a_new_weight_kind_is_unknown_without_its_registry_line():
     t = toy_kind.quantize(_dense()["layers.0.attention.qkv.weight"])
     assert not qtensor.is_quantized(t) and qtensor.scheme_of(t) is None
-    assert "int4toy" not in registry.kinds() and "int4toy" not in qtensor.ROW_KINDS
+    assert "int4toy" not in registry.kinds() and "int4toy" not in qtensor.row_kinds()
     with pytest.raises(ValueError):
         devices.choose("int4toy", False, devices.Device("cpu"))
+    # nor its ComfyUI-native layout, its activation settings or its file rule
+    assert "int4toy_rowwise" not in comfy_layout.formats()
+    assert "q4toy_levels" not in {r.field for r in layer_policy.rules()}
 
 
 def test_a_new_weight_kind_is_one_module_and_one_line(tmp_path, with_toy_kind):
     # listed: a scheme name, a weight kind (per row: no block size), the safetensors container only
-    assert "q4toy" in schemes.SCHEMES and "int4toy" in registry.kinds() and "int4toy" in qtensor.ROW_KINDS
+    assert "q4toy" in schemes.names() and "int4toy" in registry.kinds() and "int4toy" in qtensor.row_kinds()
     assert "q4toy" in containers.writes_schemes(containers.by_name("safetensors"))
     assert "q4toy" not in containers.writes_schemes(containers.by_name("pt"))
 
@@ -177,6 +181,135 @@ def test_a_new_weight_kind_is_one_module_and_one_line(tmp_path, with_toy_kind):
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5))
     got = registry.codec("int4toy").weight_only_linear(x, ts, spec, None, "e4m3")
     assert torch.equal(got, torch.nn.functional.linear(x, want.dequantize(torch.float32)))
+
+
+def test_a_new_schemes_native_layout_activation_settings_and_file_rule_are_the_same_module_and_line(
+        tmp_path, with_toy_kind):
+    """What a scheme owns besides its weights (its ComfyUI-native layout both ways, its activation-settings class,
+    its file rule) comes from its module through the same registry line: no branch for it anywhere else."""
+    from prequant_core.formats.containers import comfy_native
+    from prequant_core.schemes import int8, json_values
+    key = "layers.0.attention.qkv.weight"
+    # its layout is listed with ComfyUI's formats, and is what its scheme writes
+    assert comfy_layout.formats()["int4toy_rowwise"].scheme == "q4toy"
+    assert comfy_native.native_format("q4toy") == "int4toy_rowwise"
+
+    # a native file written from its pre-quantized file keeps the bytes, and reads back as its own weights
+    ck = formats.read(_q4toy_file(tmp_path))
+    out, layers, skipped = comfy_native.native_tensors(ck.tensors, "q4toy", min_features=32)
+    assert not skipped and {c["format"] for c in layers.values()} == {"int4toy_rowwise"}
+    native = str(tmp_path / "Z-Image-Turbo-Q4TOY-ComfyUI.safetensors")
+    comfy_native.write_native(native, out, layers)
+    back = formats.read(native)
+    assert back.container == "comfyui-native" and back.metadata["scheme"] == "q4toy"
+    assert back.metadata["comfy_quant_formats"] == {"int4toy_rowwise": 2}
+    for k, w in ck.tensors.items():
+        if qtensor.is_quantized(w):
+            r = back.tensors[k]
+            assert type(r) is toy_kind.ToyInt4Tensor and qtensor.scheme_of(r) == "q4toy"
+            assert torch.equal(r.qdata, w.qdata) and torch.equal(r.scale, w.scale)
+    v = metadata.validate(back, metadata.Request(scheme="q4toy"))
+    assert v.ok, v.reasons
+    assert any("ComfyUI 0.99.0 and newer" in n for n in v.notes)
+    # ... and from a dense weight, quantized by the layout's own writer
+    dense = _dense()
+    out, layers, _ = comfy_native.native_tensors(dense, "q4toy", min_features=32)
+    comfy_native.write_native(str(tmp_path / "dense-native.safetensors"), out, layers)
+    got = formats.read(str(tmp_path / "dense-native.safetensors")).tensors[key]
+    assert torch.equal(got.qdata, toy_kind.quantize(dense[key]).qdata)
+
+    # its activation settings, a class of its own, are decoded from torchao-style JSON by its module alone
+    w = ck.tensors[key]
+    act = toy_kind.ToyActKwargs()
+    with_act = {**ck.tensors, key: toy_kind.ToyInt4Tensor(w.qdata, w.scale, w.orig_dtype, act)}
+    safetensors_container.write(str(tmp_path / "act.safetensors"), with_act, ck.metadata)
+    got = formats.read(str(tmp_path / "act.safetensors")).tensors[key]
+    assert got.act_quant_kwargs == act and qtensor.parts(got)[1].dynamic
+    with pytest.raises(json_values.DecodeError):  # another scheme's module does not know the class
+        json_values.decode_act_kwargs({"_type": "ToyActKwargs", "_data": {"levels": 7}}, int8.ACT_KWARGS)
+
+    # its file rule: a block its files may declare, checked by its module, summarised by Info
+    ruled = str(tmp_path / "ruled.safetensors")
+    safetensors_container.write(ruled, ck.tensors, {**ck.metadata, "q4toy_levels": {"levels": 7, "layers": 2}})
+    req = metadata.Request(scheme="q4toy", base_model_id=BASE)
+    assert metadata.validate(formats.read(ruled), req).ok
+    assert report.info(ruled).layers == "q4toy: 2 layers of 4-bit codes in -7..7"
+    safetensors_container.write(ruled, ck.tensors, {**ck.metadata, "q4toy_levels": {"levels": 9, "layers": 3}})
+    v = metadata.validate(formats.read(ruled), req)
+    assert not v.ok and "q4toy_levels 'levels' is 9, expected 7" in v.reasons
+    assert "q4toy_levels 'layers' is 3, the file holds 2 q4toy layers" in v.reasons
+
+
+def test_the_scheme_table_and_the_registry_agree():
+    # the names the command line knows without torch are the registry's own table: each row's module holds its record
+    from prequant_core import scheme_names
+    assert [(s.name, s.weight_only) for s in registry.SCHEMES] == list(scheme_names.TABLE)
+    assert scheme_names.NAMES == registry.names() and scheme_names.DEFAULT == registry.SCHEMES[0].name
+
+
+def test_the_recipes_list_the_files_a_scheme_and_a_layout_touch():
+    """docs/DEVELOPING.md lists them: a scheme is its module and its row in scheme_names.TABLE; a ComfyUI-native
+    layout is a record in its scheme's module."""
+    import os
+    import re
+    from conftest import ROOT
+    from prequant_core import scheme_names
+    with open(os.path.join(ROOT, "docs", "DEVELOPING.md"), encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    for what, want in (("a scheme", ["prequant_core/schemes/<name>.py", "prequant_core/scheme_names.py"]),
+                       ("a ComfyUI-native layout to a scheme", ["prequant_core/schemes/<name>.py"])):
+        recipe = re.search(rf"Adding {what} touches (\d+) files?: (.*?)\.(?: |$)", text)
+        assert recipe, f"docs/DEVELOPING.md has no 'Adding {what} touches N files: ...' recipe"
+        items = re.findall(r"\((\d+)\) (\S+?)[,:;]", recipe.group(2))
+        assert [int(n) for n, _ in items] == list(range(1, int(recipe.group(1)) + 1))
+        assert [p for _, p in items] == want
+    for name, _ in scheme_names.TABLE:  # (1) each row's module holds its record, (2) the table lists it once
+        assert os.path.isfile(os.path.join(ROOT, "prequant_core", "schemes", name + ".py"))
+        assert [n for n, _ in scheme_names.TABLE].count(name) == 1
+    for s in registry.all_schemes():  # its layouts are its own records, each a format of its own
+        assert all(f.scheme == s.name for f in comfy_layout.formats().values() if f.name in
+                   {x.name for x in s.comfy_layouts})
+    assert len(comfy_layout.formats()) == sum(len(s.comfy_layouts) for s in registry.all_schemes())
+
+
+# What is left naming a scheme outside schemes/ and families/, with why: the one names table (torch-free), and the
+# pre-cast text encoders, whose two forms are a scheme each by Unsloth's definition (fp8: the layerwise float8 cast;
+# int8: ComfyUI's int8_tensorwise with ConvRot), named by the encoder modules until they get records of their own;
+# a pickle's storage dtype names in the torchao v1 reader.
+NAMED_OUTSIDE = {
+    "prequant_core/scheme_names.py": {"int8", "fp8", "nvfp4", "mxfp8"},
+    "prequant_core/load/encoder_checks.py": {"fp8", "int8", "int8_tensorwise"},
+    "prequant_core/load/encoder_sources.py": {"fp8"},
+    "prequant_core/build/text_encoder.py": {"fp8"},
+    "nodes/build_node.py": {"fp8"},
+    "nodes/te_node.py": {"fp8"},
+    "prequant_core/formats/containers/legacy_v1.py": {"int8"},
+}
+
+
+def test_no_module_outside_schemes_names_a_scheme():
+    """No comparison, table or renaming constant keyed by a scheme, weight kind, ComfyUI format or float8 code name
+    outside prequant_core/schemes/ and prequant_core/families/ (string literals that are exactly such a name)."""
+    import ast
+    import os
+    from conftest import ROOT
+    names = {*registry.names(), *registry.kinds(), *comfy_layout.formats(), "e4m3", "e5m2", "e8m0", "e2m1"}
+    names |= {n.upper() for n in registry.names()}
+    found = {}
+    for top in ("prequant_core", "nodes"):
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            rel = os.path.relpath(d, ROOT).replace(os.sep, "/")
+            if rel.startswith(("prequant_core/schemes", "prequant_core/families")) or "__pycache__" in rel:
+                continue
+            for f in files:
+                if f.endswith(".py"):
+                    path = f"{rel}/{f}"
+                    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+                        tree = ast.parse(fh.read())
+                    lits = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names}
+                    if lits - NAMED_OUTSIDE.get(path, set()):
+                        found[path] = sorted(lits - NAMED_OUTSIDE.get(path, set()))
+    assert found == {}
 
 
 def test_prequant_core_has_no_import_cycle():

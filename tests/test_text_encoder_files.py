@@ -262,7 +262,7 @@ def test_the_builder_writes_what_unsloths_builder_writes_from_comfyuis_dense_fil
     from safetensors.torch import save_file
     from prequant_core.build.text_encoder import build_text_encoder
     from prequant_core import families as fams
-    base = fams.get(family).base_repos[0]
+    base = fams.get(family).hosting.base_repos[0]
     model = te_builder.encoder(te_class)
     dense = str(tmp_path / "dense.safetensors")
     save_file(_comfy_layout(te_class, te_builder.state_dict(model)), dense)
@@ -388,8 +388,8 @@ def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(
         build_text_encoder(dense, str(tmp_path / "out.safetensors"), family=family)
     assert "The input is not a" in e.value.message and not os.path.exists(tmp_path / "out.safetensors"), e.value
     # a file holding this encoder's cast tensors, labelled as the family's encoder class
-    fam_class = fams.get(family).text_encoders[0].te_class
-    base = fams.get(family).base_repos[0]
+    fam_class = fams.get(family).hosting.text_encoders[0].te_class
+    base = fams.get(family).hosting.base_repos[0]
     sd = te_builder.state_dict(te_builder.cast_layerwise(model))
     meta = te_builder.metadata(te_class=fam_class, base_model_id=base, family=family)
     path = te_builder.save_safetensors(str(tmp_path / "relabelled.safetensors"), sd, meta)

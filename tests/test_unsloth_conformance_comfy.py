@@ -39,7 +39,8 @@ def _reference_tensors(family, kind, dense, ck):
     fam = families.get(family)
     if kind != "policy":
         scheme = ub.KINDS[kind]
-        q, _ = quantize.quantize_tensors(dense, scheme, exclude=schemes.exclude_tokens(scheme, fam.int8_exclude_extra))
+        q, _ = quantize.quantize_tensors(dense, scheme,
+                                         exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra))
         return q
     nv = set(ck.metadata["nvfp4_policy"]["nvfp4_fqns"])
     out = {}

@@ -81,11 +81,11 @@ def test_every_familys_record_passes_unsloths_older_rules(family, scheme):
     fam = families.get(family)
     w = torch.randn(512, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     tensors = {"blocks.0.proj.weight": schemes.quantize_weight(w, scheme)}
-    exclude = schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
-    m = build.make_metadata(family=fam, scheme=scheme, base_model_id=fam.base_repos[0], min_features=512,
+    exclude = schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)
+    m = build.make_metadata(family=fam, scheme=scheme, base_model_id=fam.hosting.base_repos[0], min_features=512,
                             exclude=exclude, tensors=tensors, skipped=[])
-    assert unsloth_v1_accepts(FORMAT_V1, m, scheme=scheme, family=family, base=fam.base_repos[0]) == []
-    assert m["transformer_class"] == fam.diffusers_class and m["family"] == family
+    assert unsloth_v1_accepts(FORMAT_V1, m, scheme=scheme, family=family, base=fam.hosting.base_repos[0]) == []
+    assert m["transformer_class"] == fam.arch.diffusers_class and m["family"] == family
 
 
 def test_sorted_list_is_what_the_older_rule_refused():
@@ -96,7 +96,7 @@ def test_sorted_list_is_what_the_older_rule_refused():
         ["exclude_name_tokens (ordered tuple)"]
     m["exclude_name_tokens"] = list(UNSLOTH_INT8_BASE)
     assert unsloth_v1_accepts(FORMAT_V1, m, scheme="int8", family="z-image", base=BASE_ID) == []
-    assert schemes.exclude_tokens("int8", families.get("qwen-image").int8_exclude_extra) == \
+    assert schemes.exclude_tokens("int8", families.get("qwen-image").arch.int8_exclude_extra) == \
         list(UNSLOTH_INT8_BASE + UNSLOTH_FAMILY_EXTRA["qwen-image"])
 
 
@@ -257,15 +257,16 @@ def test_filename_order_declared_names_first(monkeypatch):
     assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8") == (  # the repo's ConvRot build first
         "Qwen-Image-2.1-INT8-ConvRot.safetensors", "Qwen-Image-2.1-INT8.safetensors", "Qwen-Image-2.1-INT8.pt",
         "transformer_int8.pt")
-    fam = dataclasses.replace(families.get("krea-2"), hub_filenames={"unsloth/Krea-2-Turbo-FP8": {
-        "fp8": "krea2_turbo_fp8.safetensors"}})
+    krea = families.get("krea-2")
+    fam = dataclasses.replace(krea, hosting=dataclasses.replace(krea.hosting, files=(
+        families.HostedFile("unsloth/Krea-2-Turbo-FP8", "fp8", "krea2_turbo_fp8.safetensors"),)))
     try:
         families.FAMILIES["krea-2"] = fam
         assert sources.filenames("unsloth/Krea-2-Turbo-FP8", "fp8") == (
             "krea2_turbo_fp8.safetensors", "Krea-2-Turbo-FP8.safetensors", "Krea-2-Turbo-FP8.pt", "transformer_fp8.pt")
         assert sources.filenames("unsloth/Krea-2-Turbo-FP8", "int8")[0] == "Krea-2-Turbo-INT8.safetensors"
     finally:
-        families.FAMILIES["krea-2"] = dataclasses.replace(fam, hub_filenames={})
+        families.FAMILIES["krea-2"] = dataclasses.replace(fam, hosting=dataclasses.replace(fam.hosting, files=()))
 
 
 @pytest.mark.parametrize("family,base,repo", [
@@ -294,9 +295,9 @@ def test_new_families_have_presets_and_need_newer_comfyui():
     for label in ("Krea-2-Turbo / fp8", "Qwen-Image-2.1 / int8", "Qwen-Image-2.1-Turbo / fp8"):
         assert label in labels
     # Krea 2's class arrived in ComfyUI 0.33.0, which the pack maps into; Qwen-Image 2.1's in 0.38.1, not yet mapped
-    assert families.get("krea-2").min_comfy == "0.33.0" and families.get("krea-2").unet_config is not None
+    assert families.get("krea-2").arch.min_comfy == "0.33.0" and families.get("krea-2").arch.unet_config is not None
     fam = families.get("qwen-image-2.1")
-    assert fam.min_comfy == "0.38.1" and fam.unet_config is None
+    assert fam.arch.min_comfy == "0.38.1" and fam.arch.unet_config is None
     assert families.get("qwen-image-2.1").comfy_models == ("QwenImage21",)
     assert families.get("krea-2").comfy_models == ("Krea2",)
 
@@ -317,9 +318,9 @@ def test_the_video_families_unsloth_hosts_now(monkeypatch):
     assert families.get("LTX-2.3") is families.get("ltx-2") and families.canonical(" ltx-2.3 ") == "ltx-2"
     for name in ("ltx-2", "minimax-h3"):
         fam = families.get(name)
-        assert fam.min_comfy == "0.38.1" and fam.unet_config is None and fam.video
-    assert families.get("ltx-2").int8_exclude_extra == ("audio", "av_cross_attn", "adaln")
-    assert families.get("minimax-h3").int8_exclude_extra == ("adaln_proj",)
+        assert fam.arch.min_comfy == "0.38.1" and fam.arch.unet_config is None and fam.hosting.video
+    assert families.get("ltx-2").arch.int8_exclude_extra == ("audio", "av_cross_attn", "adaln")
+    assert families.get("minimax-h3").arch.int8_exclude_extra == ("adaln_proj",)
     # a file recording the alias is the family asked for, and the other way round; another family is not
     from prequant_core.formats.checkpoint import Checkpoint
     w = schemes.quantize_weight(torch.randn(512, 512).to(torch.bfloat16), "fp8")

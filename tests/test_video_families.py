@@ -82,7 +82,7 @@ def test_two_expert_graph_equals_load_time_quantization(comfy, experts):
     fam = families.get(A14B)
     loaded = {}
     for comp, name in experts.items():
-        res = _load(comfy, name, component=comp, base_model_id=fam.base_repos[0], scheme="int8")
+        res = _load(comfy, name, component=comp, base_model_id=fam.hosting.base_repos[0], scheme="int8")
         model = res["result"][0]
         assert type(model.model.model_config).__name__ == "WAN21_T2V"
         loaded[comp] = model
@@ -140,8 +140,8 @@ def test_loader_component_input_is_last_with_a_tooltip(comfy):
 
 def test_builder_records_the_component(tmp_path):
     fam = families.get(A14B)
-    res = build.build(dense(A14B, 1), str(tmp_path / build.default_filename(fam.base_repos[0], "fp8", "safetensors",
-                                                                            "transformer_2")),
+    name = build.default_filename(fam.hosting.base_repos[0], "fp8", "safetensors", "transformer_2")
+    res = build.build(dense(A14B, 1), str(tmp_path / name),
                       scheme="fp8", family=fam, component="transformer_2")
     assert res.metadata["component"] == "transformer_2"
     assert os.path.basename(res.path) == "Wan2.2-T2V-A14B-Diffusers-transformer_2-FP8.safetensors"
@@ -181,10 +181,11 @@ def test_hub_names_of_the_nvfp4_repos():
     assert first(preset="Wan2.2-T2V-A14B / nvfp4", component="transformer_2") == \
         "Wan2.2-T2V-A14B-transformer_2-NVFP4.pt"
     hy = families.get("hunyuanvideo-1.5")
-    assert first(None, hy.name, "nvfp4", base_model_id=hy.base_repos[1]) == "HunyuanVideo-1.5-Diffusers-720p_t2v-NVFP4.pt"
+    assert first(None, hy.name, "nvfp4", base_model_id=hy.hosting.base_repos[1]) == \
+        "HunyuanVideo-1.5-Diffusers-720p_t2v-NVFP4.pt"
     assert first(preset="HunyuanVideo-1.5 / nvfp4", base_model_id="HunyuanVideo-1.5-Diffusers-480p_t2v") == \
         "HunyuanVideo-1.5-Diffusers-480p_t2v-NVFP4.pt"
-    chain = sources.plan(None, None, hy.name, "nvfp4", base_model_id=hy.base_repos[1]).candidates[0].filenames
+    chain = sources.plan(None, None, hy.name, "nvfp4", base_model_id=hy.hosting.base_repos[1]).candidates[0].filenames
     assert "HunyuanVideo-1.5-Diffusers-480p_t2v-NVFP4.pt" not in chain, "never the other variant's file"
     # int8 / fp8 are not hosted there: the family step plans nothing and says why
     p = sources.plan(None, None, TI2V, "int8")
@@ -277,8 +278,8 @@ def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy,
         res = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]().build(
             pack.nodes.build_node.NO_FILE, "int8", 512, "", "auto", name, "safetensors", True, model=model)
     ck = formats.read(res["result"][0])
-    assert ck.metadata["family"] == family and ck.metadata["base_model_id"] == fam.base_repos[0]
-    want, _ = quantize.quantize_tensors(d, "int8", exclude=schemes.exclude_tokens("int8", fam.int8_exclude_extra))
+    assert ck.metadata["family"] == family and ck.metadata["base_model_id"] == fam.hosting.base_repos[0]
+    want, _ = quantize.quantize_tensors(d, "int8", exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra))
     assert set(ck.tensors) == set(want)
     for k, w in want.items():
         got = ck.tensors[k]

@@ -43,7 +43,7 @@ def quantize_at_load(family: str, scheme: str, seed: int = 0) -> tuple[torch.nn.
     m = dense_load(family, seed)
     fam = families.get(family)
     flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
-                              tuple(schemes.exclude_tokens(scheme, fam.int8_exclude_extra)))
+                              tuple(schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)))
 
     def keep(mod, name):
         return isinstance(mod, torch.nn.Linear) and flt.reason_skipped(name, mod.weight) is None
@@ -69,7 +69,7 @@ def check(family: str, scheme: str, container: str, folder: str) -> dict:
     path = os.path.join(folder, f"{family}-{scheme.upper()}.{container}")
     build.build_from_tensors(path, dense, family=fam, scheme=scheme, base_model_id=base_id, container=container,
                              overwrite=True)
-    loaded = diffusers_loader.load(fam.diffusers_class, base_dir, path, scheme=scheme, allow_dirs=[folder])
+    loaded = diffusers_loader.load(fam.arch.diffusers_class, base_dir, path, scheme=scheme, allow_dirs=[folder])
     model = loaded.model
     ref, how = quantize_at_load(family, scheme)
     with torch.no_grad():

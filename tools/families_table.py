@@ -31,9 +31,10 @@ DIFFUSERS_ONLY_TESTED = "diffusers loader, every kind (CPU, tiny, diffusers 0.42
 
 
 def _status(fam) -> str:
-    if fam.unet_config is None:
-        return DIFFUSERS_ONLY_TESTED.format(min_comfy=fam.min_comfy)
-    return NEWER_NODE_TESTED.format(min_comfy=fam.min_comfy) if fam.min_comfy.startswith("0.33") else NODE_TESTED
+    need = fam.arch.min_comfy
+    if fam.arch.unet_config is None:
+        return DIFFUSERS_ONLY_TESTED.format(min_comfy=need)
+    return NEWER_NODE_TESTED.format(min_comfy=need) if need.startswith("0.33") else NODE_TESTED
 
 
 def _names(repo: str, scheme: str, component: str) -> str:
@@ -47,13 +48,13 @@ def rows() -> list[str]:
     out = ["| Family | Hosted repo | Schemes it holds (in the order auto tries them) | File names tried, in order | "
            "ComfyUI class | Tested here |", "|---|---|---|---|---|---|"]
     for fam in families.FAMILIES.values():
-        newer = fam.unet_config is None or fam.min_comfy.startswith("0.33")
-        cls = " / ".join(fam.comfy_models) + (f" ({fam.min_comfy}+)" if newer else "")
+        newer = fam.arch.unet_config is None or fam.arch.min_comfy.startswith("0.33")
+        cls = " / ".join(fam.comfy_models) + (f" ({fam.arch.min_comfy}+)" if newer else "")
         status = _status(fam)
         for i, repo in enumerate(fam.hosted):
             held = sources.schemes_for_repo(repo)
             names = []
-            for comp in fam.components:
+            for comp in fam.arch.components:
                 for s in held:
                     tag = s if comp == "transformer" else f"{s}, {comp}"
                     names.append(f"{tag}: {_names(repo, s, comp)}")
@@ -74,7 +75,7 @@ def encoder_rows() -> list[str]:
     out = ["| Family | Text encoder | Hosted file (names tried, in order) | ComfyUI type | Tested here |",
            "|---|---|---|---|---|"]
     for fam in families.FAMILIES.values():
-        for e in fam.text_encoders:
+        for e in fam.hosting.text_encoders:
             kind = encoders.for_class(e.te_class)
             names = " → ".join(f"`{n}`" for n in encoder_sources.filenames(e.repo, e.component))
             with_ = f" + {', '.join(e.with_encoders)} (with_encoder)" if e.with_encoders else ""

@@ -437,7 +437,7 @@ def any_diffusers_model(family: str, seed: int = 0, dtype=torch.float32):
     """Seeded tiny diffusers model of any registered family (including Z-Image and the diffusers-only ones)."""
     import diffusers
     from prequant_core import families
-    cls = getattr(diffusers, families.get(family).diffusers_class)
+    cls = getattr(diffusers, families.get(family).arch.diffusers_class)
     m = randomize_(cls(**tiny_kwargs(family)), seed)
     form = getattr(DIFFUSERS_ONLY.get(family), "hosted_form", None)
     return (form(m) if form else m).to(dtype).eval()

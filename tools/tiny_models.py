@@ -49,4 +49,4 @@ def zimage_comfy_layout(dense_diffusers: dict) -> dict:
     fam = families.get("z-image")
     shapes = {k: tuple(v.shape) for k, v in dense_diffusers.items()}
     cfg = fam.config_from_shapes(shapes)
-    return keymap.to_comfy(dense_diffusers, getattr(comfy.utils, fam.comfy_key_map)(cfg))
+    return keymap.to_comfy(dense_diffusers, getattr(comfy.utils, fam.arch.comfy_key_map)(cfg))

@@ -25,8 +25,8 @@ def needs_newer_comfyui(workflow: dict) -> str | None:
         if n["type"] != LOADER or len(values) <= LOADER_FAMILY_SLOT:
             continue
         fam = families.FAMILIES.get(values[LOADER_FAMILY_SLOT])
-        if fam is not None and fam.unet_config is None:
-            need = fam.min_comfy
+        if fam is not None and fam.arch.unet_config is None:
+            need = fam.arch.min_comfy
     return need
 
 

@@ -74,15 +74,15 @@ def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_featur
         "min_features": int(min_features), "exclude_name_tokens": list(exclude),
         "require_bf16": rule.require_bf16, "require_divisible": rule.require_divisible,
         "fingerprint": fingerprint.compute(tensors), "fast_accum": rule.fast_accum,
-        "torch_dtype": "bfloat16", "quant_backend": "torchao", "transformer_class": family.diffusers_class,
+        "torch_dtype": "bfloat16", "quant_backend": "torchao", "transformer_class": family.arch.diffusers_class,
         "torch_version": str(torch.__version__), "torchao_version": str(torchao.__version__),
         "diffusers_version": _dist_version("diffusers"),
     }
     if rule.fp8_granularity:
         values["fp8_granularity"] = rule.fp8_granularity
     out = {k: values[k] for k in WRITE_ORDER if k in values}
-    if family.metadata_from_tensors is not None:  # the form the weights are in (MiniMax-H3's pruned adaLN), last
-        out.update(family.metadata_from_tensors(tensors))
+    if family.arch.metadata_from_tensors is not None:  # the form the weights are in (MiniMax-H3's pruned adaLN), last
+        out.update(family.arch.metadata_from_tensors(tensors))
     return out
 
 
@@ -93,8 +93,8 @@ def check_component(component, family=None) -> str:
     if not c.replace("_", "").isalnum() or not c.isascii() or len(c) > 64:
         raise BuildError("component must be a plain name such as transformer or transformer_2.", found=repr(c)[:80])
     fam = families.get(family) if isinstance(family, str) and family != "auto" else family
-    if isinstance(fam, Family) and c not in fam.components:
-        raise BuildError(f"{fam.title} has no component '{c}'.", expected=" or ".join(fam.components), found=c,
+    if isinstance(fam, Family) and c not in fam.arch.components:
+        raise BuildError(f"{fam.title} has no component '{c}'.", expected=" or ".join(fam.arch.components), found=c,
                          fix="Pick one of the family's components.")
     return c
 
@@ -202,8 +202,8 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
     prep = open_input(input, family=family, key_map=key_map, layout=layout)
     fam, src = prep.family, prep.source
     component = check_component(component, fam)
-    base_model_id = (base_model_id or "").strip() or fam.base_repos[0]
-    exclude = schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
+    base_model_id = (base_model_id or "").strip() or fam.hosting.base_repos[0]
+    exclude = schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)
     flt = schemes.LayerFilter(scheme, min_features, tuple(exclude))
     infos = src.infos()
     estimate, n_q = estimate_output_bytes(infos, flt)
@@ -257,7 +257,7 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
     dest = os.path.abspath(os.fspath(dest))
     container_for(dest, NATIVE, scheme)
     _refuse_existing(dest, overwrite)
-    base_model_id = (base_model_id or "").strip() or family.base_repos[0]
+    base_model_id = (base_model_id or "").strip() or family.hosting.base_repos[0]
     out, layers, skipped = comfy_native.native_tensors(tensors, scheme, min_features=min_features, progress=progress)
     if not layers:
         raise BuildError("No Linear layer of the transformer's blocks passes the filter, so nothing would be "
@@ -294,7 +294,7 @@ def build_from_tensors(dest: str, dense: Mapping, *, family: Family, scheme: str
     from the file name (``container_for``), refused where the scheme does not fit the container."""
     scheme = schemes.normalize(scheme)
     container = container_for(os.path.abspath(os.fspath(dest)), container, scheme)
-    exclude = schemes.exclude_tokens(scheme, family.int8_exclude_extra)
+    exclude = schemes.exclude_tokens(scheme, family.arch.int8_exclude_extra)
     q, skipped = quantize_tensors(dense, scheme, min_features=min_features, exclude=exclude, progress=progress)
     meta = make_metadata(family=family, scheme=scheme, base_model_id=base_model_id, min_features=min_features,
                          exclude=exclude, tensors=q, skipped=skipped, component=component)
@@ -337,12 +337,12 @@ def comfy_key_map_from(comfy_dir: str) -> Callable[[Family, dict], Mapping]:
     def provider(fam: Family, shapes: dict) -> Mapping:
         if comfy_dir not in sys.path:
             sys.path.insert(0, comfy_dir)
-        if fam.comfy_key_map is None or callable(fam.comfy_key_map):
-            return None if fam.comfy_key_map is None else fam.comfy_key_map(fam.config_from_shapes(shapes))
+        if fam.arch.comfy_key_map is None or callable(fam.arch.comfy_key_map):
+            return None if fam.arch.comfy_key_map is None else fam.arch.comfy_key_map(fam.config_from_shapes(shapes))
         import comfy.utils
-        fn = getattr(comfy.utils, fam.comfy_key_map, None)
+        fn = getattr(comfy.utils, fam.arch.comfy_key_map, None)
         if fn is None:
-            raise BuildError(f"This ComfyUI has no key map for {fam.title} (comfy.utils.{fam.comfy_key_map}).",
+            raise BuildError(f"This ComfyUI has no key map for {fam.title} (comfy.utils.{fam.arch.comfy_key_map}).",
                              path=comfy_dir, fix="Update ComfyUI.")
         return fn(fam.config_from_shapes(shapes))
     return provider

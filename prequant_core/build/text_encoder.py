@@ -47,11 +47,11 @@ def cast_keys(kind: encoders.EncoderKind, shapes: Mapping[str, tuple]) -> set[st
 
 def _encoder_for(family: str, component: str | None) -> tuple[families.Family, families.HostedEncoder]:
     fam = families.get(family)
-    for e in fam.text_encoders:
+    for e in fam.hosting.text_encoders:
         if component in (None, "auto", e.component):
             return fam, e
     raise BuildError(f"{fam.title} has no hosted text encoder" + (f" named {component}" if component else "") + ".",
-                     expected=", ".join(e.component for e in fam.text_encoders) or "a family with one",
+                     expected=", ".join(e.component for e in fam.hosting.text_encoders) or "a family with one",
                      found=str(component), fix="Pick the family's encoder component, or another family.")
 
 
@@ -103,7 +103,7 @@ def detect_comfy_encoder(keys) -> tuple[encoders.EncoderKind, str] | None:
 def family_for_kind(kind: encoders.EncoderKind) -> str | None:
     """The first family whose hosted encoder is this kind."""
     for fam in families.FAMILIES.values():
-        if any(e.te_class in kind.te_classes for e in fam.text_encoders):
+        if any(e.te_class in kind.te_classes for e in fam.hosting.text_encoders):
             return fam.name
     return None
 
@@ -159,7 +159,7 @@ def build_text_encoder_from(src, dest: str, *, family: str, component: str | Non
     for copy, of in kind.tied:
         if copy not in out and of in out:
             out[copy] = out[of]
-    meta = {"base_model_id": base_model_id or fam.base_repos[0], "family": fam.name, "scheme": "fp8",
+    meta = {"base_model_id": base_model_id or fam.hosting.base_repos[0], "family": fam.name, "scheme": "fp8",
             "component": hosted.component, "te_class": hosted.te_class, "torch_dtype": "bfloat16",
             "cast_backend": LAYERWISE_CAST, "torch_version": str(torch.__version__)}
     try:

@@ -25,7 +25,7 @@ def add(subparsers) -> None:
                    help="output file, or an existing folder to write <Model>-<SCHEME>.<ext> into "
                         "(default: that name in the current folder)")
     p.add_argument("--scheme", type=choices.scheme, default=None, metavar="S",
-                   help="quantization scheme: " + ", ".join(choices.SCHEMES) + " (default: int8; for "
+                   help="quantization scheme: " + ", ".join(choices.SCHEMES) + f" (default: {choices.DEFAULT}; for "
                         "comfyui-native output from a pre-quantized input, the input's scheme)")
     p.add_argument("--min-features", type=int, default=choices.DEFAULT_MIN_FEATURES, metavar="N",
                    help="quantize only Linear layers whose in and out features are both >= N (default: %(default)s)")
@@ -84,14 +84,14 @@ def run_build(args) -> int:
         if args.container == NATIVE:
             res = _native(args, family, bar)
         else:
-            scheme = args.scheme or "int8"
+            scheme = args.scheme or choices.DEFAULT
             output, container = args.output, args.container
             if output is None or os.path.isdir(output):
                 folder = output or os.getcwd()
                 fam = families.get(family) if family else build.open_input(args.input, key_map=key_map).family
                 c = build.container_for(os.path.join(folder, "x"), container, schemes.normalize(scheme))
-                output = os.path.join(folder, build.default_filename(args.base_model_id or fam.base_repos[0], scheme,
-                                                                     c, args.component))
+                base = args.base_model_id or fam.hosting.base_repos[0]
+                output = os.path.join(folder, build.default_filename(base, scheme, c, args.component))
             res = build.build(args.input, output, scheme=scheme, family=family, base_model_id=args.base_model_id,
                               min_features=args.min_features, container=None if container == "auto" else container,
                               overwrite=args.overwrite, key_map=key_map, progress=bar, component=args.component)
@@ -110,11 +110,11 @@ def _native(args, family: str | None, bar):
     tensors, md, scheme_default = build.read_native_input(args.input)
     fam, layout = (families.get(family), None) if family else families.detect(list(tensors), md, args.input)
     layout = layout or fam.layout_of(tensors) or "diffusers"
-    scheme = args.scheme or scheme_default or "int8"
-    if layout == "diffusers" and fam.comfy_key_map is not None:
+    scheme = args.scheme or scheme_default or choices.DEFAULT
+    if layout == "diffusers" and fam.arch.comfy_key_map is not None:
         shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-        if callable(fam.comfy_key_map):
-            km = fam.comfy_key_map(fam.config_from_shapes(shapes, args.input))
+        if callable(fam.arch.comfy_key_map):
+            km = fam.arch.comfy_key_map(fam.config_from_shapes(shapes, args.input))
         elif args.comfyui or build.find_comfyui():
             km = build.comfy_key_map_from(args.comfyui or build.find_comfyui())(fam, shapes)
         else:
@@ -126,7 +126,7 @@ def _native(args, family: str | None, bar):
     output = args.output
     if output is None or os.path.isdir(output):
         output = os.path.join(output or os.getcwd(), build.default_filename(
-            args.base_model_id or md.get("base_model_id") or fam.base_repos[0], scheme, NATIVE, args.component))
+            args.base_model_id or md.get("base_model_id") or fam.hosting.base_repos[0], scheme, NATIVE, args.component))
     return build.build_comfy_native(tensors, output, scheme=scheme, family=fam,
                                     base_model_id=args.base_model_id or md.get("base_model_id"),
                                     min_features=args.min_features, overwrite=args.overwrite, progress=bar,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..scheme_names import DEFAULT_MIN_FEATURES, NAMES as SCHEMES, WEIGHT_ONLY_TAIL, spelling  # noqa: F401
+from ..scheme_names import DEFAULT, DEFAULT_MIN_FEATURES, NAMES as SCHEMES, WEIGHT_ONLY_TAIL, spelling  # noqa: F401
 
 NATIVE = "comfyui-native"
 BUILD_CONTAINERS = ("safetensors", "pt", NATIVE)
@@ -30,9 +30,9 @@ def families() -> list[str]:
 def accepted_families() -> list[str]:
     """The families and the other names they go by (``ltx-2.3`` for ``ltx-2``), for argument checking."""
     from .. import families as registry
-    return sorted([*registry.FAMILIES, *registry.ALIASES])
+    return sorted([*registry.FAMILIES, *registry.aliases()])
 
 
 def encoder_families() -> list[str]:
     from .. import families as registry
-    return sorted(n for n, f in registry.FAMILIES.items() if f.text_encoders)
+    return sorted(n for n, f in registry.FAMILIES.items() if f.hosting.text_encoders)

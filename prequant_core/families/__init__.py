@@ -1,44 +1,97 @@
 """The one registry of model families: one module per family in this package, listed once in ``MODULES``.
 
-A family module holds everything about its family: the config derived from its shapes, its own diffusers -> ComfyUI
-key map (where ComfyUI has none), and its ``Family(...)`` record(s) in a module-level ``FAMILIES`` tuple (exclude
-tokens, hosted repos and variants, minimum ComfyUI). Adding a family whose key map ComfyUI has is one new module,
-its name in ``MODULES``, its tiny model (tools/tiny_families.py) and its workflow.
+A family module holds every fact about its family, in its ``Family(...)`` record(s) (a module-level ``FAMILIES``
+tuple): the architecture (``Architecture``: markers, classes, the config derived from its shapes, its own diffusers ->
+ComfyUI key map where ComfyUI has none, ComfyUI's renames and parameter defaults, minimum ComfyUI) and the hosting
+(``Hosting``: base repos, Unsloth's hosted repos and the file names they declare, excluded bases, hosted text
+encoders and the bases sharing their bytes, Unsloth's NVFP4 layer policies). Every table keyed by family elsewhere
+is read from here (``nvfp4_policies``, ``encoder_groups``, ``aliases``, ``declared_filenames`` ...). Adding a family
+is one new module and its name in ``MODULES`` (tests/test_family_registry.py); docs/DEVELOPING.md lists the files
+outside the pack its tests ask for (its tiny model, its workflow, ...).
 
-Everything ComfyUI-specific is named here as data (class and key-map names, a config derived from shapes); only
-``nodes/comfy_model.py`` resolves those names against the running ComfyUI.
+Everything ComfyUI-specific is named here as data (class and key-map names, a config derived from shapes, parameter
+defaults); only ``nodes/comfy_model.py`` resolves those names against the running ComfyUI.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from ..errors import UnknownFamilyError
-from ._base import (Family, HostedEncoder, Shapes, base_tail, blocks, count_blocks, first, has_any, normalize_base,
+from ._base import (Architecture, ComfyParamDefault, Family, HostedEncoder, HostedFile, Hosting, KnownPolicy, Shapes,
+                    base_tail, blocks, count_blocks, first, has_any, normalize_base,
                     schemes_from_suffix)  # noqa: F401 (public names)
 
 # Registration order is detection order (``detect`` takes the first family whose markers match):
 # HunyuanVideo 1.5 before HunyuanImage 2.1, as a ComfyUI-layout HunyuanVideo 1.5 file also has HunyuanImage's
-# ComfyUI markers.
+# ComfyUI markers. A name with a dot is a full module path (tests/toy/toy_family.py).
 MODULES = (
     "z_image", "flux1", "flux2", "qwen_image", "lumina2", "hidream", "wan22", "hunyuan_video15", "hunyuan_image",
     "krea2", "qwen_image21", "ltx2", "minimax_h3",
 )
 
-# Other names a family goes by (Unsloth's own aliases): accepted wherever a family is named, in a file or a request.
-ALIASES = {"ltx-2.3": "ltx-2"}
+
+def _policies(fams: Iterable[Family]) -> dict[str, KnownPolicy]:
+    out: dict[str, KnownPolicy] = {}
+    for f in fams:
+        for p in f.hosting.nvfp4_policies:
+            if p.policy_id in out:
+                raise RuntimeError(f"NVFP4 policy '{p.policy_id}' is listed twice (families {out[p.policy_id].family} "
+                                   f"and {f.name})")
+            out[p.policy_id] = dataclasses.replace(p, family=f.name)
+    return out
+
+
+def load(modules: Iterable[str]) -> dict[str, Family]:
+    """{name: Family} of ``modules``, in their order; a family, alias or NVFP4 policy id named twice is refused."""
+    out: dict[str, Family] = {}
+    names: set = set()
+    for mod in modules:
+        path = mod if "." in mod else f"{__name__}.{mod}"
+        for f in importlib.import_module(path).FAMILIES:
+            for n in (f.name, *f.aliases):
+                if n in names:
+                    raise RuntimeError(f"family name '{n}' is registered twice ({path})")
+                names.add(n)
+            out[f.name] = f
+    _policies(out.values())  # refuses a policy id listed twice
+    return out
+
+
+FAMILIES: dict[str, Family] = load(MODULES)
+
+
+def aliases() -> dict[str, str]:
+    """{other name: family} for the names a family goes by besides its own (Unsloth's: ``ltx-2.3`` for ``ltx-2``),
+    accepted wherever a family is named, in a file or a request."""
+    return {a: f.name for f in FAMILIES.values() for a in f.aliases}
 
 
 def canonical(name: str) -> str:
     key = str(name).strip().lower()
-    return ALIASES.get(key, key)
+    return aliases().get(key, key)
 
-FAMILIES: dict[str, Family] = {}
-for _mod in MODULES:
-    for _f in importlib.import_module(f"{__name__}.{_mod}").FAMILIES:
-        if _f.name in FAMILIES:
-            raise RuntimeError(f"family '{_f.name}' is registered twice (prequant_core.families.{_mod})")
-        FAMILIES[_f.name] = _f
+
+def nvfp4_policies() -> dict[str, KnownPolicy]:
+    """{policy id: KnownPolicy} of every family's NVFP4 layer policies (Unsloth's NVFP4_POLICIES), each naming the
+    family whose record lists it (formats/layer_policy checks a v3 file against them)."""
+    return _policies(FAMILIES.values())
+
+
+def retired_nvfp4_policies() -> dict[str, str]:
+    """{retired policy id: the id whose hosted file replaced the files built with it}."""
+    return {old: p.policy_id for p in nvfp4_policies().values() for old in p.replaces}
+
+
+def encoder_groups() -> tuple[frozenset, ...]:
+    """The groups of bases whose text-encoder weights are byte-identical (each family's ``hosting.shared_encoders``,
+    the bases under one label joined across families): one pre-cast encoder file serves every base of its group."""
+    groups: dict[str, set] = {}
+    for f in FAMILIES.values():
+        for label, bases in f.hosting.shared_encoders.items():
+            groups.setdefault(label, set()).update(normalize_base(b) for b in bases)
+    return tuple(frozenset(g) for g in groups.values())
 
 
 def declared_filenames(repo: str, scheme: str, component: str = "transformer",
@@ -47,23 +100,18 @@ def declared_filenames(repo: str, scheme: str, component: str = "transformer",
     holds one file per base; tried first), else ()."""
     low = str(repo).strip().lower()
     for fam in FAMILIES.values():
-        for r, by_base in fam.variant_filenames.items():
-            if r.lower() != low or component != "transformer":
-                continue
-            names = {b: v[scheme] for b, v in by_base.items() if scheme in v}
+        rows = [f for f in fam.hosting.files if f.repo.lower() == low and f.component == component]
+        if any(f.base is not None for f in rows):  # one file per base: the requested base picks its own
+            names = {f.base: f.filename for f in rows if f.scheme == scheme}
             if base_model_id and str(base_model_id).strip():
                 hit = [n for b, n in names.items() if normalize_base(b) == normalize_base(base_model_id)
                        or base_tail(b) == base_tail(base_model_id)]
                 if hit:
                     return tuple(hit)
             return tuple(names.values())
-        if component == "transformer":
-            table = fam.hub_filenames
-        else:
-            table = {r: by_comp.get(component, {}) for r, by_comp in fam.hub_component_filenames.items()}
-        for r, by_scheme in table.items():
-            if r.lower() == low and scheme in by_scheme:
-                return (by_scheme[scheme],)
+        for f in rows:
+            if f.scheme == scheme:
+                return (f.filename,)
     return ()
 
 
@@ -71,7 +119,7 @@ def all_components() -> tuple[str, ...]:
     """Every component a registered family has, ``transformer`` first (the loader's choices)."""
     out = ["transformer"]
     for fam in FAMILIES.values():
-        out += [c for c in fam.components if c not in out]
+        out += [c for c in fam.arch.components if c not in out]
     return tuple(out)
 
 
@@ -80,7 +128,7 @@ def hosted_schemes(repo: str) -> tuple[str, ...]:
     name's suffix (empty when neither says)."""
     low = str(repo).strip().lower()
     for fam in FAMILIES.values():
-        for r, sch in fam.hosted.items():
+        for r, sch in fam.hosting.hosted.items():
             if r.lower() == low:
                 return sch
     return schemes_from_suffix(repo)
@@ -89,17 +137,20 @@ def hosted_schemes(repo: str) -> tuple[str, ...]:
 def video_hosted(repo: str) -> bool:
     """Whether a video family hosts ``repo`` (its files have no ComfyUI-format twins)."""
     low = str(repo).strip().lower()
-    return any(r.lower() == low for fam in FAMILIES.values() if fam.video for r in fam.hosted)
+    return any(r.lower() == low for fam in FAMILIES.values() if fam.hosting.video for r in fam.hosting.hosted)
 
 
 def convrot_hosted(repo: str) -> bool:
     low = str(repo).strip().lower()
-    return any(r.lower() == low for fam in FAMILIES.values() for r in fam.convrot_repos)
+    return any(r.lower() == low for fam in FAMILIES.values() for r in fam.hosting.convrot_repos)
 
 
-CLASS_TO_FAMILY: dict[str, str] = {}
-for _f in FAMILIES.values():  # a class shared by several families (FLUX.2 klein / dev) names the first listed
-    CLASS_TO_FAMILY.setdefault(_f.diffusers_class, _f.name)
+def classes() -> dict[str, str]:
+    """{diffusers class: family}; a class shared by several families (FLUX.2 klein / dev) names the first listed."""
+    out: dict[str, str] = {}
+    for f in FAMILIES.values():
+        out.setdefault(f.arch.diffusers_class, f.name)
+    return out
 
 
 def get(name: str) -> Family:
@@ -123,17 +174,18 @@ def detect(keys, metadata: Mapping | None = None, path: str | None = None,
         if layout:
             return fam, layout
     cls = metadata.get("transformer_class")
-    if isinstance(cls, str) and cls in CLASS_TO_FAMILY:
-        fam = FAMILIES[CLASS_TO_FAMILY[cls]]
+    by_class = classes()
+    if isinstance(cls, str) and cls in by_class:
+        fam = FAMILIES[by_class[cls]]
         if fam.layout_of(keys):
             return fam, fam.layout_of(keys)
     matches = [(fam, fam.layout_of(keys)) for fam in FAMILIES.values()]
     matches = [(fam, layout) for fam, layout in matches if layout]
     if shapes:
         for fam, layout in matches:
-            if fam.shape_test is not None:
+            if fam.arch.shape_test is not None:
                 try:
-                    if fam.shape_test(shapes):
+                    if fam.arch.shape_test(shapes):
                         return fam, layout
                 except (KeyError, IndexError, TypeError):
                     pass

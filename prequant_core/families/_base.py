@@ -147,16 +147,48 @@ class HostedEncoder:
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
-    name: str
-    title: str
+class ComfyParamDefault:
+    """A field of a family's ComfyUI model parameters that a newer ComfyUI requires and an older one refuses (0.12.1
+    added FLUX's ``txt_ids_dims`` and HunyuanVideo's ``meanflow_sum``): ``nodes/comfy_model`` sets it to
+    ``value(config)``, what ComfyUI's own detection gives the same weights, only where the running ComfyUI's
+    parameter class (``params`` in ``module``) has the field and the config from shapes does not."""
+    module: str  # comfy.ldm.flux.model
+    params: str  # FluxParams: a dataclass whose fields are the parameters
+    field: str
+    value: Callable[[Mapping], object]  # the unet config -> the value
+
+
+@dataclasses.dataclass(frozen=True)
+class HostedFile:
+    """A file name a hosted repo declares, tried before the generic chain (``families.declared_filenames``). ``base``:
+    one repo hosting a file per base (HunyuanVideo 1.5 480p / 720p): the requested base picks its file; without one
+    every base's name is tried, in the order listed."""
+    repo: str
+    scheme: str
+    filename: str
+    component: str = "transformer"  # an expert's own file (Wan 2.2 A14B's transformer_2)
+    base: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownPolicy:
+    """An NVFP4 layer policy Unsloth publishes: which base it was tuned for and how many layers of each format it
+    gives (its loader refuses a file whose id, version or counts differ from the policy it resolves for the file's
+    family and base; the v3 layer-policy check reads them through ``families.nvfp4_policies``)."""
+    policy_id: str
+    version: int
+    base: str  # lower-case, as Unsloth keys its table
+    counts: dict
+    repo: str  # where the hosted file built with it lives
+    replaces: tuple[str, ...] = ()  # ids Unsloth retired for this one (their hosted files were rebuilt with it)
+    family: str = ""  # the family whose record lists it: filled in by the registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """What a family's transformer is: how a file of it is recognised, which classes run it (diffusers', ComfyUI's)
+    and how its weights map between them. Nothing here depends on where a file comes from."""
     diffusers_class: str
-    base_repos: tuple[str, ...]
-    # Unsloth's hosted repos and the schemes each really holds, in the order to try them (a repo's suffix does not
-    # say: unsloth/Qwen-Image-FP8 holds an int8 transformer, unsloth/Z-Image-Turbo-FP8 int8 and fp8). A plain tuple
-    # of repos takes the schemes from the suffixes (``-NVFP4``: nvfp4, ``-MXFP8``: mxfp8, else int8 and fp8).
-    hosted_repos: Mapping[str, tuple[str, ...]] | tuple[str, ...]
-    int8_exclude_extra: tuple[str, ...]
     diffusers_markers: tuple  # keys only a diffusers-layout file of this family has (a key, or a tuple: all of them)
     comfy_markers: tuple  # the same for a ComfyUI-layout file; empty where both layouts are the same
     # Class name(s) in comfy.supported_models. Several: the first whose own ``unet_config`` matches the derived config
@@ -166,61 +198,106 @@ class Family:
     # a str names a function in comfy.utils taking the unet config (ComfyUI's own map), a callable is our own map
     # (in the family's module), None means the diffusers names already are ComfyUI's.
     comfy_key_map: str | Callable[[Mapping], dict] | None
-    # ComfyUI unet config from the file's shapes (either layout); call it through ``config_from_shapes``. None: no
-    # ComfyUI version this pack can test has the family's class, so the loader node refuses it naming ``min_comfy``
+    # ComfyUI unet config from the file's shapes (either layout); call it through ``Family.config_from_shapes``. None:
+    # no ComfyUI version this pack can test has the family's class, so the loader node refuses it naming ``min_comfy``
     # (Info, verify, build, Hub resolution and the diffusers loader still work).
     unet_config: Callable[[Shapes], dict] | None
+    # Name tokens of layers an int8 build leaves dense, besides every scheme's own (``schemes.exclude_tokens``)
+    int8_exclude_extra: tuple[str, ...] = ()
+    # The model's transformers: one, or several experts (Wan 2.2 A14B: ``transformer`` for high noise,
+    # ``transformer_2`` for low noise), each its own file whose metadata records its ``component``.
+    components: tuple[str, ...] = ("transformer",)
+    # Families sharing class and key names (Wan 2.2 TI2V-5B / A14B): which one a file without a ``family`` field is,
+    # from its shapes (tried in registry order when ``detect`` is given shapes).
+    shape_test: Callable[[Shapes], bool] | None = None
     # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them.
     fill_missing: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Tensor renames a ComfyUI release made in this family's model (ComfyRename): a load that differs from the running
     # ComfyUI's names only by these is a version mismatch, any other difference a damaged file.
     comfy_renames: tuple[ComfyRename, ...] = ()
+    # Parameters a newer ComfyUI's model class requires and an older one's refuses (ComfyParamDefault)
+    comfy_params: tuple[ComfyParamDefault, ...] = ()
     # Oldest ComfyUI that runs the family end to end (model class and the text encoder its workflow needs); named in
     # the error when the running ComfyUI lacks the class or key map (the loader refuses only then).
     min_comfy: str = "0.3.75"
-    # Bases that must never get this family's hosted files (another model of the same name family, e.g. the
-    # non-Turbo Z-Image), compared exactly or by last path part, case-insensitively (newer Unsloth releases).
-    excluded_bases: tuple[str, ...] = ()
-    # Hub file names a hosted repo declares, tried before the generic chain: {repo: {scheme: filename}}.
-    hub_filenames: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
-    # The model's transformers: one, or several experts (Wan 2.2 A14B: ``transformer`` for high noise,
-    # ``transformer_2`` for low noise), each its own file whose metadata records its ``component``.
-    components: tuple[str, ...] = ("transformer",)
-    # Hub file names per component other than ``transformer``: {repo: {component: {scheme: filename}}}.
-    hub_component_filenames: Mapping[str, Mapping[str, Mapping[str, str]]] = dataclasses.field(default_factory=dict)
-    # One repo hosting a file per base (HunyuanVideo 1.5 480p / 720p): {repo: {base: {scheme: filename}}}; the
-    # requested base picks its file, without one every variant's name is tried in the order listed.
-    variant_filenames: Mapping[str, Mapping[str, Mapping[str, str]]] = dataclasses.field(default_factory=dict)
-    # Families sharing class and key names (Wan 2.2 TI2V-5B / A14B): which one a file without a ``family`` field is,
-    # from its shapes (tried in registry order when ``detect`` is given shapes).
-    shape_test: Callable[[Shapes], bool] | None = None
-
-    # Repos that also host an int8 ConvRot file (``<Model>-INT8-ConvRot.safetensors``), tried first for int8
-    convrot_repos: tuple[str, ...] = ()
-    # Pre-cast text encoders hosted for this family (Load Prequant Text Encoder)
-    text_encoders: tuple[HostedEncoder, ...] = ()
-    # A video model: Unsloth hosts no ComfyUI-format twin (``<stem>-ComfyUI.safetensors``) of its files
-    video: bool = False
     # Where a file's weights are another form of the diffusers class (MiniMax-H3's pruned adaLN): reshape a freshly
     # built skeleton to that form from the file's metadata before its tensors go in (True when it did), and the
     # metadata a build records for such weights, from their tensors.
     diffusers_prepare: Callable[[object, Mapping], bool] | None = None
     metadata_from_tensors: Callable[[Mapping], dict] | None = None
 
+
+@dataclasses.dataclass(frozen=True)
+class Hosting:
+    """Where a family's models and Unsloth's pre-quantized files of them are published, and what they are named."""
+    # The base models (diffusers repos) the family covers; the first is the builder's default ``base_model_id``
+    base_repos: tuple[str, ...]
+    # Unsloth's hosted repos and the schemes each really holds, in the order to try them (a repo's suffix does not
+    # say: unsloth/Qwen-Image-FP8 holds an int8 transformer, unsloth/Z-Image-Turbo-FP8 int8 and fp8). A plain tuple
+    # of repos takes the schemes from the suffixes (``-NVFP4``: nvfp4, ``-MXFP8``: mxfp8, else int8 and fp8).
+    repos: Mapping[str, tuple[str, ...]] | tuple[str, ...] = ()
+    # Hub file names the hosted repos declare (per scheme, component and base), tried before the generic chain
+    files: tuple[HostedFile, ...] = ()
+    # Bases that must never get this family's hosted files (another model of the same name family, e.g. the
+    # non-Turbo Z-Image), compared exactly or by last path part, case-insensitively (newer Unsloth releases).
+    excluded_bases: tuple[str, ...] = ()
+    # Repos that also host an int8 ConvRot file (``<Model>-INT8-ConvRot.safetensors``), tried first for int8
+    convrot_repos: tuple[str, ...] = ()
+    # Pre-cast text encoders hosted for this family (Load Prequant Text Encoder)
+    text_encoders: tuple[HostedEncoder, ...] = ()
+    # Bases whose text-encoder weights are byte-identical (Unsloth compared every shard's sha256; its table as of its
+    # 2026-08-25 re-check), by a label of the weights: {label: lower-case bases}. The bases under one label, in every
+    # family, are one group: a pre-cast encoder file built for one of them serves them all
+    # (families.encoder_groups, load/encoder_checks.same_base).
+    shared_encoders: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # NVFP4 layer policies Unsloth publishes for this family's bases, in Unsloth's order (KnownPolicy)
+    nvfp4_policies: tuple[KnownPolicy, ...] = ()
+    # A video model: Unsloth hosts no ComfyUI-format twin (``<stem>-ComfyUI.safetensors``) of its files
+    video: bool = False
+
     @property
     def hosted(self) -> dict[str, tuple[str, ...]]:
         """{repo: schemes it holds, in the order tried}."""
-        if isinstance(self.hosted_repos, Mapping):
-            return {r: tuple(s) for r, s in self.hosted_repos.items()}
-        return {r: schemes_from_suffix(r) for r in self.hosted_repos}
+        if isinstance(self.repos, Mapping):
+            return {r: tuple(s) for r, s in self.repos.items()}
+        return {r: schemes_from_suffix(r) for r in self.repos}
+
+    def excluded_base(self, wanted: str | None) -> str | None:
+        """The excluded base ``wanted`` names, else None."""
+        if not wanted:
+            return None
+        for ex in self.excluded_bases:
+            if normalize_base(ex) == normalize_base(wanted) or base_tail(ex) == base_tail(wanted):
+                return ex
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model family: its names, its architecture and its hosting, all declared in its own module
+    (``families/<family>.py``), which ``families.MODULES`` lists."""
+    name: str
+    title: str
+    arch: Architecture
+    hosting: Hosting
+    aliases: tuple[str, ...] = ()  # other names it goes by (Unsloth's own), accepted wherever a family is named
+
+    @property
+    def hosted(self) -> dict[str, tuple[str, ...]]:
+        """{repo: schemes it holds, in the order tried}."""
+        return self.hosting.hosted
+
+    def excluded_base(self, wanted: str | None) -> str | None:
+        """The excluded base ``wanted`` names, else None."""
+        return self.hosting.excluded_base(wanted)
 
     def config_from_shapes(self, shapes: Shapes, path: str | None = None) -> dict:
         """ComfyUI's unet config for a file of this family with these tensor shapes. A file that passed detection
         but lacks a key the config reads is refused as corrupt (truncated, or another model's file)."""
-        if self.unet_config is None:
+        if self.arch.unet_config is None:
             raise ValueError(f"{self.title} has no ComfyUI unet config in this pack")
         try:
-            return self.unet_config(shapes)
+            return self.arch.unet_config(shapes)
         except ShapeRefused as e:
             raise CorruptCheckpointError(
                 f"This {self.title} checkpoint's tensor '{e.tensor}' does not have a shape a {self.title} transformer "
@@ -242,23 +319,14 @@ class Family:
                 found=f"{len(shapes)} tensors without '{key}'",
                 fix="Download the file again, or pick the file (or family) of the model you meant.") from None
 
-    def excluded_base(self, wanted: str | None) -> str | None:
-        """The excluded base ``wanted`` names, else None."""
-        if not wanted:
-            return None
-        for ex in self.excluded_bases:
-            if normalize_base(ex) == normalize_base(wanted) or base_tail(ex) == base_tail(wanted):
-                return ex
-        return None
-
     @property
     def comfy_models(self) -> tuple[str, ...]:
-        return (self.comfy_model,) if isinstance(self.comfy_model, str) else tuple(self.comfy_model)
+        return (self.arch.comfy_model,) if isinstance(self.arch.comfy_model, str) else tuple(self.arch.comfy_model)
 
     def layout_of(self, keys) -> str | None:
         keys = set(keys)
-        if any(_has(keys, m) for m in self.diffusers_markers):
+        if any(_has(keys, m) for m in self.arch.diffusers_markers):
             return "diffusers"
-        if any(_has(keys, m) for m in self.comfy_markers):
+        if any(_has(keys, m) for m in self.arch.comfy_markers):
             return "comfyui"
         return None

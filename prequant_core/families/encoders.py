@@ -2,7 +2,8 @@
 records for it (``te_class``), how its keys become the names ComfyUI's own encoder class loads, the keys that tell
 ComfyUI's detection which encoder it is, and where its tokenizer comes from (the pre-cast file holds none).
 
-Data only, like the family records that name these classes (``Family.text_encoders``): ``nodes/comfy_clip.py`` hands the renamed tensors to ComfyUI, which picks its class from the keys.
+Data only, like the family records that name these classes (``Family.hosting.text_encoders``):
+``nodes/comfy_clip.py`` hands the renamed tensors to ComfyUI, which picks its class from the keys.
 Since ComfyUI picks by keys, each record also says what its class's layers hold and how wide its released sizes are
 (their configs: ComfyUI's ``text_encoders/llama.py`` and ``t5_config_xxl.json`` state the same), and one judge
 (``EncoderKind.mismatches``) holds a file to the class it records: the load, Info / verify and the builder."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import mlp_embedder, moves, qkv_rows
-from ._base import FLUX_QK_NORMS, Family, HostedEncoder, Shapes, blocks, first, has_any
+from ._base import (FLUX_QK_NORMS, Architecture, ComfyParamDefault, Family, HostedEncoder, Hosting, Shapes, blocks,
+                    first, has_any)
 
 
 def config(shapes: Shapes) -> dict:
@@ -68,28 +69,36 @@ def flux2_to_diffusers(cfg: Mapping) -> dict:
     return m
 
 
+# ComfyUI 0.12.1's FluxParams requires the text ids' axes: FLUX.2's text ids have 3 (its detection's value)
+TXT_IDS_DIMS = ComfyParamDefault("comfy.ldm.flux.model", "FluxParams", "txt_ids_dims", lambda cfg: [3])
+
+
+def _arch(**kw) -> Architecture:
+    """FLUX.2 [klein] and [dev]: one class, one key map."""
+    return Architecture(
+        diffusers_class="Flux2Transformer2DModel",
+        diffusers_markers=("double_stream_modulation_img.linear.weight",),
+        comfy_markers=("double_stream_modulation_img.lin.weight",),
+        comfy_model="Flux2", comfy_key_map=flux2_to_diffusers, unet_config=config,
+        comfy_renames=(FLUX_QK_NORMS,), comfy_params=(TXT_IDS_DIMS,), **kw)
+
+
 FAMILIES = (
     Family(
-        name="flux.2-klein", title="FLUX.2 [klein]", diffusers_class="Flux2Transformer2DModel",
-        base_repos=("black-forest-labs/FLUX.2-klein-4B",), hosted_repos={"unsloth/FLUX.2-klein-4B-FP8": ("fp8", "int8")},
-        int8_exclude_extra=(),
-        diffusers_markers=("double_stream_modulation_img.linear.weight",),
-        comfy_markers=("double_stream_modulation_img.lin.weight",),
-        comfy_model="Flux2", comfy_key_map=flux2_to_diffusers, unet_config=config,
-        comfy_renames=(FLUX_QK_NORMS,),
+        name="flux.2-klein", title="FLUX.2 [klein]",
         # the transformer runs in 0.3.75's Flux2 class (tested); its Qwen3-4B text encoder arrived later
-        min_comfy="0.9.2",
+        arch=_arch(min_comfy="0.9.2"),
+        hosting=Hosting(base_repos=("black-forest-labs/FLUX.2-klein-4B",),
+                        repos={"unsloth/FLUX.2-klein-4B-FP8": ("fp8", "int8")}),
     ),
     Family(
-        name="flux.2-dev", title="FLUX.2 [dev]", diffusers_class="Flux2Transformer2DModel",
-        base_repos=("black-forest-labs/FLUX.2-dev",), hosted_repos={"unsloth/FLUX.2-dev-FP8": ("fp8", "int8")},
-        # Mistral-Small-3.1-24B (diffusers' Flux2Pipeline: Mistral3ForConditionalGeneration); described, not built
-        text_encoders=(HostedEncoder("text_encoder", "Mistral3ForConditionalGeneration", "unsloth/FLUX.2-dev-FP8",
-                                     "FLUX2", comfy_file="mistral_3_small_flux2_bf16.safetensors"),),
-        int8_exclude_extra=(),
-        diffusers_markers=("double_stream_modulation_img.linear.weight",),
-        comfy_markers=("double_stream_modulation_img.lin.weight",),
-        comfy_model="Flux2", comfy_key_map=flux2_to_diffusers, unet_config=config,
-        comfy_renames=(FLUX_QK_NORMS,),
+        name="flux.2-dev", title="FLUX.2 [dev]",
+        arch=_arch(),
+        hosting=Hosting(
+            base_repos=("black-forest-labs/FLUX.2-dev",), repos={"unsloth/FLUX.2-dev-FP8": ("fp8", "int8")},
+            # Mistral-Small-3.1-24B (diffusers' Flux2Pipeline: Mistral3ForConditionalGeneration); described, not built
+            text_encoders=(HostedEncoder("text_encoder", "Mistral3ForConditionalGeneration", "unsloth/FLUX.2-dev-FP8",
+                                         "FLUX2", comfy_file="mistral_3_small_flux2_bf16.safetensors"),),
+        ),
     ),
 )

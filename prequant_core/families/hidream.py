@@ -1,7 +1,7 @@
 """HiDream-I1 (Full): HiDreamImageTransformer2DModel -> ComfyUI's HiDream, which uses the diffusers names."""
 from __future__ import annotations
 
-from ._base import Family, HostedEncoder, Shapes, count_blocks
+from ._base import Architecture, Family, HostedEncoder, Hosting, Shapes, count_blocks
 
 # HiDream-I1's text-layer schedule (ComfyUI's detection): which Llama-3.1 hidden layer feeds each block.
 HIDREAM_LLAMA_LAYERS = list(range(32)) + [31] * 16
@@ -31,13 +31,20 @@ def config(shapes: Shapes) -> dict:
 
 FAMILIES = (
     Family(
-        name="hidream-i1", title="HiDream-I1", diffusers_class="HiDreamImageTransformer2DModel",
-        base_repos=("HiDream-ai/HiDream-I1-Full",), hosted_repos={"unsloth/HiDream-I1-Full-FP8": ("fp8", "int8")},
-        text_encoders=(HostedEncoder("text_encoder_4", "LlamaForCausalLM", "unsloth/HiDream-I1-Full-FP8", "HIDREAM"),),
-        int8_exclude_extra=(),
-        diffusers_markers=(("caption_projection.0.linear.weight", "double_stream_blocks.0.block.attn1.to_q.weight"),),
-        comfy_markers=(),  # ComfyUI's HiDream uses the diffusers names
-        comfy_model="HiDream", comfy_key_map=None, unet_config=config,
-        excluded_bases=("hidream-ai/hidream-i1-dev", "hidream-ai/hidream-i1-fast"),
+        name="hidream-i1", title="HiDream-I1",
+        arch=Architecture(
+            diffusers_class="HiDreamImageTransformer2DModel",
+            diffusers_markers=(("caption_projection.0.linear.weight",
+                                "double_stream_blocks.0.block.attn1.to_q.weight"),),
+            comfy_markers=(),  # ComfyUI's HiDream uses the diffusers names
+            comfy_model="HiDream", comfy_key_map=None, unet_config=config,
+        ),
+        hosting=Hosting(
+            base_repos=("HiDream-ai/HiDream-I1-Full",), repos={"unsloth/HiDream-I1-Full-FP8": ("fp8", "int8")},
+            text_encoders=(HostedEncoder("text_encoder_4", "LlamaForCausalLM", "unsloth/HiDream-I1-Full-FP8",
+                                         "HIDREAM"),),
+            excluded_bases=("hidream-ai/hidream-i1-dev", "hidream-ai/hidream-i1-fast"),
+            shared_encoders={"T5-XXL": ("hidream-ai/hidream-i1-full",)},  # its text_encoder_3: FLUX.1's T5-XXL
+        ),
     ),
 )

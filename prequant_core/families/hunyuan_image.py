@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import mlp_embedder, moves, qkv_rows
-from ._base import FLUX_QK_NORMS, Family, HostedEncoder, Shapes, blocks, first, has_any
+from ._base import (FLUX_QK_NORMS, Architecture, ComfyParamDefault, Family, HostedEncoder, Hosting, Shapes, blocks,
+                    first, has_any)
 
 
 def config(shapes: Shapes) -> dict:
@@ -93,22 +94,33 @@ def hunyuan_image_to_diffusers(cfg: Mapping) -> dict:
     return m
 
 
+# ComfyUI 0.12.1's HunyuanVideoParams requires ``meanflow_sum``, which its detection sets where the model has an
+# image (SigLIP) projection: HunyuanVideo 1.5 (hunyuan_video15.py), never HunyuanImage 2.1
+MEANFLOW_SUM = ComfyParamDefault("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams", "meanflow_sum",
+                                 lambda cfg: cfg.get("vision_in_dim") is not None)
+
 FAMILIES = (
     Family(
-        name="hunyuanimage-2.1", title="HunyuanImage 2.1", diffusers_class="HunyuanImageTransformer2DModel",
-        base_repos=("hunyuanvideo-community/HunyuanImage-2.1-Diffusers",),
-        hosted_repos={"unsloth/HunyuanImage-2.1-FP8": ("fp8", "int8")},
-        # the Qwen2.5-VL encoder is byte-identical to Qwen-Image's (Unsloth compared every shard): one file serves both
-        text_encoders=(HostedEncoder("text_encoder", "Qwen2_5_VLForConditionalGeneration", "unsloth/Qwen-Image-FP8",
-                                     "HUNYUAN_IMAGE"),),
-        int8_exclude_extra=(),
-        diffusers_markers=(("time_guidance_embed.timestep_embedder.linear_1.weight",
-                            "context_embedder.token_refiner.refiner_blocks.0.attn.to_q.weight"),),
-        comfy_markers=(("txt_in.individual_token_refiner.blocks.0.self_attn.qkv.weight", "byt5_in.fc1.weight"),
-                       # the original release's names, which ComfyUI's own loader renames (process_unet_state_dict)
-                       ("txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight", "byt5_in.fc1.weight")),
-        comfy_model="HunyuanImage21", comfy_key_map=hunyuan_image_to_diffusers,
-        unet_config=config,
-        comfy_renames=(FLUX_QK_NORMS,),
+        name="hunyuanimage-2.1", title="HunyuanImage 2.1",
+        arch=Architecture(
+            diffusers_class="HunyuanImageTransformer2DModel",
+            diffusers_markers=(("time_guidance_embed.timestep_embedder.linear_1.weight",
+                                "context_embedder.token_refiner.refiner_blocks.0.attn.to_q.weight"),),
+            comfy_markers=(("txt_in.individual_token_refiner.blocks.0.self_attn.qkv.weight", "byt5_in.fc1.weight"),
+                           # the original release's names, which ComfyUI's own loader renames (process_unet_state_dict)
+                           ("txt_in.individual_token_refiner.blocks.0.self_attn_qkv.weight", "byt5_in.fc1.weight")),
+            comfy_model="HunyuanImage21", comfy_key_map=hunyuan_image_to_diffusers,
+            unet_config=config,
+            comfy_renames=(FLUX_QK_NORMS,), comfy_params=(MEANFLOW_SUM,),
+        ),
+        hosting=Hosting(
+            base_repos=("hunyuanvideo-community/HunyuanImage-2.1-Diffusers",),
+            repos={"unsloth/HunyuanImage-2.1-FP8": ("fp8", "int8")},
+            # the Qwen2.5-VL encoder is byte-identical to Qwen-Image's (Unsloth compared every shard): one file serves
+            # both
+            text_encoders=(HostedEncoder("text_encoder", "Qwen2_5_VLForConditionalGeneration",
+                                         "unsloth/Qwen-Image-FP8", "HUNYUAN_IMAGE"),),
+            shared_encoders={"Qwen2.5-VL-7B": ("hunyuanvideo-community/hunyuanimage-2.1-diffusers",)},
+        ),
     ),
 )

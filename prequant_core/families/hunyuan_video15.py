@@ -12,7 +12,7 @@ from typing import Mapping
 
 from .keymap import mlp_embedder, moves
 from . import hunyuan_image
-from ._base import FLUX_QK_NORMS, Family, Shapes, first, has_any
+from ._base import FLUX_QK_NORMS, Architecture, Family, HostedFile, Hosting, Shapes, first, has_any
 
 
 def config(shapes: Shapes) -> dict:
@@ -39,23 +39,27 @@ def hunyuan_video15_to_diffusers(cfg: Mapping) -> dict:
 
 FAMILIES = (
     Family(
-        video=True,
-        name="hunyuanvideo-1.5", title="HunyuanVideo 1.5", diffusers_class="HunyuanVideo15Transformer3DModel",
-        base_repos=("hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
-                    "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v"),
-        hosted_repos={"unsloth/HunyuanVideo-1.5-NVFP4": ("nvfp4",)},
-        int8_exclude_extra=("context_embedder", "image_embedder", "add_q_proj", "add_k_proj", "add_v_proj",
-                            "to_add_out", "ff_context"),
-        diffusers_markers=(("cond_type_embed.weight", "context_embedder_2.linear_1.weight"),),
-        comfy_markers=(("cond_type_embedding.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight"),),
-        comfy_model="HunyuanVideo15", comfy_key_map=hunyuan_video15_to_diffusers,
-        unet_config=config,
-        comfy_renames=(FLUX_QK_NORMS,),
-        # one repo, one file per variant (base): the base picks it (sources.filenames)
-        variant_filenames={"unsloth/HunyuanVideo-1.5-NVFP4": {
-            "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v":
-                {"nvfp4": "HunyuanVideo-1.5-Diffusers-480p_t2v-NVFP4.pt"},
-            "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v":
-                {"nvfp4": "HunyuanVideo-1.5-Diffusers-720p_t2v-NVFP4.pt"}}},
+        name="hunyuanvideo-1.5", title="HunyuanVideo 1.5",
+        arch=Architecture(
+            diffusers_class="HunyuanVideo15Transformer3DModel",
+            diffusers_markers=(("cond_type_embed.weight", "context_embedder_2.linear_1.weight"),),
+            comfy_markers=(("cond_type_embedding.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight"),),
+            comfy_model="HunyuanVideo15", comfy_key_map=hunyuan_video15_to_diffusers,
+            unet_config=config,
+            int8_exclude_extra=("context_embedder", "image_embedder", "add_q_proj", "add_k_proj", "add_v_proj",
+                                "to_add_out", "ff_context"),
+            comfy_renames=(FLUX_QK_NORMS,), comfy_params=(hunyuan_image.MEANFLOW_SUM,),
+        ),
+        hosting=Hosting(
+            video=True,
+            base_repos=("hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v",
+                        "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v"),
+            repos={"unsloth/HunyuanVideo-1.5-NVFP4": ("nvfp4",)},
+            # one repo, one file per variant (base): the base picks it (sources.filenames)
+            files=(HostedFile("unsloth/HunyuanVideo-1.5-NVFP4", "nvfp4", "HunyuanVideo-1.5-Diffusers-480p_t2v-NVFP4.pt",
+                              base="hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"),
+                   HostedFile("unsloth/HunyuanVideo-1.5-NVFP4", "nvfp4", "HunyuanVideo-1.5-Diffusers-720p_t2v-NVFP4.pt",
+                              base="hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v")),
+        ),
     ),
 )

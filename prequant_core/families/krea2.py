@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ._base import Family, HostedEncoder, Shapes, attention_heads, blocks, first
+from ._base import Architecture, Family, HostedEncoder, Hosting, Shapes, attention_heads, blocks, first
 from .keymap import moves
 
-HEAD = 128  # ComfyUI derives heads from the q / k rows at this head width, as its own detection does
+HEAD = 128  # the release's head width, where a file holds no q norm to read it from
 
 
 def _projections(diffusers: str, comfy: str) -> tuple[tuple[str, str], ...]:
@@ -19,18 +19,30 @@ def _projections(diffusers: str, comfy: str) -> tuple[tuple[str, str], ...]:
     return tuple((f"{diffusers}to_{p}.weight", f"{comfy}w{p}.weight") for p in "qkv")
 
 
+def _head_width(shapes: Shapes, diffusers: str, comfy: str) -> int:
+    """The head width one attention's layers hold: its q norm scales one head's dimensions. ComfyUI's Krea2 takes
+    ``dim // heads`` with the text heads left at the release's 20 (its detection reads no text heads), so a Krea 2 of
+    another text width has heads of another width; the q rows // 128 rule refused such a file that stock ComfyUI
+    runs (issue 60)."""
+    for key in (f"{diffusers}norm_q.weight", f"{comfy}qknorm.qnorm.scale"):
+        if key in shapes and len(shapes[key]) == 1 and shapes[key][0] > 0:
+            return shapes[key][0]
+    return HEAD
+
+
 def config(shapes: Shapes) -> dict:
     features, cin = first(shapes, "img_in.weight", "first.weight")
     # whole heads, kv heads dividing q heads: both attentions refused by tensor name otherwise (_base.attention_heads)
-    heads, kvheads = attention_heads(shapes, *_projections("transformer_blocks.0.attn.", "blocks.0.attn."), HEAD)
-    txtheads, txtkvheads = attention_heads(
-        shapes, *_projections("text_fusion.refiner_blocks.0.attn.", "txtfusion.refiner_blocks.0.attn."), HEAD)
+    img, txt = ("transformer_blocks.0.attn.", "blocks.0.attn."), \
+        ("text_fusion.refiner_blocks.0.attn.", "txtfusion.refiner_blocks.0.attn.")
+    heads, kvheads = attention_heads(shapes, *_projections(*img), _head_width(shapes, *img))
+    txtheads, txtkvheads = attention_heads(shapes, *_projections(*txt), _head_width(shapes, *txt))
     return {
         "image_model": "krea2", "features": features, "patch": 2, "channels": cin // 4,
         "layers": blocks(shapes, "transformer_blocks.", "blocks."), "heads": heads, "kvheads": kvheads,
         "txtlayers": first(shapes, "text_fusion.projector.weight", "txtfusion.projector.weight")[1],
         "txtdim": first(shapes, "txt_in.norm.weight", "txtmlp.0.scale")[0],
-        # ComfyUI's detection leaves the text heads at the release's 20 (2560 wide); read them as the model holds them
+        # ComfyUI's detection leaves the text heads at the release's 20; read them as the layers hold them
         "txtheads": txtheads, "txtkvheads": txtkvheads,
     }
 
@@ -64,15 +76,20 @@ def krea2_to_comfy(cfg: Mapping) -> dict:
 
 FAMILIES = (
     Family(
-        name="krea-2", title="Krea 2", diffusers_class="Krea2Transformer2DModel",
-        base_repos=("krea/Krea-2-Turbo",), hosted_repos={"unsloth/Krea-2-Turbo-FP8": ("fp8", "int8")},
-        # Qwen3-VL-4B (diffusers' Krea2Pipeline: Qwen3VLModel, twelve hidden layers tapped); ComfyUI's type krea2
-        text_encoders=(HostedEncoder("text_encoder", "Qwen3VLModel", "unsloth/Krea-2-Turbo-FP8", "KREA2",
-                                     comfy_file="qwen3vl_4b_fp8_scaled.safetensors", min_comfy="0.33.0"),),
-        int8_exclude_extra=(),
-        diffusers_markers=(("text_fusion.projector.weight", "time_mod_proj.weight"),),
-        comfy_markers=(("txtfusion.projector.weight", "tproj.1.weight"),),
-        comfy_model="Krea2", comfy_key_map=krea2_to_comfy, unet_config=config, min_comfy="0.33.0",
-        excluded_bases=("krea/krea-2-raw",),
+        name="krea-2", title="Krea 2",
+        arch=Architecture(
+            diffusers_class="Krea2Transformer2DModel",
+            diffusers_markers=(("text_fusion.projector.weight", "time_mod_proj.weight"),),
+            comfy_markers=(("txtfusion.projector.weight", "tproj.1.weight"),),
+            comfy_model="Krea2", comfy_key_map=krea2_to_comfy, unet_config=config, min_comfy="0.33.0",
+        ),
+        hosting=Hosting(
+            base_repos=("krea/Krea-2-Turbo",), repos={"unsloth/Krea-2-Turbo-FP8": ("fp8", "int8")},
+            # Qwen3-VL-4B (diffusers' Krea2Pipeline: Qwen3VLModel, twelve hidden layers tapped); ComfyUI's type krea2
+            text_encoders=(HostedEncoder("text_encoder", "Qwen3VLModel", "unsloth/Krea-2-Turbo-FP8", "KREA2",
+                                         comfy_file="qwen3vl_4b_fp8_scaled.safetensors", min_comfy="0.33.0"),),
+            excluded_bases=("krea/krea-2-raw",),
+            shared_encoders={"Qwen3-VL-4B": ("krea/krea-2-turbo", "krea/krea-2-raw")},  # one encoder, both bases
+        ),
     ),
 )

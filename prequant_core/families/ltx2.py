@@ -7,16 +7,19 @@ names (``LTX-2.3-FP8.safetensors``, ``.pt``, ``transformer_fp8.pt``); int8 build
 audio-video cross attention and the modulation (``ltx-2`` tokens, docs/FORMAT.md section 4)."""
 from __future__ import annotations
 
-from ._base import Family
+from ._base import Architecture, Family, Hosting
 
 FAMILIES = (
     Family(
-        name="ltx-2", title="LTX-2.3", diffusers_class="LTX2VideoTransformer3DModel",
-        base_repos=("Lightricks/LTX-2.3",), hosted_repos={"unsloth/LTX-2.3-FP8": ("fp8",)},
-        int8_exclude_extra=("audio", "av_cross_attn", "adaln"),
-        diffusers_markers=(("audio_proj_in.weight", "av_cross_attn_video_scale_shift.linear.weight"),),
-        comfy_markers=(),
-        comfy_model="LTXAV", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",
-        video=True,
+        name="ltx-2", title="LTX-2.3",
+        aliases=("ltx-2.3",),  # Unsloth's own name for it
+        arch=Architecture(
+            diffusers_class="LTX2VideoTransformer3DModel",
+            diffusers_markers=(("audio_proj_in.weight", "av_cross_attn_video_scale_shift.linear.weight"),),
+            comfy_markers=(),
+            comfy_model="LTXAV", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",
+            int8_exclude_extra=("audio", "av_cross_attn", "adaln"),
+        ),
+        hosting=Hosting(base_repos=("Lightricks/LTX-2.3",), repos={"unsloth/LTX-2.3-FP8": ("fp8",)}, video=True),
     ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import moves, qkv_rows
-from ._base import Family, HostedEncoder, Shapes, count_blocks, first
+from ._base import Architecture, Family, HostedEncoder, Hosting, Shapes, count_blocks, first
 
 
 def config(shapes: Shapes) -> dict:
@@ -70,13 +70,18 @@ def lumina2_to_diffusers(cfg: Mapping) -> dict:
 
 FAMILIES = (
     Family(
-        name="lumina-2", title="Lumina Image 2.0", diffusers_class="Lumina2Transformer2DModel",
-        base_repos=("Alpha-VLLM/Lumina-Image-2.0",), hosted_repos={"unsloth/Lumina-Image-2.0-FP8": ("fp8", "int8")},
-        text_encoders=(HostedEncoder("text_encoder", "Gemma2Model", "unsloth/Lumina-Image-2.0-FP8", "LUMINA2"),),
-        int8_exclude_extra=(),
-        diffusers_markers=(("time_caption_embed.caption_embedder.1.weight", "layers.0.attn.to_q.weight"),),
-        comfy_markers=(("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.1.weight", "cap_embedder.1.weight"),),
-        comfy_model="Lumina2", comfy_key_map=lumina2_to_diffusers, unet_config=config,
-        fill_missing={"norm_final.weight": "ones"},
+        name="lumina-2", title="Lumina Image 2.0",
+        arch=Architecture(
+            diffusers_class="Lumina2Transformer2DModel",
+            diffusers_markers=(("time_caption_embed.caption_embedder.1.weight", "layers.0.attn.to_q.weight"),),
+            comfy_markers=(("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.1.weight",
+                            "cap_embedder.1.weight"),),
+            comfy_model="Lumina2", comfy_key_map=lumina2_to_diffusers, unet_config=config,
+            fill_missing={"norm_final.weight": "ones"},
+        ),
+        hosting=Hosting(
+            base_repos=("Alpha-VLLM/Lumina-Image-2.0",), repos={"unsloth/Lumina-Image-2.0-FP8": ("fp8", "int8")},
+            text_encoders=(HostedEncoder("text_encoder", "Gemma2Model", "unsloth/Lumina-Image-2.0-FP8", "LUMINA2"),),
+        ),
     ),
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ._base import Family
+from ._base import Architecture, Family, HostedFile, Hosting
 
 ADALN_FORM, CURVE = "adaln_form", "curve"
 CURVE_DIM, CURVE_GRID, OUT_DTYPE = "curve_dim", "curve_grid", "adaln_out_dtype"
@@ -125,14 +125,20 @@ def _RawTimestep():  # noqa: N802 - a class factory
 
 FAMILIES = (
     Family(
-        name="minimax-h3", title="MiniMax-H3", diffusers_class="MiniMaxH3Transformer3DModel",
-        base_repos=("MiniMaxAI/MiniMax-H3",), hosted_repos={"unsloth/MiniMax-H3-FP8": ("int8", "fp8")},
-        int8_exclude_extra=("adaln_proj",),
-        diffusers_markers=(("token_refiner.final_norm.weight", "transformer_blocks.0.adaln_proj.linear.weight"),),
-        comfy_markers=(),
-        comfy_model="MiniMaxH3", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",
-        # the int8 file is rotated (ConvRot, v2) and named so; the plain derived names follow it
-        hub_filenames={"unsloth/MiniMax-H3-FP8": {"int8": "MiniMax-H3-INT8-ConvRot.pt"}},
-        video=True, diffusers_prepare=curve_form, metadata_from_tensors=curve_metadata,
+        name="minimax-h3", title="MiniMax-H3",
+        arch=Architecture(
+            diffusers_class="MiniMaxH3Transformer3DModel",
+            diffusers_markers=(("token_refiner.final_norm.weight", "transformer_blocks.0.adaln_proj.linear.weight"),),
+            comfy_markers=(),
+            comfy_model="MiniMaxH3", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",
+            int8_exclude_extra=("adaln_proj",),
+            diffusers_prepare=curve_form, metadata_from_tensors=curve_metadata,
+        ),
+        hosting=Hosting(
+            base_repos=("MiniMaxAI/MiniMax-H3",), repos={"unsloth/MiniMax-H3-FP8": ("int8", "fp8")},
+            # the int8 file is rotated (ConvRot, v2) and named so; the plain derived names follow it
+            files=(HostedFile("unsloth/MiniMax-H3-FP8", "int8", "MiniMax-H3-INT8-ConvRot.pt"),),
+            video=True,
+        ),
     ),
 )

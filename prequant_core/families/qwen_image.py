@@ -1,7 +1,7 @@
 """Qwen-Image (and 2512): QwenImageTransformer2DModel -> ComfyUI's QwenImage, which uses the diffusers names."""
 from __future__ import annotations
 
-from ._base import Family, HostedEncoder, Shapes, count_blocks
+from ._base import Architecture, Family, HostedEncoder, Hosting, KnownPolicy, Shapes, count_blocks
 
 
 def config(shapes: Shapes) -> dict:
@@ -17,16 +17,29 @@ def config(shapes: Shapes) -> dict:
 
 FAMILIES = (
     Family(
-        name="qwen-image", title="Qwen-Image", diffusers_class="QwenImageTransformer2DModel",
-        base_repos=("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"),
-        # unsloth/Qwen-Image-FP8 held only an int8 transformer in released Unsloth (fp8 added since): int8 first
-        hosted_repos={"unsloth/Qwen-Image-FP8": ("int8", "fp8"), "unsloth/Qwen-Image-2512-FP8": ("fp8", "int8"),
-                      "unsloth/Qwen-Image-2512-NVFP4": ("nvfp4",)},
-        text_encoders=(HostedEncoder("text_encoder", "Qwen2_5_VLForConditionalGeneration", "unsloth/Qwen-Image-FP8",
-                                     "QWEN_IMAGE"),),
-        int8_exclude_extra=("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
-        # ComfyUI's Qwen-Image uses the diffusers names: one layout
-        diffusers_markers=(("txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"),), comfy_markers=(),
-        comfy_model="QwenImage", comfy_key_map=None, unet_config=config,
+        name="qwen-image", title="Qwen-Image",
+        arch=Architecture(
+            diffusers_class="QwenImageTransformer2DModel",
+            # ComfyUI's Qwen-Image uses the diffusers names: one layout
+            diffusers_markers=(("txt_norm.weight", "transformer_blocks.0.img_mod.1.weight"),), comfy_markers=(),
+            comfy_model="QwenImage", comfy_key_map=None, unet_config=config,
+            int8_exclude_extra=("txt_in", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "txt_mlp"),
+        ),
+        hosting=Hosting(
+            base_repos=("Qwen/Qwen-Image", "Qwen/Qwen-Image-2512"),
+            # unsloth/Qwen-Image-FP8 held only an int8 transformer in released Unsloth (fp8 added since): int8 first
+            repos={"unsloth/Qwen-Image-FP8": ("int8", "fp8"), "unsloth/Qwen-Image-2512-FP8": ("fp8", "int8"),
+                   "unsloth/Qwen-Image-2512-NVFP4": ("nvfp4",)},
+            text_encoders=(HostedEncoder("text_encoder", "Qwen2_5_VLForConditionalGeneration",
+                                         "unsloth/Qwen-Image-FP8", "QWEN_IMAGE"),),
+            # Qwen-Image-2512 republishes Qwen-Image's four encoder shards (HunyuanImage 2.1 has the same bytes)
+            shared_encoders={"Qwen2.5-VL-7B": ("qwen/qwen-image", "qwen/qwen-image-2512")},
+            nvfp4_policies=(
+                KnownPolicy("qwen2512_m120_attn8_v1", 1, "qwen/qwen-image-2512",
+                            {"nvfp4": 600, "fp8": 243, "bf16": 3}, "unsloth/Qwen-Image-2512-NVFP4"),
+                KnownPolicy("qwen_p02_v1", 1, "qwen/qwen-image", {"nvfp4": 120, "fp8": 723, "bf16": 3},
+                            "unsloth/Qwen-Image-FP8"),
+            ),
+        ),
     ),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .keymap import moves
-from ._base import Family, Shapes, count_blocks, first
+from ._base import Architecture, Family, HostedFile, Hosting, Shapes, count_blocks, first
 
 
 def config(shapes: Shapes) -> dict:
@@ -58,33 +58,37 @@ def wan_to_diffusers(cfg: Mapping) -> dict:
     return m
 
 
+def _arch(shape_test, **kw) -> Architecture:
+    """Wan 2.2 TI2V-5B and T2V-A14B: one class and one key map, told apart by their shapes."""
+    return Architecture(
+        diffusers_class="WanTransformer3DModel",
+        diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
+        comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
+        comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=wan_to_diffusers,
+        unet_config=config, shape_test=shape_test, **kw)
+
+
 FAMILIES = (
     Family(
-        video=True,
-        name="wan2.2-ti2v-5b", title="Wan 2.2 TI2V-5B", diffusers_class="WanTransformer3DModel",
-        base_repos=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), hosted_repos={"unsloth/Wan2.2-TI2V-5B-NVFP4": ("nvfp4",)},
-        int8_exclude_extra=(),
-        diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
-        comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
-        comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=wan_to_diffusers,
-        unet_config=config,
-        shape_test=lambda s: s["patch_embedding.weight"][1] == 48,  # Wan 2.2's 48-channel latents
-        hub_filenames={"unsloth/Wan2.2-TI2V-5B-NVFP4": {"nvfp4": "Wan2.2-TI2V-5B-NVFP4.pt"}},
+        name="wan2.2-ti2v-5b", title="Wan 2.2 TI2V-5B",
+        arch=_arch(lambda s: s["patch_embedding.weight"][1] == 48),  # Wan 2.2's 48-channel latents
+        hosting=Hosting(
+            video=True,
+            base_repos=("Wan-AI/Wan2.2-TI2V-5B-Diffusers",), repos={"unsloth/Wan2.2-TI2V-5B-NVFP4": ("nvfp4",)},
+            files=(HostedFile("unsloth/Wan2.2-TI2V-5B-NVFP4", "nvfp4", "Wan2.2-TI2V-5B-NVFP4.pt"),),
+        ),
     ),
     Family(
-        video=True,
-        name="wan2.2-t2v-a14b", title="Wan 2.2 T2V-A14B", diffusers_class="WanTransformer3DModel",
-        base_repos=("Wan-AI/Wan2.2-T2V-A14B-Diffusers",), hosted_repos={"unsloth/Wan2.2-T2V-A14B-NVFP4": ("nvfp4",)},
-        int8_exclude_extra=(),
-        diffusers_markers=(("condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight"),),
-        comfy_markers=(("head.modulation", "blocks.0.self_attn.q.weight"),),
-        comfy_model=("WAN22_T2V", "WAN21_T2V"), comfy_key_map=wan_to_diffusers,
-        unet_config=config,
-        shape_test=lambda s: s["patch_embedding.weight"][1] == 16,  # Wan 2.1's 16-channel latents
-        # two experts: transformer (high noise, the first steps), transformer_2 (low noise, the rest)
-        components=("transformer", "transformer_2"),
-        hub_filenames={"unsloth/Wan2.2-T2V-A14B-NVFP4": {"nvfp4": "Wan2.2-T2V-A14B-NVFP4.pt"}},
-        hub_component_filenames={"unsloth/Wan2.2-T2V-A14B-NVFP4": {
-            "transformer_2": {"nvfp4": "Wan2.2-T2V-A14B-transformer_2-NVFP4.pt"}}},
+        name="wan2.2-t2v-a14b", title="Wan 2.2 T2V-A14B",
+        arch=_arch(lambda s: s["patch_embedding.weight"][1] == 16,  # Wan 2.1's 16-channel latents
+                   # two experts: transformer (high noise, the first steps), transformer_2 (low noise, the rest)
+                   components=("transformer", "transformer_2")),
+        hosting=Hosting(
+            video=True,
+            base_repos=("Wan-AI/Wan2.2-T2V-A14B-Diffusers",), repos={"unsloth/Wan2.2-T2V-A14B-NVFP4": ("nvfp4",)},
+            files=(HostedFile("unsloth/Wan2.2-T2V-A14B-NVFP4", "nvfp4", "Wan2.2-T2V-A14B-NVFP4.pt"),
+                   HostedFile("unsloth/Wan2.2-T2V-A14B-NVFP4", "nvfp4", "Wan2.2-T2V-A14B-transformer_2-NVFP4.pt",
+                              component="transformer_2")),
+        ),
     ),
 )

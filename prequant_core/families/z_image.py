@@ -1,7 +1,7 @@
 """Z-Image (Turbo): ZImageTransformer2DModel -> ComfyUI's ZImage (NextDiT, ComfyUI's own key map)."""
 from __future__ import annotations
 
-from ._base import Family, HostedEncoder, Shapes, count_blocks, first
+from ._base import Architecture, Family, HostedEncoder, Hosting, KnownPolicy, Shapes, count_blocks, first
 
 
 def config(shapes: Shapes) -> dict:
@@ -21,15 +21,27 @@ def config(shapes: Shapes) -> dict:
 
 FAMILIES = (
     Family(
-        name="z-image", title="Z-Image", diffusers_class="ZImageTransformer2DModel",
-        base_repos=("Tongyi-MAI/Z-Image-Turbo",), hosted_repos={"unsloth/Z-Image-Turbo-FP8": ("fp8", "int8"), "unsloth/Z-Image-Turbo-NVFP4": ("nvfp4",)},
-        text_encoders=(HostedEncoder("text_encoder", "Qwen3ForCausalLM", "unsloth/Z-Image-Turbo-FP8", "LUMINA2"),),
-        int8_exclude_extra=(),
-        diffusers_markers=("all_x_embedder.2-1.weight", "layers.0.attention.to_q.weight"),
-        # Lumina 2 shares ComfyUI's NextDiT names; Z-Image's modulation Linear is adaLN_modulation.0 (Lumina 2: .1)
-        comfy_markers=(("x_embedder.weight", "layers.0.adaLN_modulation.0.weight"),
-                       ("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.0.weight")),
-        comfy_model="ZImage", comfy_key_map="z_image_to_diffusers", unet_config=config,
-        fill_missing={"norm_final.weight": "ones"}, excluded_bases=("tongyi-mai/z-image",),
+        name="z-image", title="Z-Image",
+        arch=Architecture(
+            diffusers_class="ZImageTransformer2DModel",
+            diffusers_markers=("all_x_embedder.2-1.weight", "layers.0.attention.to_q.weight"),
+            # Lumina 2 shares ComfyUI's NextDiT names; Z-Image's modulation Linear is adaLN_modulation.0 (Lumina 2: .1)
+            comfy_markers=(("x_embedder.weight", "layers.0.adaLN_modulation.0.weight"),
+                           ("layers.0.attention.qkv.weight", "layers.0.adaLN_modulation.0.weight")),
+            comfy_model="ZImage", comfy_key_map="z_image_to_diffusers", unet_config=config,
+            fill_missing={"norm_final.weight": "ones"},
+        ),
+        hosting=Hosting(
+            base_repos=("Tongyi-MAI/Z-Image-Turbo",),
+            repos={"unsloth/Z-Image-Turbo-FP8": ("fp8", "int8"), "unsloth/Z-Image-Turbo-NVFP4": ("nvfp4",)},
+            text_encoders=(HostedEncoder("text_encoder", "Qwen3ForCausalLM", "unsloth/Z-Image-Turbo-FP8", "LUMINA2"),),
+            excluded_bases=("tongyi-mai/z-image",),
+            # the Qwen3-4B encoder is the same bytes in Z-Image and Z-Image-Turbo
+            shared_encoders={"Qwen3-4B": ("tongyi-mai/z-image-turbo", "tongyi-mai/z-image")},
+            nvfp4_policies=(
+                KnownPolicy("zimg_rg76_v1", 1, "tongyi-mai/z-image-turbo", {"nvfp4": 76, "fp8": 195, "bf16": 5},
+                            "unsloth/Z-Image-Turbo-NVFP4", replaces=("zimg_f8mod_toq34_v1",)),
+            ),
+        ),
     ),
 )

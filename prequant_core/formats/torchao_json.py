@@ -2,8 +2,8 @@
 
 torchao's own ``object_from_dict`` resolves any ``torch.<name>`` attribute and any allowed class by name; a
 stranger's header deserves less trust, so only the few types the weight kinds' codecs need are understood, with
-each field type-checked (the value decoders: ``schemes/json_values.py``; each class's fields: its codec's
-``from_json``). The writer's JSON is the codec's ``to_json``: what torchao itself writes, so torchao can read our files.
+each field type-checked (the value decoders: ``schemes/json_values.py``; each class's fields, and its activation
+settings: its codec's ``from_json``, in its scheme module). The writer's JSON is the codec's ``to_json``: what torchao itself writes, so torchao can read our files.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from ..schemes import registry
 from ..schemes.json_values import (LOGICAL, DecodeError, _need, decode_act_kwargs, decode_dtype,  # noqa: F401
-                                   decode_enum, decode_granularity, decode_mm_config)
+                                   decode_enum, decode_granularity)
 
 
 def decode_weight(entry_json: str, parts: dict):

@@ -400,14 +400,14 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
     if found_layout is None:
         raise BuildError(f"The input's tensor names do not look like {fam.title} in either key layout.", path=src.path,
                          expected="tensors such as " + " or ".join(_marker_text(m) for m in
-                                                                   fam.diffusers_markers + fam.comfy_markers),
+                                                                   fam.arch.diffusers_markers + fam.arch.comfy_markers),
                          found=f"{len(keys)} tensors, e.g. {sorted(keys)[:3]}",
                          fix="Pick the right family, or 'auto'.")
     if found_layout == "comfyui":
         shapes = {k: i.shape for k, i in infos.items()}
-        if key_map is None and callable(fam.comfy_key_map):  # our own map (the family's module): no ComfyUI needed
-            key_map = fam.comfy_key_map(fam.config_from_shapes(shapes, src.path))
-        elif key_map is None and fam.comfy_key_map is None:  # ComfyUI uses the diffusers names for this family
+        if key_map is None and callable(fam.arch.comfy_key_map):  # our own map (the family's module): no ComfyUI needed
+            key_map = fam.arch.comfy_key_map(fam.config_from_shapes(shapes, src.path))
+        elif key_map is None and fam.arch.comfy_key_map is None:  # ComfyUI uses the diffusers names for this family
             key_map = {k: k for k in infos}
         elif callable(key_map):
             key_map = key_map(fam, shapes)
@@ -416,10 +416,10 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
         if key_map is None:
             raise BuildError("This input uses ComfyUI's key names; converting them to diffusers names needs "
                              "ComfyUI's own key map.", path=src.path,
-                             expected=f"ComfyUI's comfy.utils.{fam.comfy_key_map}",
+                             expected=f"ComfyUI's comfy.utils.{fam.arch.comfy_key_map}",
                              fix="Build it with the 'Build Prequant Checkpoint' node, or pass --comfyui "
                                  "/path/to/ComfyUI on the command line.")
-        src = RemappedSource(src, key_map, ignore=set(fam.fill_missing))
+        src = RemappedSource(src, key_map, ignore=set(fam.arch.fill_missing))
     return Prepared(src, fam, found_layout)
 
 

@@ -31,17 +31,6 @@ CAST_BACKEND = LAYERWISE_CAST
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4")
 ANY_COMPONENT = "auto"  # the text-encoder loader with no component or family given: whichever the file records
 
-# Bases whose encoder weights are byte-identical (Unsloth compared every shard's sha256): one file serves them all.
-# Unsloth's table as of its 2026-08-25 re-check (Qwen-Image-2512 republishes Qwen-Image's four shards; the Krea 2 pair).
-EQUIVALENT_BASES = (
-    frozenset({"qwen/qwen-image", "qwen/qwen-image-2512",
-               "hunyuanvideo-community/hunyuanimage-2.1-diffusers"}),  # Qwen2.5-VL-7B
-    frozenset({"krea/krea-2-turbo", "krea/krea-2-raw"}),  # Krea 2's Qwen3-VL-4B
-    frozenset({"black-forest-labs/flux.1-schnell", "black-forest-labs/flux.1-dev", "black-forest-labs/flux.1-krea-dev",
-               "hidream-ai/hidream-i1-full"}),  # T5-XXL (HiDream's text_encoder_3)
-    frozenset({"tongyi-mai/z-image-turbo", "tongyi-mai/z-image"}),  # Qwen3-4B
-)
-
 
 def is_encoder_component(component) -> bool:
     return isinstance(component, str) and component in COMPONENTS
@@ -64,7 +53,9 @@ def same_base(found: str, wanted: str) -> bool:
     if base_matches(found, wanted):
         return True
     a, b = normalize_base(found), normalize_base(wanted)
-    return any(a in g and b in g for g in EQUIVALENT_BASES)
+    # the bases whose encoder weights are byte-identical (Unsloth compared every shard's sha256), from each family's
+    # record (Hosting.shared_encoders): one file serves them all
+    return any(a in g and b in g for g in families.encoder_groups())
 
 
 def hosted_for(family: str | None, component: str | None = None) -> HostedEncoder | None:
@@ -72,7 +63,7 @@ def hosted_for(family: str | None, component: str | None = None) -> HostedEncode
     if not family:
         return None
     fam = families.get(family)
-    for e in fam.text_encoders:
+    for e in fam.hosting.text_encoders:
         if component in (None, e.component):
             return e
     return None
@@ -219,7 +210,7 @@ def int8_convrot_reasons(ckpt) -> list[str]:
         if not isinstance(w, torch.Tensor):
             reasons.append(f"layer '{_text(layer)}' has a .comfy_quant entry but no weight")
             continue
-        q, _, group = cf.to_weight(cf.FORMATS[INT8_FORMAT], cfg, w, {"weight_scale": t.get(layer + SCALE_SUFFIX)},
+        q, _, group = cf.to_weight(cf.layout(INT8_FORMAT), cfg, w, {"weight_scale": t.get(layer + SCALE_SUFFIX)},
                                    layer, path)
         check_quantized(layer + ".weight", q, path, read_data=not (header_only or w.is_meta))
         groups.add(group)

@@ -13,7 +13,7 @@ from .sources import Candidate, Candidates, Preset
 def _declared(repo: str, component: str) -> list:
     """The hosted encoders a family declares for this repo and component (Unsloth's TE_INT8_CONVROT_FILES)."""
     r = repo.strip().lower()
-    return [e for fam in families.FAMILIES.values() for e in fam.text_encoders
+    return [e for fam in families.FAMILIES.values() for e in fam.hosting.text_encoders
             if e.repo.lower() == r and e.component == component]
 
 
@@ -31,7 +31,7 @@ def presets() -> list[Preset]:
     """One per family hosting an encoder, e.g. ``Z-Image / text_encoder`` (HunyuanImage 2.1's is Qwen-Image's
     file)."""
     return [Preset(f"{fam.title} / {e.component}", e.repo, e.scheme, fam.name)
-            for fam in families.FAMILIES.values() for e in fam.text_encoders]
+            for fam in families.FAMILIES.values() for e in fam.hosting.text_encoders]
 
 
 def preset_labels() -> list[str]:
@@ -57,7 +57,7 @@ def component_for(family: str | None, component: str | None) -> str | None:
                            found=c[:40], fix="Pick a component from the list, or auto.")
         return c
     if family:
-        hosted = families.get(family).text_encoders
+        hosted = families.get(family).hosting.text_encoders
         if hosted:
             return hosted[0].component
     return None
@@ -86,7 +86,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
         out.append(Candidate("local", "path", scheme=None, path=path))
     repo_origin = [(hub_repo, "hub_repo")] if hub_repo else [(chosen.repo, "preset")] if chosen else []
     if not repo_origin and family and not path:
-        hosted = [e for e in families.get(family).text_encoders if comp in (None, e.component)]
+        hosted = [e for e in families.get(family).hosting.text_encoders if comp in (None, e.component)]
         if hosted:
             repo_origin = [(hosted[0].repo, "family")]
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..formats import layer_policy
-from ..schemes import fp8, qtensor
+from ..schemes import qtensor
 from .. import schemes
 from ..families import base_tail, canonical, normalize_base
 from ..formats.checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
@@ -76,6 +76,9 @@ def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
     return notes
 
 
+PER_ROW = "per_row"  # the granularity value of a scheme whose files must hold one scale per row
+
+
 def base_matches(found: str, wanted: str) -> bool:
     """Exact match, or the same last path part (case-insensitive, either slash)."""
     if found == wanted or normalize_base(found) == normalize_base(wanted):
@@ -97,59 +100,15 @@ def as_int(v) -> int | None:
     return None
 
 
-# The fp8 activation floor torchao's config records (the fp8 scheme's own value)
-FP8_ACTIVATION_LB = fp8.ACTIVATION_LB
+def pin_loaded(tensors: dict) -> int:
+    """What Unsloth's loader pins on each scheme's weights at load (``Scheme.pin_loaded``; fp8: torchao's TORCH
+    kernels and the activation floor), in place in ``tensors``; returns how many weights changed."""
+    return sum(s.pin_loaded(tensors) for s in schemes.registry.all_schemes() if s.pin_loaded)
 
 
-def _fp8_weights(ckpt: Checkpoint):
-    from torchao.quantization.quantize_.workflows import Float8Tensor
-    return [(k, v) for k, v in ckpt.tensors.items() if isinstance(v, Float8Tensor)]
-
-
-def _fp8_activation_reasons(ckpt: Checkpoint) -> tuple[list[str], list[str]]:
-    """(reasons, notes) for the fp8 activation floor: a recorded floor must be 1e-12; a missing one is supplied."""
-    reasons, missing = [], 0
-    for k, t in _fp8_weights(ckpt):
-        act = t.act_quant_kwargs
-        if act is None:
-            continue
-        lb = getattr(act, "hp_value_lb", None)
-        if lb is None:
-            missing += 1
-        elif float(lb) != FP8_ACTIVATION_LB:
-            reasons.append(f"fp8 weight '{k}' records activation_value_lb {lb}, expected {FP8_ACTIVATION_LB} "
-                           "(a different activation floor would not match load-time quantization)")
-            break
-    notes = [f"{missing} fp8 weights record no activation floor; {FP8_ACTIVATION_LB} is supplied at load"] \
-        if missing else []
-    return reasons, notes
-
-
-def pin_fp8_kernels(tensors: dict) -> int:
-    """Every fp8 weight gets torchao's TORCH kernels (and the 1e-12 activation floor where none is recorded), as
-    Unsloth pins them at load: published fp8 files record AUTO, which picks other kernels on some GPUs and breaks
-    identity with load-time quantization. Replaces the entries in ``tensors``; returns how many changed."""
-    from torchao.quantization.quantize_.common import KernelPreference
-    from torchao.quantization.quantize_.workflows import Float8Tensor
-    changed = 0
-    for k, t in list(tensors.items()):
-        if not isinstance(t, Float8Tensor):
-            continue
-        act = t.act_quant_kwargs
-        if act is not None and (act.kernel_preference != KernelPreference.TORCH or act.hp_value_lb is None):
-            act = dataclasses.replace(act, kernel_preference=KernelPreference.TORCH,
-                                      hp_value_lb=FP8_ACTIVATION_LB if act.hp_value_lb is None else act.hp_value_lb)
-        elif t.kernel_preference == KernelPreference.TORCH:
-            continue
-        tensors[k] = Float8Tensor(t.qdata, t.scale, t.block_size, mm_config=t.mm_config, act_quant_kwargs=act,
-                                  kernel_preference=KernelPreference.TORCH, dtype=t.dtype)
-        changed += 1
-    return changed
-
-
-def _per_row_replacement(family, m: dict) -> str:
-    """Where the current per-row fp8 file of the same model is (its hosted repo and first file name), else how to make
-    one. Only a refusal's text needs the Hub names, hence the import here."""
+def _per_row_replacement(family, m: dict, scheme: str) -> str:
+    """Where the current per-row ``scheme`` file of the same model is (its hosted repo and first file name), else how
+    to make one. Only a refusal's text needs the Hub names, hence the import here."""
     from . import sources
     from ..errors import PrequantError
     build = "or build a per-row file from the dense model with Build Prequant Checkpoint"
@@ -157,12 +116,12 @@ def _per_row_replacement(family, m: dict) -> str:
     if family is not None:
         base = m.get("base_model_id") if isinstance(m.get("base_model_id"), str) else None
         try:
-            repo = sources.hosted_repo(family.name, base_model_id=base, scheme="fp8")
+            repo = sources.hosted_repo(family.name, base_model_id=base, scheme=scheme)
         except PrequantError:  # a base the family never hosts (an excluded namesake)
             pass
     if not repo:
-        return "use a per-row fp8 file, " + build
-    return (f"the current file is {sources.filenames(repo, 'fp8')[0]} in {repo} (per-row; the loader's preset "
+        return f"use a per-row {scheme} file, " + build
+    return (f"the current file is {sources.filenames(repo, scheme)[0]} in {repo} (per-row; the loader's preset "
             f"downloads it), {build}")
 
 
@@ -175,7 +134,7 @@ def _type_reason(field, value, types, what):
 def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
     """``family`` (a ``families.Family``, or None when the file's family is unknown): supplies its int8 exclude
     tokens and its excluded bases."""
-    family_exclude_extra = family.int8_exclude_extra if family is not None else ()
+    family_exclude_extra = family.arch.int8_exclude_extra if family is not None else ()
     m = ckpt.metadata
     reasons: list[str] = []
     notes: list[str] = []
@@ -226,12 +185,17 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
     reasons += layer_policy.policy_reasons(ckpt, scheme)
     notes += layer_policy.policy_notes(ckpt)
     reasons += layer_policy.rotation_reasons(ckpt)
-    per_tensor = [k for k, v in ckpt.tensors.items() if qtensor.is_quantized(v) and v.scale.numel() == 1
-                  and v.shape[0] > 1 and qtensor.scheme_of(v).startswith("fp8")]
+    # a scheme whose files must be per row (its record's granularity): one scale per tensor is Unsloth's older build
+    per_tensor: dict[str, list] = {}
+    for k, v in ckpt.tensors.items():
+        if qtensor.is_quantized(v) and v.scale.numel() == 1 and v.shape[0] > 1:
+            rec = schemes.registry.by_kind(qtensor.kind_of(v))
+            if rec.granularity == PER_ROW:
+                per_tensor.setdefault(rec.name, []).append(k)
     native = ckpt.container == "comfyui-native"
-    if per_tensor and not native:
-        reasons.append(f"{len(per_tensor)} fp8 weights use one scale per tensor (e.g. '{per_tensor[0]}'): "
-                       "a stale per-tensor fp8 build (Unsloth's older builder); " + _per_row_replacement(family, m))
+    for name, keys in per_tensor.items() if not native else ():
+        reasons.append(f"{len(keys)} {name} weights use one scale per tensor (e.g. '{keys[0]}'): a stale per-tensor "
+                       f"{name} build (Unsloth's older builder); " + _per_row_replacement(family, m, name))
 
     # A family's excluded base (Tongyi-MAI/Z-Image for Z-Image-Turbo files) is another model: only a file recorded as
     # built from it may serve it, never the hosted file of its namesake.
@@ -282,7 +246,9 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
             reasons.append(f"exclude_name_tokens {escape(str(list(map(str, found_ex)))[:300])} lack {missing} "
                            f"(expected at least {list(expected_ex)}: Unsloth's rule, the recorded list may only "
                            "keep more layers dense than its loader's list)")
-    fp8_reasons, fp8_notes = _fp8_activation_reasons(ckpt)
-    reasons += fp8_reasons
-    notes += fp8_notes
+    for s in schemes.registry.all_schemes():  # the settings each scheme's weights record (fp8: the activation floor)
+        if s.check_loaded:
+            more_reasons, more_notes = s.check_loaded(ckpt.tensors)
+            reasons += more_reasons
+            notes += more_notes
     return Verdict(not reasons, reasons, notes + (_comfy_native_notes(ckpt) if native else []))

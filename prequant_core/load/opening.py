@@ -96,7 +96,7 @@ def judge(ckpt: Checkpoint, request: metadata.Request, real: str, *, strict: boo
     judged_as = req_fam or fam
     comp = ckpt.metadata.get("component")
     if not strict and request.component == "transformer" and isinstance(comp, str) and comp != "transformer" and \
-            judged_as is not None and comp in judged_as.components:
+            judged_as is not None and comp in judged_as.arch.components:
         request = dataclasses.replace(request, component=comp)
         notes.append(f"component '{comp}': load it with the loader's component set to {comp}")
     verdict = metadata.validate(ckpt, request, family=judged_as)
@@ -167,7 +167,7 @@ def open_checkpoint(path: str, request: metadata.Request | None = None, *, model
         if opened.verdict.ok:
             check_fingerprint(ckpt, real, st, fingerprint_mode)
         # Unsloth's rule: every fp8 weight runs torchao's TORCH kernels (the same as load-time quantization)
-        metadata.pin_fp8_kernels(ckpt.tensors)
+        metadata.pin_loaded(ckpt.tensors)
         layer_policy.mark_rotations(ckpt)
         return opened
 

@@ -75,7 +75,7 @@ def choose(prequant_path: str | None, request: Request, ctx: LoadContext, *, pol
                                                    "pre-quantized file.")
     real = allowlist.check(dense_path, dense_model_dirs)
     if not request.scheme:
-        raise ValidationError("Quantizing at load needs a scheme.", expected=", ".join(schemes.SCHEMES), found="auto",
+        raise ValidationError("Quantizing at load needs a scheme.", expected=", ".join(schemes.names()), found="auto",
                               fix="Set the node's scheme input.")
     scheme = schemes.normalize(request.scheme)
     from .dense_sources import open_dense
@@ -83,6 +83,6 @@ def choose(prequant_path: str | None, request: Request, ctx: LoadContext, *, pol
     fam = families.get(request.family) if request.family else families.detect(list(dense.infos()), dense.hints, real)[0]
     min_features = request.min_features if request.min_features is not None else schemes.DEFAULT_MIN_FEATURES
     exclude = request.exclude_tokens if request.exclude_tokens is not None else \
-        schemes.exclude_tokens(scheme, fam.int8_exclude_extra)
+        schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)
     return LoadRoute("quantized at load", dense_path=real, scheme=scheme, min_features=min_features,
                      exclude=exclude, family=fam, skipped_because=reasons)

@@ -4,7 +4,7 @@
 
 1. an explicit local path (typed by the user, or picked from the model folder list);
 2. a named Hub repo (``hub_repo``, or the repo of a chosen preset);
-3. the family's hosted repo for the scheme (``families.FAMILIES[...].hosted_repos``; where a family hosts several
+3. the family's hosted repo for the scheme (``families.FAMILIES[...].hosting.repos``; where a family hosts several
    repos, e.g. FLUX.1 schnell / dev / Krea-dev, the one whose model name matches ``variant`` or the tail of
    ``base_model_id``);
 4. nothing (an empty plan).
@@ -148,39 +148,40 @@ def model_name(repo: str) -> str:
 
 
 def filenames(repo: str, scheme: str, component: str = "transformer", base_model_id: str | None = None) -> tuple[str, ...]:
-    """The names to try in ``repo`` for ``scheme``, in Unsloth's current order (docs/FORMAT.md section 5): for int8
-    the ConvRot build where the repo hosts one (``<Model>-INT8-ConvRot.safetensors``; Unsloth's resolver puts it
-    ahead of everything), the names the hosting family declares (per base where it hosts one file per base), then ``<Model>-<SCHEME>.safetensors`` (the converted,
+    """The names to try in ``repo`` for ``scheme``, in Unsloth's current order (docs/FORMAT.md section 5): the ConvRot
+    build where the repo hosts one and the scheme has one (its record's ``convrot_file``: int8,
+    ``<Model>-INT8-ConvRot.safetensors``; Unsloth's resolver puts it ahead of everything), the names the hosting family declares (per base where it hosts one file per base), then ``<Model>-<SCHEME>.safetensors`` (the converted,
     pickle-free container first), ``.pt``, legacy ``transformer_<scheme>.pt``. Another component than
     ``transformer`` (an expert of a two-expert model) has its own names: ``<Model>-<component>-<SCHEME>``
     ``.safetensors`` / ``.pt``, then the early-release name ``<component>_<scheme>.pt``."""
     s = schemes.normalize(scheme)
+    rec, weight_only = schemes.get(s)
     model = model_name(repo)
     declared = families.declared_filenames(repo, s, component, base_model_id)
     if component != "transformer":
         names = [*declared, f"{model}-{component}-{s.upper()}.safetensors", f"{model}-{component}-{s.upper()}.pt",
                  f"{component}_{s}.pt"]
     else:
-        convrot = [f"{model}-INT8-ConvRot.safetensors"] if s == "int8" and families.convrot_hosted(repo) else []
+        convrot = [f"{model}-{s.upper()}-ConvRot.safetensors"] \
+            if rec.convrot_file and not weight_only and families.convrot_hosted(repo) else []
         names = [*convrot, *declared, f"{model}-{s.upper()}.safetensors", f"{model}-{s.upper()}.pt"]
-        rec, weight_only = schemes.get(s)
         if rec.legacy_pt and not weight_only:  # old releases: transformer_<scheme>.pt
             names.append(f"transformer_{s}.pt")
     names = list(dict.fromkeys(names))
     if comfy_twins_enabled() and not families.video_hosted(repo):
-        names = with_comfy_twins(names, lead=s in TWIN_LEADS)
+        names = with_comfy_twins(names, lead=rec.twin_leads and not weight_only)
     return tuple(names)
 
 
 # --- ComfyUI-format twins ------------------------------------------------------------------------------------------
 # Next to ``<stem>.safetensors`` / ``.pt`` Unsloth may host ``<stem>-ComfyUI.safetensors``: the same weights in
-# ComfyUI's own quantized layout (read by formats/containers/comfy_native.py), for its image families. An int8 twin
-# holds the artifact's weights bit for bit, so it leads the artifact's names (the one file stock ComfyUI loads too is
-# the default download); an fp8 twin has one scale per tensor, a coarser rounding of the per-row file, so it trails.
+# ComfyUI's own quantized layout (read by formats/containers/comfy_native.py), for its image families. A twin that
+# holds the artifact's weights bit for bit (its scheme record's ``twin_leads``: int8) leads the artifact's names (the
+# one file stock ComfyUI loads too is the default download); an fp8 twin has one scale per tensor, a coarser rounding
+# of the per-row file, so it trails.
 TWIN_TAG = "-ComfyUI"
 TWIN_SUFFIX = TWIN_TAG + ".safetensors"
 TWIN_ENV = "UNSLOTH_DIFFUSION_PREQUANT_COMFY"  # 0 / off / false / no: never ask for a twin
-TWIN_LEADS = frozenset({"int8"})
 _ARTIFACT_SUFFIXES = (".safetensors", ".pt", ".pth")
 
 
@@ -272,7 +273,7 @@ def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str |
         # a base listed as excluded (Tongyi-MAI/Z-Image vs Z-Image-Turbo) never gets its namesake's file; a variant
         # repo built from that very base (Qwen-Image-2.1-Turbo) is picked below
         raise HubError(f"Family '{fam.name}' hosts no file for base '{base_model_id}'.",
-                       expected=f"a base the hosted repos were built from: {', '.join(fam.base_repos)}",
+                       expected=f"a base the hosted repos were built from: {', '.join(fam.hosting.base_repos)}",
                        found=f"'{base_model_id}', listed as excluded ('{excluded}'): a different model",
                        fix="Build a pre-quantized file from that base with Build Prequant Checkpoint, or use the "
                            "dense fallback.")
@@ -290,7 +291,7 @@ def hosted_repo(family: str, *, variant: str | None = None, base_model_id: str |
                        fix="Pick one of the listed repos in hub_repo, or leave the variant empty.")
     if base_model_id and base_model_id.strip() and _tail(base_model_id) in by_model:
         return by_model[_tail(base_model_id)]
-    for base in fam.base_repos:
+    for base in fam.hosting.base_repos:
         if _tail(base) in by_model:
             return by_model[_tail(base)]
     return repos[0]
@@ -366,7 +367,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
         tried = (scheme,) if scheme else schemes_for_repo(repo)
         if not tried:
             ends = ", ".join(s.suffix for s in schemes.registry.all_schemes())
-            raise HubError(f"Which scheme should be downloaded from {repo}?", expected=" / ".join(schemes.SCHEMES),
+            raise HubError(f"Which scheme should be downloaded from {repo}?", expected=" / ".join(schemes.names()),
                            found="auto", fix="Set the node's scheme input (the repo is not one this pack knows and "
                                              f"its name does not end in {ends}).")
         # auto on a repo holding several schemes: every scheme's names, the file's own metadata says which it was
@@ -481,7 +482,7 @@ def hosted_source(name: str) -> Preset | None:
     """The preset whose hosted repo serves a file of this name (for telling a user where to get it)."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     for pr in presets():
-        for comp in families.get(pr.family).components:
+        for comp in families.get(pr.family).arch.components:
             c = Candidate("hub", "preset", scheme=pr.scheme, repo=pr.repo,
                           filenames=filenames(pr.repo, pr.scheme, comp))
             if base in local_names(c):

@@ -8,21 +8,19 @@ import dataclasses
 import torch
 
 from ..errors import ValidationError
-from ..scheme_names import DEFAULT_MIN_FEATURES, spelling  # noqa: F401 (public name)
+from ..scheme_names import DEFAULT, DEFAULT_MIN_FEATURES, spelling  # noqa: F401 (public names)
 from . import qtensor, registry
 from .record import WEIGHT_ONLY_TAIL, Scheme  # noqa: F401 (public names)
 
 
+def names() -> tuple[str, ...]:
+    """Every scheme name a file or a node input may use (``registry.names``), read at call time."""
+    return registry.names()
 
-def __getattr__(attr):
-    # read from the registry on every access, so a scheme registered later (tests/toy) is listed too
-    if attr == "SCHEMES":
-        return registry.names()
-    if attr == "BLOCK_SCHEMES":  # per-block scales (docs/FORMAT.md section 9)
-        return tuple(s.name for s in registry.all_schemes() if s.block_size)
-    if attr == "INT8_BASE_EXCLUDE":
-        return registry.by_kind("int8").exclude_base_tokens
-    raise AttributeError(attr)
+
+def block_schemes() -> tuple[str, ...]:
+    """The schemes with per-block scales (docs/FORMAT.md section 9)."""
+    return tuple(s.name for s in registry.all_schemes() if s.block_size)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -457,6 +457,19 @@ class Codec:
         """torchao's quantized matmul on the torchao tensor rebuilt around the parts (no copy)."""
         return torch.nn.functional.linear(input, self.assemble(tensors, spec), bias)
 
+    def runs_quantized(self, tensors: tuple, spec: QSpec) -> bool:
+        """Whether torchao's quantized matmul takes these parts (else the layer runs weight-only)."""
+        return self.torchao_form(tensors)
+
+    def code_table(self, codes: torch.dtype, spec: QSpec) -> str:
+        """The decode table ``weight_only_linear`` gets for a layer whose codes are of dtype ``codes`` (``uint8``:
+        kept as bytes); ``float8_codes`` kinds say which float8 they are."""
+        return "e4m3"
+
+    def typed_codes(self, q: torch.Tensor, table: str) -> torch.Tensor:
+        """``float8_codes`` kinds: codes kept as bytes, viewed as their float8 dtype again (CPU / CUDA)."""
+        return q
+
 
 class RowCodec(Codec):
     """Per-row kinds: ``(codes [out, in], scale [out, 1])`` around a torchao tensor with ``qdata`` / ``scale`` and

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+import dataclasses
+
 from ..errors import CorruptCheckpointError
 from . import codec as c_
 from .codec import RowCodec
-from . import field_checks as c
+from . import field_checks as c, native_layout as nl
 from .record import Scheme
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -56,6 +58,39 @@ def quantize(weight, cfg):
             hp_value_ub=cfg.activation_value_ub, kernel_preference=cfg.kernel_preference)))
 
 
+def decode_mm_config(v):
+    """torchao's JSON of a ``Float8MMConfig`` (or null) -> the object."""
+    from torchao.float8.inference import Float8MMConfig
+    from . import json_values as j
+    if v is None:
+        return None
+    d = j.obj(v, "Float8MMConfig")
+    j.need(isinstance(d, dict), "Float8MMConfig data")
+    return Float8MMConfig(emulate=j.bool_(d.get("emulate"), "emulate"),
+                          use_fast_accum=j.bool_(d.get("use_fast_accum"), "use_fast_accum"),
+                          pad_inner_dim=j.bool_(d.get("pad_inner_dim"), "pad_inner_dim"))
+
+
+def decode_act(d: dict):
+    """torchao's JSON ``_data`` of ``QuantizeTensorToFloat8Kwargs`` -> the object
+    (``json_values.decode_act_kwargs``)."""
+    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
+    from . import json_values as j
+    kp = d.get("kernel_preference")
+    return QuantizeTensorToFloat8Kwargs(
+        float8_dtype=j.decode_dtype(d.get("float8_dtype")),
+        granularity=j.decode_granularity(d.get("granularity")),
+        mm_config=decode_mm_config(d.get("mm_config")),
+        hp_value_lb=j.opt_float(d.get("hp_value_lb"), "hp_value_lb"),
+        hp_value_ub=j.opt_float(d.get("hp_value_ub"), "hp_value_ub"),
+        kernel_preference=KernelPreference.AUTO if kp is None else
+        j.decode_enum(kp, KernelPreference, "KernelPreference"))
+
+
+ACT_KWARGS = {"QuantizeTensorToFloat8Kwargs": decode_act}  # the activation settings its weights may carry
+
+
 def _mm_check(v, field):
     from torchao.float8.inference import Float8MMConfig
     if v is None:
@@ -102,6 +137,20 @@ class Float8Codec(RowCodec):
         if t.qdata.dtype == torch.float8_e5m2:  # ComfyUI-native e5m2: decoded, and requantized by a LoRA, as e5m2
             out["codes"] = "e5m2"
         return out
+
+    def code_table(self, codes, spec):
+        # ComfyUI-native e5m2 codes: their dtype says so, or, kept as bytes, the spec
+        e5m2 = codes == torch.float8_e5m2 or (codes == torch.uint8 and spec.as_kwargs().get("codes") == "e5m2")
+        return "e5m2" if e5m2 else "e4m3"
+
+    def typed_codes(self, q, table):
+        if q.dtype != torch.uint8:
+            return q
+        return q.view(torch.float8_e5m2 if table == "e5m2" else torch.float8_e4m3fn)
+
+    def runs_quantized(self, tensors, spec):
+        # torchao's fp8 matmul takes e4m3 weights
+        return self.code_table(tensors[0].dtype, spec) != "e5m2" and super().runs_quantized(tensors, spec)
 
     def make(self, qdata, scale, block_size, spec):
         kw = spec.as_kwargs()
@@ -155,15 +204,85 @@ class Float8Codec(RowCodec):
         dtype = j.decode_dtype(d.get("dtype"))
         j.need(qdata.dtype in FP8, f"Float8Tensor data is {qdata.dtype}")
         kp = d.get("kernel_preference")
-        return self.tensor_type()(qdata, scale, block, mm_config=j.decode_mm_config(d.get("mm_config")),
-                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs")),
+        return self.tensor_type()(qdata, scale, block, mm_config=decode_mm_config(d.get("mm_config")),
+                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs"), ACT_KWARGS),
                                   kernel_preference=KernelPreference.AUTO if kp is None else
                                   j.decode_enum(kp, KernelPreference, "KernelPreference"), dtype=dtype)
 
 
 CODEC = Float8Codec()
 
-# an Unsloth -FP8 repo holds the int8 file too (tried after the fp8 one)
+
+# --- what a loaded file's fp8 weights record (Unsloth's loader) ---------------------------------------------------
+
+def _loaded(tensors: dict):
+    return [(k, v) for k, v in tensors.items() if CODEC.owns(v)]
+
+
+def check_loaded(tensors: dict) -> tuple[list[str], list[str]]:
+    """(reasons, notes) for the activation floor: a recorded floor must be 1e-12; a missing one is supplied."""
+    reasons, missing = [], 0
+    for k, t in _loaded(tensors):
+        act = t.act_quant_kwargs
+        if act is None:
+            continue
+        lb = getattr(act, "hp_value_lb", None)
+        if lb is None:
+            missing += 1
+        elif float(lb) != ACTIVATION_LB:
+            reasons.append(f"fp8 weight '{k}' records activation_value_lb {lb}, expected {ACTIVATION_LB} "
+                           "(a different activation floor would not match load-time quantization)")
+            break
+    notes = [f"{missing} fp8 weights record no activation floor; {ACTIVATION_LB} is supplied at load"] \
+        if missing else []
+    return reasons, notes
+
+
+def pin_loaded(tensors: dict) -> int:
+    """Every fp8 weight gets torchao's TORCH kernels (and the 1e-12 activation floor where none is recorded), as
+    Unsloth pins them at load: published fp8 files record AUTO, which picks other kernels on some GPUs and breaks
+    identity with load-time quantization. Replaces the entries in ``tensors``; returns how many changed."""
+    from torchao.quantization.quantize_.common import KernelPreference
+    changed = 0
+    for k, t in _loaded(tensors):
+        act = t.act_quant_kwargs
+        if act is not None and (act.kernel_preference != KernelPreference.TORCH or act.hp_value_lb is None):
+            act = dataclasses.replace(act, kernel_preference=KernelPreference.TORCH,
+                                      hp_value_lb=ACTIVATION_LB if act.hp_value_lb is None else act.hp_value_lb)
+        elif t.kernel_preference == KernelPreference.TORCH:
+            continue
+        tensors[k] = CODEC.tensor_type()(t.qdata, t.scale, t.block_size, mm_config=t.mm_config, act_quant_kwargs=act,
+                                         kernel_preference=KernelPreference.TORCH, dtype=t.dtype)
+        changed += 1
+    return changed
+
+
+# --- ComfyUI's ``float8_e4m3fn`` / ``float8_e5m2`` (docs/FORMAT.md section 6) -------------------------------------
+# ``weight`` fp8 [N, K], ``weight_scale`` float32 (one per tensor, or [N, 1]): W = fp8 * scale. A ``convrot`` setting
+# is not ComfyUI's for these formats and is not read.
+
+def comfy_read(layout, cfg, weight, side, spec, layer, path):
+    scale, gran = nl.row_scale(layout, weight, side, layer, path)
+    return CODEC.assemble((weight, scale), spec()), gran, None
+
+
+def comfy_from_dense(layout, w):
+    """ComfyUI's fp8 quantizer: one scale per tensor (what ComfyUI's fp8 GPU matmul takes)."""
+    dt = layout.storage
+    amax = w.abs().max().to(torch.float32)
+    scale = (amax / torch.finfo(dt).max).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (w.to(torch.float32) / scale).clamp(-torch.finfo(dt).max, torch.finfo(dt).max).to(dt)
+    return {"": q, "_scale": scale.reshape(())}
+
+
+COMFY_LAYOUTS = tuple(nl.ComfyLayout(name, dtype, ("weight_scale",), since, comfy_read, comfy_from_dense,
+                                     marker_dtype=True)
+                      for name, dtype, since in (("float8_e4m3fn", torch.float8_e4m3fn, "0.3.68"),
+                                                 ("float8_e5m2", torch.float8_e5m2, "0.8.0")))
+
+# an Unsloth -FP8 repo holds the int8 file too (tried after the fp8 one); its -ComfyUI twin has one scale per tensor,
+# a coarser rounding of the per-row file, so it trails the artifact's names
 SCHEME = Scheme(name="fp8", kind="float8", codec=CODEC, suffix="-FP8", config=config, quantize=quantize, require_bf16=True,
                 require_divisible=16, granularity_field="fp8_granularity", granularity="per_row", fast_accum=True,
-                weight_only=True, suffix_holds=("fp8", "int8"), legacy_pt=True, comfy_format="float8_e4m3fn", min_capability=(8, 9))
+                weight_only=True, suffix_holds=("fp8", "int8"), legacy_pt=True, comfy_layouts=COMFY_LAYOUTS,
+                check_loaded=check_loaded, pin_loaded=pin_loaded, min_capability=(8, 9))

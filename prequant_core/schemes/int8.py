@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .codec import RowCodec
-from . import field_checks as c
+from . import field_checks as c, native_layout as nl, rotation
 from .record import Scheme
 
 # docs/FORMAT.md section 4: int8 files keep these layers dense on every family
@@ -28,6 +28,19 @@ def quantize(weight, cfg):
     return Int8Tensor.from_hp(weight, granularity=w_g, act_quant_kwargs=QuantizeTensorToInt8Kwargs(
         granularity=act_g, mapping_type=cfg.act_mapping_type, reduce_range=cfg.reduce_range),
         reduce_range=cfg.reduce_range)
+
+
+def decode_act(d: dict):
+    """torchao's JSON ``_data`` of ``QuantizeTensorToInt8Kwargs`` -> the object (``json_values.decode_act_kwargs``)."""
+    from torchao.quantization.quant_primitives import MappingType
+    from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
+    from . import json_values as j
+    return QuantizeTensorToInt8Kwargs(granularity=j.decode_granularity(d.get("granularity")),
+                                      mapping_type=j.decode_enum(d.get("mapping_type"), MappingType, "MappingType"),
+                                      reduce_range=j.bool_(d.get("reduce_range"), "reduce_range"))
+
+
+ACT_KWARGS = {"QuantizeTensorToInt8Kwargs": decode_act}  # the activation settings its weights may carry
 
 
 def _act_check(v, field):
@@ -99,7 +112,7 @@ class Int8Codec(RowCodec):
         zp = parts.get("zero_point")
         j.need(zp is None or (zp.numel() == scale.numel() and zp.dtype == torch.int8), "zero_point shape/dtype")
         return self.tensor_type()(qdata, scale, block, dtype, zero_point=zp,
-                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs")),
+                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs"), ACT_KWARGS),
                                   reduce_range=j.bool_(d.get("reduce_range"), "reduce_range"))
 
     def quantized_linear(self, input, tensors, spec, bias):
@@ -111,6 +124,37 @@ class Int8Codec(RowCodec):
 
 CODEC = Int8Codec()
 
+
+# --- ComfyUI's ``int8_tensorwise`` (docs/FORMAT.md section 6) -------------------------------------------------------
+# ``weight`` int8 [N, K], ``weight_scale`` float32 scalar or [N, 1]: W = q * scale. With ``convrot`` the stored weight
+# is W H (the regular-H4 block Hadamard of ``convrot_groupsize``, the same matrix Unsloth's v2 files use) and the
+# input is rotated at run time.
+
+def comfy_read(layout, cfg, weight, side, spec, layer, path):
+    scale, gran = nl.row_scale(layout, weight, side, layer, path)
+    group = None
+    if cfg.get("convrot"):
+        group = cfg.get("convrot_groupsize", 256)
+        if not rotation.is_power_of_4(group) or group > rotation.MAX_GROUP or weight.shape[1] % group:
+            raise nl.bad(layer, path, "its convrot_groupsize is not a power of 4 dividing the input width",
+                         expected=f"4 .. {rotation.MAX_GROUP}, dividing {weight.shape[1]}", found=repr(group)[:40])
+        if gran != "per_row":
+            raise nl.bad(layer, path, "a ConvRot layer needs per-row scales", found=gran)
+    return CODEC.assemble((weight, scale), spec()), gran, group
+
+
+def comfy_from_dense(layout, w):
+    """ComfyUI's int8 quantizer: one scale per row."""
+    scale = (w.abs().amax(dim=1, keepdim=True).to(torch.float32) / 127).clamp(min=1e-30)
+    q = torch.round(w.to(torch.float32) / scale).clamp(-128, 127).to(torch.int8)
+    return {"": q, "_scale": scale}
+
+
+COMFY_LAYOUTS = (nl.ComfyLayout("int8_tensorwise", torch.int8, ("weight_scale",), "0.27.0", comfy_read,
+                                comfy_from_dense),)
+
+# An int8 -ComfyUI twin holds the artifact's weights bit for bit (per-row scales): it leads the artifact's names
 SCHEME = Scheme(name="int8", kind="int8", codec=CODEC, suffix="-INT8", config=config, quantize=quantize,
                 granularity_field="int8_granularity", exclude_base_tokens=BASE_EXCLUDE, weight_only=True,
-                legacy_pt=True, comfy_format="int8_tensorwise", min_capability=(7, 5))
+                legacy_pt=True, comfy_layouts=COMFY_LAYOUTS, twin_leads=True, convrot_file=True,
+                min_capability=(7, 5))

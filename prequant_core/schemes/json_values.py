@@ -1,5 +1,6 @@
-"""Strict decoders for the values inside torchao's per-tensor JSON (dtypes, granularities, enums, mm configs,
-activation-quantization settings), the pieces every codec's ``from_json`` is built from.
+"""Strict decoders for the values inside torchao's per-tensor JSON (dtypes, granularities, enums, the envelope of
+activation-quantization settings), the pieces every codec's ``from_json`` is built from. What is one scheme's own
+(its activation settings class, fp8's mm config) is decoded by its scheme module (``ACT_KWARGS``), never here.
 
 torchao's own ``object_from_dict`` resolves any ``torch.<name>`` attribute and any allowed class by name; a
 stranger's header deserves less trust, so only the few types the weight kinds' codecs need are understood, with
@@ -9,12 +10,7 @@ from __future__ import annotations
 
 
 import torch
-from torchao.float8.inference import Float8MMConfig
 from torchao.quantization import PerRow, PerTensor
-from torchao.quantization.quant_primitives import MappingType
-from torchao.quantization.quantize_.common import KernelPreference
-from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
-from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
 
 from .codec import row_block_accepted as block_accepted
 
@@ -75,54 +71,18 @@ def decode_enum(v, enum_cls, type_name):
     return enum_cls[d]
 
 
-def decode_mm_config(v):
-    if v is None:
-        return None
-    d = _obj(v, "Float8MMConfig")
-    _need(isinstance(d, dict), "Float8MMConfig data")
-    return Float8MMConfig(emulate=_bool(d.get("emulate"), "emulate"),
-                          use_fast_accum=_bool(d.get("use_fast_accum"), "use_fast_accum"),
-                          pad_inner_dim=_bool(d.get("pad_inner_dim"), "pad_inner_dim"))
-
-
-def decode_act_kwargs(v):
+def decode_act_kwargs(v, decoders: dict):
+    """``act_quant_kwargs``: null, or ``{"_type": class name, "_data": {...}}`` of a class ``decoders`` names
+    ({class name: decode(_data)}: the weight kind's own, from its scheme module's ``ACT_KWARGS``)."""
     if v is None:
         return None
     _need(isinstance(v, dict), "act_quant_kwargs must be an object")
     t = v.get("_type")
     d = v.get("_data")
     _need(isinstance(d, dict), "act_quant_kwargs data")
-    if t == "QuantizeTensorToInt8Kwargs":
-        return QuantizeTensorToInt8Kwargs(
-            granularity=decode_granularity(d.get("granularity")),
-            mapping_type=decode_enum(d.get("mapping_type"), MappingType, "MappingType"),
-            reduce_range=_bool(d.get("reduce_range"), "reduce_range"))
-    if t == "QuantizeTensorToFloat8Kwargs":
-        kp = d.get("kernel_preference")
-        return QuantizeTensorToFloat8Kwargs(
-            float8_dtype=decode_dtype(d.get("float8_dtype")),
-            granularity=decode_granularity(d.get("granularity")),
-            mm_config=decode_mm_config(d.get("mm_config")),
-            hp_value_lb=_opt_float(d.get("hp_value_lb"), "hp_value_lb"),
-            hp_value_ub=_opt_float(d.get("hp_value_ub"), "hp_value_ub"),
-            kernel_preference=KernelPreference.AUTO if kp is None else decode_enum(kp, KernelPreference, "KernelPreference"))
-    if t == "QuantizeTensorToNVFP4Kwargs":
-        from torchao.prototype.mx_formats.nvfp4_tensor import QuantizeTensorToNVFP4Kwargs
-        _need(d.get("block_size", 16) == 16, "NVFP4 activation block size must be 16")
-        return QuantizeTensorToNVFP4Kwargs(
-            block_size=16, is_swizzled_scales=_bool(d.get("is_swizzled_scales"), "is_swizzled_scales"),
-            use_triton_kernel=_bool(d.get("use_triton_kernel"), "use_triton_kernel"),
-            use_dynamic_per_tensor_scale=_bool(d.get("use_dynamic_per_tensor_scale"), "use_dynamic_per_tensor_scale"))
-    if t == "QuantizeTensorToMXKwargs":
-        from torchao.prototype.mx_formats.config import ScaleCalculationMode
-        from torchao.prototype.mx_formats.mx_tensor import QuantizeTensorToMXKwargs
-        _need(d.get("block_size", 32) == 32, "MX activation block size must be 32")
-        return QuantizeTensorToMXKwargs(
-            elem_dtype=decode_dtype(d.get("elem_dtype")), block_size=32,
-            scaling_mode=decode_enum(d.get("scaling_mode"), ScaleCalculationMode, "ScaleCalculationMode"),
-            kernel_preference=decode_enum(d.get("kernel_preference"), KernelPreference, "KernelPreference"),
-            is_swizzled_scales=_bool(d.get("is_swizzled_scales"), "is_swizzled_scales"))
-    raise DecodeError(f"unsupported act_quant_kwargs type {str(t)[:40]}")
+    decode = decoders.get(t) if isinstance(t, str) else None
+    _need(decode is not None, f"unsupported act_quant_kwargs type {str(t)[:40]}")
+    return decode(d)
 
 
 def _block_size(v, qdata, per_tensor_ok: bool = False):
@@ -134,7 +94,7 @@ def _block_size(v, qdata, per_tensor_ok: bool = False):
 
 
 # The names codecs call
-need, bool_, block_size = _need, _bool, _block_size
+need, bool_, block_size, obj, opt_float = _need, _bool, _block_size, _obj, _opt_float
 
 
 def block_orig_dtype(d: dict):

@@ -6,7 +6,7 @@ import torch
 
 from . import codec as c_
 from .codec import Codec, QSpec
-from . import field_checks as c
+from . import field_checks as c, native_layout as nl
 from .record import Scheme
 
 BLOCK = 32
@@ -31,6 +31,23 @@ def quantize(weight, cfg):
                                    scaling_mode=cfg.scaling_mode)
     return MXTensor.to_mx(weight, cfg.weight_dtype, block_size=cfg.block_size, kernel_preference=cfg.kernel_preference,
                           act_quant_kwargs=act, is_swizzled_scales=True, scaling_mode=cfg.scaling_mode)
+
+
+def decode_act(d: dict):
+    """torchao's JSON ``_data`` of ``QuantizeTensorToMXKwargs`` -> the object (``json_values.decode_act_kwargs``)."""
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import QuantizeTensorToMXKwargs
+    from torchao.quantization.quantize_.common import KernelPreference
+    from . import json_values as j
+    j.need(d.get("block_size", BLOCK) == BLOCK, "MX activation block size must be 32")
+    return QuantizeTensorToMXKwargs(
+        elem_dtype=j.decode_dtype(d.get("elem_dtype")), block_size=BLOCK,
+        scaling_mode=j.decode_enum(d.get("scaling_mode"), ScaleCalculationMode, "ScaleCalculationMode"),
+        kernel_preference=j.decode_enum(d.get("kernel_preference"), KernelPreference, "KernelPreference"),
+        is_swizzled_scales=j.bool_(d.get("is_swizzled_scales"), "is_swizzled_scales"))
+
+
+ACT_KWARGS = {"QuantizeTensorToMXKwargs": decode_act}  # the activation settings its weights may carry
 
 
 def _act_check(v, field):
@@ -164,13 +181,53 @@ class MXFP8Codec(Codec):
         return self.tensor_type()(qdata, scale, elem, BLOCK, orig,
                                   KernelPreference.AUTO if kp is None else
                                   j.decode_enum(kp, KernelPreference, "KernelPreference"),
-                                  j.decode_act_kwargs(d.get("act_quant_kwargs")), swz)
+                                  j.decode_act_kwargs(d.get("act_quant_kwargs"), ACT_KWARGS), swz)
 
 
 CODEC = MXFP8Codec()
 
+
+# --- ComfyUI's ``mxfp8`` (docs/FORMAT.md section 6) -----------------------------------------------------------------
+# ``weight`` e4m3 [N, K], ``weight_scale`` e8m0 exponents (one per 32 inputs, as uint8 or float8_e8m0fnu) in cuBLAS
+# 128x4 tiles: W = e4m3 * 2^(e - 127).
+
+def comfy_read(layout, cfg, weight, side, spec, layer, path):
+    from torchao.quantization.quantize_.common import KernelPreference
+    bs = side.get("weight_scale")
+    if weight.dtype != torch.float8_e4m3fn or bs is None or bs.dtype not in (torch.uint8, torch.float8_e8m0fnu):
+        raise nl.bad(layer, path, "an mxfp8 layer needs e4m3 codes and uint8 / e8m0 block exponents",
+                     found=f"{weight.dtype}, {None if bs is None else bs.dtype}")
+    rows, blocks = weight.shape[0], weight.shape[1] // BLOCK
+    want = nl.swizzled_shape(rows, blocks)
+    if bs.numel() != want[0] * want[1] or weight.shape[1] % BLOCK:
+        raise nl.bad(layer, path, "its block exponents do not fit its codes (a padded layer?)",
+                     expected=f"{want[0] * want[1]} block exponents", found=f"{bs.numel()} for {tuple(weight.shape)}")
+    kw = spec().as_kwargs()
+    t = CODEC.tensor_type()(weight, bs.contiguous().view(torch.float8_e8m0fnu).reshape(want), torch.float8_e4m3fn,
+                            BLOCK, nl.LOGICAL_DTYPE, kw.get("kernel_preference", KernelPreference.AUTO),
+                            kw.get("act_quant_kwargs"), True)
+    return t, None, None
+
+
+def comfy_from_weight(layout, t):
+    """This pack's MX weight -> ComfyUI's parts, bit for bit; None unless it is torchao's tensor with swizzled
+    scales (rows fused from weights of different scales, a ``QParts``, are not)."""
+    if not getattr(t, "is_swizzled_scales", False):
+        return None
+    return {"": t.qdata.contiguous(), "_scale": t.scale.contiguous().view(torch.uint8).reshape(
+        (t.qdata.shape[0] + 127) // 128 * 128, -1)}
+
+
+def comfy_from_dense(layout, w):
+    """torchao's quantizer (the same math as ComfyUI's), bytes in ComfyUI's order."""
+    return comfy_from_weight(layout, quantize(w.to(torch.bfloat16), config()))
+
+
+COMFY_LAYOUTS = (nl.ComfyLayout("mxfp8", torch.float8_e4m3fn, ("weight_scale",), "0.18.0", comfy_read,
+                                comfy_from_dense, comfy_from_weight),)
+
 # Unsloth's filter asks both dims to divide by the block (MX blocks run along the input dim only, but a file must
 # hold the layers Unsloth's builder quantizes)
 SCHEME = Scheme(name="mxfp8", kind="mxfp8", codec=CODEC, suffix="-MXFP8", config=config, quantize=quantize, require_bf16=True,
-                require_divisible=32, block_size=32, containers=("pt",), comfy_format="mxfp8",
+                require_divisible=32, block_size=32, containers=("pt",), comfy_layouts=COMFY_LAYOUTS,
                 min_capability=(10, 0))

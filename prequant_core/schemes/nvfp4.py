@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from . import codec as c_
+from . import codec as c_, nvfp4_policy
 from .codec import Codec, QParts, QSpec
-from . import field_checks as c
+from . import field_checks as c, native_layout as nl
 from .record import Scheme
 
 BLOCK = 16
@@ -34,6 +34,20 @@ def quantize(weight, cfg):
                              act_quant_kwargs=act)
     t.use_triton_kernel = cfg.use_triton_kernel
     return t
+
+
+def decode_act(d: dict):
+    """torchao's JSON ``_data`` of ``QuantizeTensorToNVFP4Kwargs`` -> the object (``json_values.decode_act_kwargs``)."""
+    from torchao.prototype.mx_formats.nvfp4_tensor import QuantizeTensorToNVFP4Kwargs
+    from . import json_values as j
+    j.need(d.get("block_size", BLOCK) == BLOCK, "NVFP4 activation block size must be 16")
+    return QuantizeTensorToNVFP4Kwargs(
+        block_size=BLOCK, is_swizzled_scales=j.bool_(d.get("is_swizzled_scales"), "is_swizzled_scales"),
+        use_triton_kernel=j.bool_(d.get("use_triton_kernel"), "use_triton_kernel"),
+        use_dynamic_per_tensor_scale=j.bool_(d.get("use_dynamic_per_tensor_scale"), "use_dynamic_per_tensor_scale"))
+
+
+ACT_KWARGS = {"QuantizeTensorToNVFP4Kwargs": decode_act}  # the activation settings its weights may carry
 
 
 def _act_check(v, field):
@@ -199,12 +213,58 @@ class NVFP4Codec(Codec):
         return self.tensor_type()(qdata, scale, BLOCK, orig, per_tensor_scale=pts,
                                   act_per_tensor_scale=apts, is_swizzled_scales=swz,
                                   use_triton_kernel=j.bool_(d.get("use_triton_kernel"), "use_triton_kernel"),
-                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs")))
+                                  act_quant_kwargs=j.decode_act_kwargs(d.get("act_quant_kwargs"), ACT_KWARGS))
 
 
 CODEC = NVFP4Codec()
 
+
+# --- ComfyUI's ``nvfp4`` (docs/FORMAT.md section 6) -----------------------------------------------------------------
+# ``weight`` uint8 [N, K/2], two e2m1 codes per byte with the **even element in the high nibble** (torchao packs the
+# low nibble first: the bytes are swapped on the way in and out); ``weight_scale`` e4m3 block scales (one per 16
+# inputs) in cuBLAS 128x4 tiles, the layout torchao's swizzled scales use; ``weight_scale_2`` the float32 per-tensor
+# scale: W = e2m1 * (weight_scale_2 * block_scale).
+
+def comfy_read(layout, cfg, weight, side, spec, layer, path):
+    bs, s2 = side.get("weight_scale"), side.get("weight_scale_2")
+    if weight.dtype != torch.uint8 or bs is None or s2 is None or s2.numel() != 1 or \
+            s2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise nl.bad(layer, path, "an nvfp4 layer needs uint8 codes, block scales and one float weight_scale_2",
+                     found=f"{weight.dtype}, {None if bs is None else tuple(bs.shape)}, "
+                           f"{None if s2 is None else f'{s2.dtype} {tuple(s2.shape)}'}")
+    rows, blocks = weight.shape[0], weight.shape[1] * 2 // BLOCK
+    want = nl.swizzled_shape(rows, blocks)
+    if bs.numel() != want[0] * want[1] or weight.shape[1] * 2 % BLOCK:
+        raise nl.bad(layer, path, "its block scales do not fit its codes (a padded layer?)",
+                     expected=f"{want[0] * want[1]} block scales", found=f"{bs.numel()} for {tuple(weight.shape)}")
+    kw = spec().as_kwargs()
+    t = CODEC.tensor_type()(nl.swap_nibbles(weight), bs.contiguous().view(torch.float8_e4m3fn).reshape(want), BLOCK,
+                            nl.LOGICAL_DTYPE, per_tensor_scale=s2.to(torch.float32).reshape(()),
+                            is_swizzled_scales=True, act_quant_kwargs=kw.get("act_quant_kwargs"))
+    return t, None, None
+
+
+def comfy_from_weight(layout, t):
+    """This pack's NVFP4 weight -> ComfyUI's parts, bit for bit; None unless it is torchao's tensor with swizzled
+    scales (rows fused from weights of different scales, a ``QParts``, are not)."""
+    if not getattr(t, "is_swizzled_scales", False):
+        return None
+    pts = t.per_tensor_scale if t.per_tensor_scale is not None else torch.ones(())
+    return {"": nl.swap_nibbles(t.qdata.contiguous()), "_scale": t.scale.contiguous().view(torch.uint8).reshape(
+        (t.qdata.shape[0] + 127) // 128 * 128, -1).view(torch.float8_e4m3fn),
+        "_scale_2": pts.to(torch.float32).reshape(())}
+
+
+def comfy_from_dense(layout, w):
+    """torchao's quantizer (the same math as ComfyUI's), bytes in ComfyUI's order."""
+    return comfy_from_weight(layout, quantize(w.to(torch.bfloat16), config()))
+
+
+COMFY_LAYOUTS = (nl.ComfyLayout("nvfp4", torch.uint8, ("weight_scale", "weight_scale_2"), "0.8.0", comfy_read,
+                                comfy_from_dense, comfy_from_weight, unread_side=("pre_quant_scale",)),)
+
 # Unsloth's rule: nvfp4 takes fp16 / fp32 weights too (require_bf16 false); per-block scales are written as .pt,
-# as Unsloth does (docs/FORMAT.md section 9)
+# as Unsloth does (docs/FORMAT.md section 9); a v3 file declares which layer is which (its layer policy)
 SCHEME = Scheme(name="nvfp4", kind="nvfp4", codec=CODEC, suffix="-NVFP4", config=config, quantize=quantize, require_divisible=16,
-                block_size=16, containers=("pt",), comfy_format="nvfp4", min_capability=(10, 0))
+                block_size=16, containers=("pt",), comfy_layouts=COMFY_LAYOUTS, file_rules=(nvfp4_policy.RULE,),
+                min_capability=(10, 0))

@@ -18,15 +18,15 @@ from . import registry
 from .codec import (BLOCK_TORCHAO, ROTATION_ATTR, QParts, QSpec, decode_table,  # noqa: F401 - re-exported
                     dequantize_rows, require_block_torchao)
 
-def __getattr__(attr):
-    # from the registry on each access, so a kind registered later (tests/toy) is listed too
-    if attr == "ROW_KINDS":
-        return tuple(c.kind for c in registry.codecs() if not c.block)
-    if attr == "BLOCK_KINDS":
-        return tuple(c.kind for c in registry.codecs() if c.block)
-    if attr == "QUANTIZED_TYPES":
-        return (*(c.tensor_type() for c in registry.codecs()), QParts)
-    raise AttributeError(attr)
+
+def row_kinds() -> tuple[str, ...]:
+    """The weight kinds with one scale per row, from the registry at call time."""
+    return tuple(c.kind for c in registry.codecs() if not c.block)
+
+
+def block_kinds() -> tuple[str, ...]:
+    """The weight kinds with per-block scales."""
+    return tuple(c.kind for c in registry.codecs() if c.block)
 
 
 def codec_of(t):

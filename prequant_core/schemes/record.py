@@ -28,8 +28,22 @@ class Scheme:
     suffix_holds: tuple[str, ...] = ()  # what a repo with this suffix holds, in the order tried (default: the scheme)
     legacy_pt: bool = False  # old Unsloth releases published it as transformer_<name>.pt
     containers: tuple[str, ...] | None = None  # the containers the builder writes it to (None: every one)
-    comfy_format: str | None = None  # the ComfyUI-native format name holding it (formats/comfy_layout.py)
+    # ComfyUI's own formats holding its weights (native_layout.ComfyLayout: storage, side tensors, first ComfyUI
+    # release, and the module's functions both ways); the first is what the builder writes
+    comfy_layouts: tuple = ()
+    twin_leads: bool = False  # Unsloth's -ComfyUI twin holds the artifact's weights bit for bit: tried before it
+    convrot_file: bool = False  # hosted repos may hold its ConvRot build, <Model><SUFFIX>-ConvRot.safetensors, first
+    file_rules: tuple = ()  # metadata blocks its files may declare, with their checks (file_rules.FileRule)
+    # (tensors) -> (reasons, notes): rules on the settings its weights record (fp8: the activation floor)
+    check_loaded: Callable[[dict], tuple[list, list]] | None = None
+    # (tensors) -> how many weights changed: the settings Unsloth's loader pins on its weights (fp8: TORCH kernels)
+    pin_loaded: Callable[[dict], int] | None = None
     min_capability: tuple[int, int] | None = None  # CUDA compute capability of its quantized-matmul kernels
+
+    @property
+    def comfy_format(self) -> str | None:
+        """The ComfyUI-native format the builder writes it in (its first layout), or None."""
+        return self.comfy_layouts[0].name if self.comfy_layouts else None
 
     def names(self) -> tuple[str, ...]:
         return (self.name, self.name + WEIGHT_ONLY_TAIL) if self.weight_only else (self.name,)

@@ -1,17 +1,28 @@
-"""The quantization schemes this pack knows: one module per scheme, one line each here. Everything that depends on
-a scheme (names, repo suffixes, rules, torchao configs, containers, ComfyUI format names, matmul kinds) is read
-from these records at call time, so a scheme added here is known everywhere (tests/test_scheme_registry.py)."""
+"""The quantization schemes this pack knows: one module per scheme, each ending in its ``SCHEME`` record, listed once
+in ``scheme_names.TABLE`` (torch-free, so the command line reads the same list). Everything that depends on a scheme
+(names, repo suffixes, rules, torchao configs, containers, ComfyUI-native layouts both ways, activation settings,
+file rules, matmul kinds) is read from these records at call time, so a scheme added to the table is known
+everywhere, and a test's toy scheme added to ``SCHEMES`` too (tests/test_scheme_registry.py)."""
 from __future__ import annotations
 
-from . import fp8, int8, mxfp8, nvfp4
+import importlib
+
+from .. import scheme_names
 from .record import WEIGHT_ONLY_TAIL, Scheme
 
-SCHEMES: tuple[Scheme, ...] = (
-    int8.SCHEME,
-    fp8.SCHEME,
-    nvfp4.SCHEME,
-    mxfp8.SCHEME,
-)
+
+def _load() -> tuple[Scheme, ...]:
+    out = []
+    for name, weight_only in scheme_names.TABLE:
+        s = importlib.import_module(f"{__package__}.{name}").SCHEME
+        if (s.name, s.weight_only) != (name, weight_only):
+            raise RuntimeError(f"schemes/{name}.py's record is '{s.name}' (weight-only variant: {s.weight_only}); "
+                               f"scheme_names.TABLE lists ('{name}', {weight_only})")
+        out.append(s)
+    return tuple(out)
+
+
+SCHEMES: tuple[Scheme, ...] = _load()
 
 
 def all_schemes() -> tuple[Scheme, ...]:
@@ -72,6 +83,14 @@ def codec_of(t):
         if s.codec.owns(t):
             return s.codec
     return None
+
+
+def by_codes(dtype) -> Scheme:
+    """The first per-row scheme whose codes have ``dtype`` (readers of bare codes and scales: torchao v1's int8)."""
+    for s in SCHEMES:
+        if not s.codec.block and dtype in s.codec.code_dtypes:
+            return s
+    raise KeyError(dtype)
 
 
 def codec_named(type_name: str):

@@ -6,16 +6,17 @@ Layout (docs/FORMAT.md section 6), ComfyUI key names (fused ``attention.qkv`` et
 
 * per quantized layer ``<layer>.comfy_quant``: a uint8 tensor holding JSON such as ``{"format": "nvfp4"}`` or
   ``{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}``; ``<layer>.weight`` in its storage
-  dtype and the format's side tensors (``comfy_layout``: every format ComfyUI has whose math this pack runs:
-  ``float8_e4m3fn``, ``float8_e5m2``, ``nvfp4``, ``mxfp8``, ``int8_tensorwise`` with or without ConvRot);
+  dtype and the format's side tensors (``comfy_layout.formats()``: every format ComfyUI has whose math a registered
+  scheme runs, each declared by its scheme module: ``float8_e4m3fn``, ``float8_e5m2``, ``nvfp4``, ``mxfp8``,
+  ``int8_tensorwise`` with or without ConvRot);
   ``<layer>.input_scale`` may exist (a static activation scale for ComfyUI's fp8 GPU matmul: read, not used, as this
   pack quantizes activations dynamically); ``<block>.comfy_attention.config`` (an attention-kernel preference of
   newer ComfyUI releases) is read and ignored, with a note; ``<layer>.pre_quant_scale`` on a layer of a format ComfyUI
   does not apply it to (all but nvfp4) is ignored as ComfyUI ignores it, with a note (on nvfp4 it is refused by name);
 * older files: the header entry ``_quantization_metadata`` = ``{"format_version": "1.0", "layers": {name: cfg}}``
   (``cfg`` a format name or the same JSON object), same tensor names;
-* oldest: the ``scaled_fp8`` marker tensor (its dtype is the fp8 format), every fp8 ``<layer>.weight`` with a scalar
-  ``<layer>.scale_weight``.
+* oldest: the ``scaled_fp8`` marker tensor (its dtype is the format: the layouts marked ``marker_dtype``), every
+  ``<layer>.weight`` of those layouts' storage with a scalar ``<layer>.scale_weight``.
 
 A scalar scale is repeated per row (exact: every row carries the same value); the rounding stays the file's own, per
 tensor, which is coarser than a per-row file. The synthesized metadata records the formats per layer and the
@@ -33,6 +34,7 @@ from ...errors import CorruptCheckpointError, UnsupportedFormatError, Validation
 from ...safe_text import escape
 from .. import comfy_layout as cf, plain_data
 from ..file_handle import OpenedFile
+from ..safetensors_layout import DTYPE_NAMES
 from ..validate_tensors import check_quantized
 from ...schemes import qtensor
 
@@ -123,25 +125,28 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
                 layers.setdefault(layer, _config_of(_read_quant_json(get(n), layer, path), layer, path))
                 style = style or "comfy_quant"
         legacy_scale_key = ".weight_scale"
+        fmts = cf.formats()
         if marker is not None:
             mdtype = get(marker).dtype
-            fmt = "float8_e5m2" if mdtype == torch.float8_e5m2 else "float8_e4m3fn"
+            marked = [f for f in fmts.values() if f.marker_dtype]  # the marker's dtype names one of them
+            fmt = next((f.name for f in marked if f.storage == mdtype), marked[0].name if marked else None)
+            stored = {DTYPE_NAMES[f.storage] for f in marked}
             for n in names:
-                if n.endswith(".weight") and index[n]["dtype"] in ("F8_E4M3", "F8_E5M2"):
+                if n.endswith(".weight") and index[n]["dtype"] in stored:
                     layers.setdefault(strip(n[: -len(".weight")]), {"format": fmt})
             style = style or "scaled_fp8"
             legacy_scale_key = ".scale_weight"
         if not layers:
             raise CorruptCheckpointError("This ComfyUI-native file marks no quantized layers.", path=path,
                                          fix="A dense file belongs in 'Load Diffusion Model'.")
-        unsupported = sorted({c["format"] for c in layers.values() if c["format"] not in cf.FORMATS})
+        unsupported = sorted({c["format"] for c in layers.values() if c["format"] not in fmts})
         if unsupported:
             known = [u for u in unsupported if u in cf.OTHER]
             raise UnsupportedFormatError(
                 f"This ComfyUI-native file uses the quantization format{'s' if len(unsupported) > 1 else ''} "
                 f"{', '.join(repr(escape(u[:40])) for u in unsupported)}, which this pack does not load"
                 + ("" if known == unsupported else " (unknown to it)") + ".", path=path,
-                expected=" / ".join(cf.FORMATS), found=", ".join(escape(u[:40]) for u in unsupported),
+                expected=" / ".join(fmts), found=", ".join(escape(u[:40]) for u in unsupported),
                 fix="Load it with ComfyUI's own 'Load Diffusion Model' (a newer ComfyUI may know it), or use the "
                     "repo's non-ComfyUI file.")
 
@@ -154,11 +159,11 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
         input_scales = attention = 0
         dropped: dict = {}  # {side tensor name: layers}: what ComfyUI's own loader drops too (cf.dropped_side)
         for layer, cfg in sorted(layers.items()):
-            fmt = cf.FORMATS[cfg["format"]]
+            fmt = fmts[cfg["format"]]
             wkey = by_stripped.get(layer + ".weight")
             if wkey is None:
                 raise CorruptCheckpointError(f"Quantized layer '{layer[:80]}' has no weight tensor.", path=path)
-            for name in cf.UNREAD_SIDE.get(fmt.name, ()):
+            for name in fmt.unread_side:
                 if layer + "." + name in by_stripped:
                     raise UnsupportedFormatError(
                         f"Layer '{escape(layer[:80])}' is {fmt.name} with a '{name}' (an input smoothing factor ComfyUI "
@@ -202,7 +207,7 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
                 continue
             tensors[strip(n)] = get(n)
 
-    schemes_in = sorted({cf.FORMATS[c["format"]].scheme for c in layers.values()})
+    schemes_in = sorted({fmts[c["format"]].scheme for c in layers.values()})
     metadata = {"component": "transformer", "source_format": "comfyui-native", "comfy_quant_style": style,
                 "comfy_quant_formats": counts}
     if len(schemes_in) == 1:
@@ -218,7 +223,9 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
         metadata["comfy_dropped_side"] = dict(sorted(dropped.items()))
     for scheme, grans in granularity.items():
         field = _schemes.get(scheme)[0].granularity_field
-        metadata[field] = "per_tensor" if grans == {"per_tensor"} else "per_row" if grans == {"per_row"} else "mixed"
+        if field:  # a scheme naming no granularity field records none
+            metadata[field] = "per_tensor" if grans == {"per_tensor"} else \
+                "per_row" if grans == {"per_row"} else "mixed"
     metadata.update(_conversion_record(meta, metadata.get("scheme"), path))
     return Checkpoint(path=path, container="comfyui-native", format_tag=None, metadata=metadata, tensors=tensors)
 
@@ -263,14 +270,15 @@ def _conversion_record(meta: dict, scheme: str | None, path: str) -> dict:
 
 def native_since(counts: dict) -> str | None:
     """The first ComfyUI release whose own Load Diffusion Model reads every format in ``counts``."""
-    vs = [cf.FORMATS[f].since for f in counts if f in cf.FORMATS]
+    fmts = cf.formats()
+    vs = [fmts[f].since for f in counts if f in fmts]
     return max(vs, key=lambda v: tuple(int(x) for x in v.split("."))) if vs else None
 
 
 # --- writing: a file stock ComfyUI loads with its own Load Diffusion Model ----------------------------------------
 
 def native_format(scheme: str) -> str:
-    """The ComfyUI format that holds this pack's ``scheme`` (its record's ``comfy_format``)."""
+    """The ComfyUI format that holds this pack's ``scheme`` (its record's first ComfyUI layout)."""
     s, _ = _schemes.get(scheme)
     if s.comfy_format is None:
         raise ValidationError(f"Scheme '{s.name}' has no ComfyUI-native format.", expected=", ".join(
@@ -284,13 +292,13 @@ BLOCK_TOKENS = ("blocks.", "layers.", "refiner.")
 
 def native_tensors(tensors, scheme: str, *, min_features: int, progress=None) -> tuple[dict, dict, list]:
     """ComfyUI-layout tensors (dense, or this pack's quantized weights) -> (the file's tensors, {layer: JSON},
-    skipped Linear names). A pre-quantized NVFP4 / MX weight keeps its bytes (only the nibble order changes);
-    anything else is quantized from its dense values the way ComfyUI's quantizer does (one scale per tensor for
-    fp8, per row for int8)."""
+    skipped Linear names). A pre-quantized weight whose layout keeps its bytes (``from_weight``: NVFP4 / MX, only the
+    nibble order changes) keeps them; anything else is quantized from its dense values the way ComfyUI's quantizer
+    does (the layout's ``from_dense``: one scale per tensor for fp8, per row for int8)."""
     import json as _json
 
     from ...schemes import qtensor
-    fmt = native_format(scheme)
+    fmt = cf.layout(native_format(scheme))
     rec, _ = _schemes.get(scheme)
     flt = _schemes.LayerFilter(_schemes.normalize(scheme), min_features, ())
     out, layers, skipped = {}, {}, []
@@ -301,10 +309,10 @@ def native_tensors(tensors, scheme: str, *, min_features: int, progress=None) ->
         layer = k[: -len(".weight")] if k.endswith(".weight") else None
         eligible = layer is not None and dense.ndim == 2 and any(t in k for t in BLOCK_TOKENS)
         if eligible and flt.reason_skipped(layer, dense.to(torch.bfloat16)) is None:
-            lossless = quantized and rec.block_size and qtensor.kind_of(v) == rec.kind \
-                and not qtensor.parts(v)[1].rotation and getattr(v, "is_swizzled_scales", False)
-            parts = cf.from_weight(fmt, v) if lossless else cf.from_dense(fmt, dense.to(torch.bfloat16))
-            cfg = {"format": fmt}
+            lossless = quantized and fmt.from_weight is not None and qtensor.kind_of(v) == rec.kind \
+                and not qtensor.parts(v)[1].rotation
+            parts = (fmt.from_weight(fmt, v) if lossless else None) or fmt.from_dense(fmt, dense.to(torch.bfloat16))
+            cfg = {"format": fmt.name}
             for suffix, t in parts.items():
                 out[f"{layer}.weight{suffix}"] = t.contiguous()
             out[f"{layer}{QUANT_SUFFIX}"] = torch.tensor(list(_json.dumps(cfg).encode()), dtype=torch.uint8)

@@ -505,10 +505,12 @@ def decode_weight(rec: _Subclass, key: str):
         if not isinstance(inner, _Subclass):
             raise _Bad(f"'{key}': no weight inside the activation wrapper")
         q, s, aqt = decode_aqt(inner, key)
-        return qtensor.join(q, s, schemes.spec("int8", inner.dtype)), \
+        scheme = schemes.registry.by_codes(q.dtype)  # the scheme whose per-row weights are these codes (int8)
+        return qtensor.join(q, s, schemes.spec(scheme.name, inner.dtype)), \
             ("LinearActivationQuantizedTensor", (("original_weight_tensor", aqt),))
-    q, s, aqt = decode_aqt(rec, key)  # a bare AffineQuantizedTensor: int8 weight-only
-    return qtensor.join(q, s, schemes.spec("int8-weight-only", rec.dtype)), aqt
+    q, s, aqt = decode_aqt(rec, key)  # a bare AffineQuantizedTensor: weight-only
+    scheme = schemes.registry.by_codes(q.dtype)
+    return qtensor.join(q, s, schemes.spec(scheme.label(weight_only=True), rec.dtype)), aqt
 
 
 def read_legacy_v1(src, *, mmap: bool = True) -> Checkpoint:
