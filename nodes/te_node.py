@@ -20,7 +20,7 @@ from prequant_core.units import human_bytes
 from . import paths
 from .comfy_clip import build_clip
 from .comfy_model import _older_than, comfy_version
-from .load_node import _interrupted, load_context
+from .load_node import load_context
 from .status import NodeStatus
 
 log = logging.getLogger("prequant")
@@ -65,7 +65,7 @@ def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None 
                           found=kind.name, fix=f"Use {own}; Prequant Info describes this file.")
 
 
-def _tokenizer(kind: encoders.EncoderKind, base: str | None, status: NodeStatus):
+def _tokenizer(kind: encoders.EncoderKind, base: str | None, ctx: LoadContext):
     found = tokenizer_source.from_comfy_files(kind, paths.encoder_dirs())
     if found is not None:
         return found
@@ -75,8 +75,9 @@ def _tokenizer(kind: encoders.EncoderKind, base: str | None, status: NodeStatus)
                               f"{kind.comfy_file_hint} in models/text_encoders", found="neither",
                               fix=f"Put ComfyUI's {kind.comfy_file_hint} into models/text_encoders (its tokenizer is "
                                   "used), or use the file hosted by Unsloth.")
-    status.say(f"fetching the {kind.name} tokenizer ({kind.tokenizer_file}) from {base}")
-    return tokenizer_source.from_hub(kind, base, LoadContext(status=status.say, cancel=_interrupted))
+    ctx.say(f"fetching the {kind.name} tokenizer ({kind.tokenizer_file}) from {base}")
+    # the load's own context: its status lines and cancel (no byte bar for a tokenizer; into the HF cache: from_hub)
+    return tokenizer_source.from_hub(kind, base, dataclasses.replace(ctx, progress=None))
 
 
 class PrequantLoadTextEncoder:
@@ -176,7 +177,8 @@ class PrequantLoadTextEncoder:
         req = Request(scheme="auto", base_model_id=(base_model_id or "").strip() or None, family=src.family,
                       component=comp)
         with torch.inference_mode(False), torch.no_grad():
-            routed = pipeline.run(src, req, load_context(status, paths.encoder_dirs(), paths.download_dir()))
+            ctx = load_context(status, paths.encoder_dirs(), paths.download_dir())
+            routed = pipeline.run(src, req, ctx)
             opened = routed.route.opened
             ck, kind = opened.checkpoint, opened.encoder
             comp = ck.metadata["component"]
@@ -193,7 +195,7 @@ class PrequantLoadTextEncoder:
                                       fix="The file is truncated or of another encoder size; download it again.")
             tok = None
             if kind.tokenizer == encoders.TOKENIZER_SPIECE:
-                tok = _tokenizer(kind, ck.metadata.get("base_model_id"), status)
+                tok = _tokenizer(kind, ck.metadata.get("base_model_id"), ctx)
                 tensors[tokenizer_source.SPIECE_KEY] = tok.data
             extra = []
             if hosted.with_encoders:  # one input, one file: read once, whatever the family names it
