@@ -240,7 +240,8 @@ def test_a_checkpoint_rewritten_under_a_lora_model_never_stops_the_prompt_worker
 
     flipped = bytes(c ^ 1 for c in codes)  # each code's low bit: still valid int8 codes
     put(flipped)
-    server.free()  # the unload that stopped the worker
+    # the unload that stopped the worker; waited for, or the next prompt may run before the worker unloads
+    server.free(until_log="changed on disk")
     again = execution_error(server.run(p, timeout=300))  # waited for ever behind a dead worker
     # the next prompt read the file again (IS_CHANGED moved though size and mtime did not) and judged it changed
     assert again and path in again and "fingerprint" in again and "Fix:" in again, again

@@ -120,8 +120,22 @@ class ComfyServer:
     def run(self, graph: dict, timeout: float = 600.0) -> dict:
         return self.wait(self.queue(graph), timeout)
 
-    def free(self, unload_models=True, free_memory=True):
+    def free(self, unload_models=True, free_memory=True, *, until_log: str | None = None, timeout: float = 60.0):
+        """POST /free. ComfyUI's prompt worker acts on it only when it next looks at its flags (after a prompt, or at
+        once when idle), so a prompt queued right after may run first; ``until_log`` waits until the server's log
+        shows that text after the request, the one way to know the unload really happened."""
+        start = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         self.post("/free", {"unload_models": unload_models, "free_memory": free_memory})
+        if until_log is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                if until_log in f.read().decode("utf-8", "replace"):
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"/free: {until_log!r} not in the server's log after {timeout:.0f} s:\n{self.log_tail()}")
 
 
 class PromptRejected(Exception):
