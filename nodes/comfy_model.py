@@ -15,7 +15,7 @@ from prequant_core.families import keymap
 from prequant_core.schemes import quantize
 from prequant_core.load import placement
 from prequant_core.formats.checkpoint import Checkpoint
-from prequant_core.errors import ComfyVersionError
+from prequant_core.errors import CheckpointNotFoundError, ComfyVersionError
 from prequant_core.families import Family
 
 from .ops import choose_matmul, is_prequant_linear, make_ops, matmul_summary, set_quantized
@@ -68,9 +68,21 @@ def model_class_for(family: Family, unet_config: dict):
 
 def check_loadable(family: Family) -> None:
     """Refuse, before anything is downloaded or read, a family this ComfyUI (or this pack) cannot build."""
+    _check_version(family)
     if family.arch.unet_config is None:
         model_config_for(family, {}, {})
     model_class_for(family, {})
+
+
+def _check_version(family: Family, path: str | None = None) -> None:
+    """Refuse a ComfyUI older than the family's ``min_comfy`` where the version decides (a family not mapped yet, or
+    one whose class an older ComfyUI has in another form)."""
+    if (family.arch.unet_config is None or family.arch.version_decides) and \
+            _older_than(comfy_version(), family.arch.min_comfy):
+        # an older ComfyUI may have a class of that name that cannot host this model (0.12.1's LTXAV is LTX-2.0's:
+        # 6 modulation rows, no gated attention), so the version decides before the class lookup
+        raise _needs_newer(family, f"has no class that hosts {family.title} ('{', '.join(family.comfy_models)}' "
+                                   f"as {family.arch.min_comfy} has it)", path)
 
 
 def _param_fields(module: str, cls: str) -> set:
@@ -94,12 +106,8 @@ def complete_for_this_comfyui(family: Family, unet_config: dict) -> dict:
 
 
 def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16, path: str | None = None):
+    _check_version(family, path)
     if family.arch.unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
-        if _older_than(comfy_version(), family.arch.min_comfy):
-            # an older ComfyUI may have a class of that name that cannot host this model (0.12.1's LTXAV is
-            # LTX-2's: 6 modulation rows, no gated attention), so the version decides before the class lookup
-            raise _needs_newer(family, f"has no class that hosts {family.title} ('{', '.join(family.comfy_models)}' "
-                                       f"as {family.arch.min_comfy} has it)", path)
         model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"
         raise ComfyVersionError(f"This ComfyUI ({comfy_version()}) has the {family.title} class, but this version of "
                                 f"ComfyUI-Prequant cannot load {family.title} into it yet.",
@@ -158,6 +166,22 @@ def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dic
     return keymap.to_comfy(tensors, key_map, path=path, sources=sources)
 
 
+def check_companion(model, tensors: dict, family: Family, path: str | None = None) -> None:
+    """Refuse a file without the weights its family's ComfyUI class holds beside the transformer (LTX-2.3's text
+    connectors), naming them: the placement's own check would call it a damaged file, which it is not."""
+    c = family.arch.companion
+    if c is None or any(k.startswith(c.comfy_prefixes) for k in tensors):
+        return
+    wanted = [k for k in placement.expected_entries(model) if k.startswith(c.comfy_prefixes)]
+    if wanted:
+        raise CheckpointNotFoundError(
+            f"ComfyUI's {family.comfy_models[0]} runs {c.what} inside its diffusion model; this {family.title} file "
+            f"holds the transformer only ({c.where}).", path=path,
+            expected=f"{len(wanted)} tensors under {', '.join(c.comfy_prefixes)}", found="none",
+            fix=f"Load a ComfyUI-layout {family.title} diffusion-model file (one that holds them) with ComfyUI's own "
+                f"loader; this version of ComfyUI-Prequant does not yet read them from a second file.")
+
+
 def check_names_match(model, tensors: dict, family: Family, path: str | None = None) -> None:
     """Refuse, as a version mismatch rather than a damaged file, tensors whose names differ from this ComfyUI's
     model only by renames a known ComfyUI release made in this family's model (``family.arch.comfy_renames``: 0.33's
@@ -208,6 +232,7 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     model_config.custom_operations = make_ops(base_ops)
     # Only the diffusion model's layers take device=meta; model_sampling and buffers stay real.
     model = model_config.get_model({}, "", device=torch.device("meta"))
+    check_companion(model.diffusion_model, tensors, family, path)
     check_names_match(model.diffusion_model, tensors, family, path)
     held = placement.assign(model.diffusion_model, tensors, path=path, fill_missing=family.arch.fill_missing,
                             hold_quantized=True, cast_plain=dtype)

@@ -455,18 +455,31 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
         return
     # this ComfyUI hosts it: the node's model is ComfyUI's class, and computes what the same weights quantized at load
     # compute (the int8 file's tensors placed again by the pack from a dense copy quantized here)
-    with torch.inference_mode():
-        res = load()
-    model = res["result"][0]
-    assert type(model.model.model_config).__name__ == fam.comfy_models[0]
-    assert res["ui"]["prequant"][0]["family"] == family
     rec = _record(family)
     dense_sd = {k[len("dense."):]: v.to(torch.bfloat16) for k, v in rec.items() if k.startswith("dense.")}
-    q, _ = quantize.quantize_tensors(dense_sd, "int8",
+    companion = fam.arch.companion
+    extra = {k: v for k, v in dense_sd.items() if companion and k.startswith(companion.prefix)}
+    if companion is None:
+        with torch.inference_mode():
+            res = load()
+        model = res["result"][0]
+        assert res["ui"]["prequant"][0]["family"] == family
+    else:  # LTX-2.3: the file holds the transformer only; the node names the connectors ComfyUI's class also holds
+        from prequant_core.errors import CheckpointNotFoundError
+        from prequant_core.load.opening import open_checkpoint
+        with pytest.raises(CheckpointNotFoundError) as e, torch.inference_mode():
+            load()
+        assert all(p in str(e.value) for p in companion.comfy_prefixes) and path in str(e.value), str(e.value)
+        # with them given (a companion's tensors merged in), the file's model is what quantizing at load gives
+        opened = open_checkpoint(path, model_dirs=[prequant_dir]).checkpoint
+        model = comfy_model(comfy).build_patcher(fam, "diffusers", {**opened.tensors,
+                                                                    **extra}, {})
+    assert type(model.model.model_config).__name__ == fam.comfy_models[0]
+    q, _ = quantize.quantize_tensors({k: v for k, v in dense_sd.items() if k not in extra}, "int8",
                                      exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra))
-    ref = comfy_model(comfy).build_patcher(fam, "diffusers", q, {})
+    ref = comfy_model(comfy).build_patcher(fam, "diffusers", {**q, **extra}, {})
     dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {})
-    got, want, d = (_recorded_velocity(m, rec) for m in (model, ref, dense_model))
+    got, want, d = (_recorded_velocity(m, rec)[0] for m in (model, ref, dense_model))
     assert torch.isfinite(got).all() and torch.equal(got, want)
     assert 0 < ((got - d).norm() / d.norm()).item() < 0.1
 
@@ -493,16 +506,29 @@ def _record(family):
     return _records[family]
 
 
-def _recorded_velocity(patcher, rec):
-    x, sigma = rec["x"], rec["sigma"]
+def _recorded_velocity(patcher, rec) -> list:
+    """ComfyUI's velocity for the record's latent: one stream, or (LTX-2.3) the video and audio latents packed into
+    one as ComfyUI's sampler packs them (``comfy.utils.pack_latents``), the velocity unpacked per stream."""
+    import comfy.utils
+    streams = [rec["x"].to(torch.float32)] + ([rec["audio_x"].to(torch.float32)] if "audio_x" in rec else [])
+    x, shapes = comfy.utils.pack_latents(streams) if len(streams) > 1 else (streams[0], None)
     with torch.inference_mode():
-        return comfy_velocity(patcher, x.to(torch.float32), float(sigma), rec["context"], {})
+        v = comfy_velocity(patcher, x, float(rec["sigma"]), rec["context"],
+                           {"latent_shapes": shapes} if shapes else {})
+    return comfy.utils.unpack_latents(v, shapes) if shapes else [v]
+
+
+def _relative(got, want) -> float:
+    return ((got - want).norm() / want.norm()).item()
 
 
 @pytest.mark.parametrize("family", [f for f, t in tf.DIFFUSERS_ONLY.items() if t.record is not None])
 def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family):
-    """Krea 2 (ComfyUI 0.33.0's Krea2): ComfyUI's model with the pack's mapped weights computes what diffusers' own
-    class computes; a ComfyUI without the class refuses it naming the version that has it."""
+    """Krea 2 (ComfyUI 0.33.0's Krea2) and LTX-2.3 (0.33.0's LTXAV): ComfyUI's model with the pack's mapped weights
+    computes what diffusers' own class computes; a ComfyUI without the class (or with an older form of it: 0.12.1's
+    LTXAV is LTX-2.0's) refuses it naming the version that has it. LTX-2.3's audio stream is held equal with the
+    audio-to-video gate zeroed in both models: ComfyUI 0.33's block feeds its video-to-audio attention the video after
+    the audio-to-video update, diffusers the video before it (the pack follows ComfyUI's forward, not its own)."""
     fam = families.get(family)
     rec = _record(family)
     dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
@@ -513,10 +539,19 @@ def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family
         return
     patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
     assert type(patcher.model.model_config).__name__ == fam.comfy_models[0]
-    got, want = _recorded_velocity(patcher, rec), rec["output"]
-    rel = ((got - want).norm() / want.norm()).item()
+    rel = _relative(_recorded_velocity(patcher, rec)[0], rec["output"])
     print(f"\n[{family}] ComfyUI vs diffusers forward (fp32): relative difference {rel:.2e}")
     assert rel < 1e-4, f"{family}: ComfyUI's model with our mapped weights differs from diffusers by {rel}"
+    if "audio_output_without_a2v" in rec:
+        for k, v in dense_sd.items():
+            if k in tf.LTX2_A2V_GATE:
+                v.zero_()
+            elif k.endswith(tf.LTX2_A2V_GATE_ROW):
+                v[-1] = 0
+        gated = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+        rel = _relative(_recorded_velocity(gated, rec)[1], rec["audio_output_without_a2v"])
+        print(f"[{family}] audio stream, audio-to-video gate zeroed: relative difference {rel:.2e}")
+        assert rel < 1e-4, f"{family}: ComfyUI's audio stream differs from diffusers by {rel}"
 
 
 @pytest.mark.parametrize("family", list(tf.DIFFUSERS_ONLY))

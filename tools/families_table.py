@@ -28,12 +28,19 @@ NODE_TESTED = "node (ComfyUI 0.33.0, 0.3.75, 0.12.1) + diffusers loader, every k
 NEWER_NODE_TESTED = ("node on ComfyUI {min_comfy} (map proven against diffusers' forward; int8 equal to load-time "
                      "quantization) + diffusers loader, every kind (CPU, tiny, diffusers 0.42.1)")
 DIFFUSERS_ONLY_TESTED = "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI {min_comfy}+"
+# a family whose ComfyUI class also holds weights its files lack (LTX-2.3's text connectors): proven with them given,
+# the node names them until it reads them from a second file
+COMPANION_TESTED = ("map into ComfyUI {min_comfy} proven against diffusers' forward (both streams; int8 equal to "
+                    "load-time quantization) with {what} given; the node refuses a file without them, naming them; "
+                    "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1)")
 
 
 def _status(fam) -> str:
     need = fam.arch.min_comfy
     if fam.arch.unet_config is None:
         return DIFFUSERS_ONLY_TESTED.format(min_comfy=need)
+    if fam.arch.companion is not None:
+        return COMPANION_TESTED.format(min_comfy=need, what="the text connectors")
     return NEWER_NODE_TESTED.format(min_comfy=need) if need.startswith("0.33") else NODE_TESTED
 
 

@@ -310,6 +310,68 @@ def _ltx2_forward(m, g, dtype):
     return torch.cat([video.flatten(), audio.flatten()])
 
 
+def _ltx2_connectors(m) -> dict:
+    """A tiny ``connectors`` component (diffusers' LTX2TextConnectors, LTX-2.3's per-modality form) of ``m``'s widths,
+    seed 1: the text connectors ComfyUI's LTXAV holds in its diffusion model and Unsloth's transformer file lacks;
+    its video / audio connectors' tensors under ``connectors.`` (prequant_core.families.ltx2.CONNECTORS)."""
+    from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    cfg = m.config
+    torch.manual_seed(1)
+    c = LTX2TextConnectors(caption_channels=64, text_proj_in_factor=2, per_modality_projections=True,
+                           video_hidden_dim=cfg.cross_attention_dim, audio_hidden_dim=cfg.audio_cross_attention_dim,
+                           video_connector_num_attention_heads=cfg.cross_attention_dim // 128,
+                           video_connector_attention_head_dim=128, video_connector_num_layers=1,
+                           audio_connector_num_attention_heads=cfg.audio_cross_attention_dim // 128,
+                           audio_connector_attention_head_dim=128, audio_connector_num_layers=1, rope_type="split")
+    return {f"connectors.{k}": v for k, v in c.state_dict().items() if k.startswith(("video_connector.",
+                                                                                       "audio_connector."))}
+
+
+def _ltx2_record(m) -> dict:
+    """Inputs as ComfyUI's LTXAV takes them (a video latent [1, C, F, H, W], an audio latent [1, c, T, 16] whose
+    channels x bins are the audio width, sigma 0.7, the text already through its connectors: video then audio
+    widths) and diffusers' outputs for them, as its LTX-2.3 pipeline calls the class (the timestep and the prompt
+    sigma both 1000 * sigma, each stream's cross-attention timestep the other's, 25 frames per second: ComfyUI's
+    default frame rate). The video velocity in ComfyUI's layout; the audio's too (ComfyUI's block feeds its
+    video-to-audio attention the video after the audio-to-video update, diffusers the video before it, so only the
+    video stream is held equal)."""
+    g = torch.Generator().manual_seed(3)
+    cfg = m.config
+    c, f, h, w, t, n_txt = cfg.in_channels, 2, 4, 4, 5, 6
+    bins = 16
+    vx = _randn(g, 1, c, f, h, w)
+    ax = _randn(g, 1, cfg.audio_in_channels // bins, t, bins)
+    ctx = _randn(g, 1, n_txt, cfg.cross_attention_dim + cfg.audio_cross_attention_dim)
+    sigma = 0.7
+
+    def forward():
+        with torch.no_grad():
+            video, audio = m(
+                hidden_states=vx.flatten(2).transpose(1, 2), audio_hidden_states=ax.transpose(1, 2).flatten(2),
+                encoder_hidden_states=ctx[..., :cfg.cross_attention_dim],
+                audio_encoder_hidden_states=ctx[..., cfg.cross_attention_dim:],
+                timestep=torch.full((1, f * h * w), 1000 * sigma), audio_timestep=torch.full((1, t), 1000 * sigma),
+                sigma=torch.tensor([1000 * sigma]), use_cross_timestep=True, fps=25.0, num_frames=f, height=h, width=w,
+                audio_num_frames=t, return_dict=False)
+        return video.transpose(1, 2).reshape(vx.shape), audio.reshape(1, t, -1, bins).transpose(1, 2)
+    video, audio = forward()
+    kept = {k: v.clone() for k, v in m.state_dict().items()}
+    with torch.no_grad():  # the audio-to-video gate zeroed: then both forwards feed video-to-audio the same video
+        for k, v in m.state_dict().items():
+            if k in LTX2_A2V_GATE or k.endswith(LTX2_A2V_GATE_ROW):
+                v[-1 if k.endswith(LTX2_A2V_GATE_ROW) else slice(None)] = 0
+        _, gated_audio = forward()
+    m.load_state_dict(kept)
+    return {"x": vx, "audio_x": ax, "context": ctx, "sigma": torch.tensor([sigma]), "output": video,
+            "audio_output_without_a2v": gated_audio, **{"dense." + k: v for k, v in _ltx2_connectors(m).items()}}
+
+
+# what makes LTX-2.3's audio-to-video gate zero (diffusers' names): the gate embedding's linear, and each block
+# table's last row (the gate's row of ``video_a2v_cross_attn_scale_shift_table``)
+LTX2_A2V_GATE = ("av_cross_attn_video_a2v_gate.linear.weight", "av_cross_attn_video_a2v_gate.linear.bias")
+LTX2_A2V_GATE_ROW = ".video_a2v_cross_attn_scale_shift_table"
+
+
 def _h3_forward(m, g, dtype):
     """The packed sequence MiniMax-H3 denoises: text rows, then video rows (patchified), then audio rows, one noise
     level; both outputs, flattened into one tensor."""
@@ -391,14 +453,16 @@ DIFFUSERS_ONLY: dict[str, TinyDiffusersOnly] = {t.family: t for t in [
                       _qwen21_forward, "Qwen-Image-2.1"),
     # LTX-2.3's layer kinds: gated attention, 9-row modulation and prompt modulation in both branches, no caption
     # projection (2.3 projects the text in its connector); the audio branch 512 wide too, so that its Linears are
-    # quantized in fp8 and excluded by name in int8 (Unsloth's "audio" token)
+    # quantized in fp8 and excluded by name in int8 (Unsloth's "audio" token); audio latents of 8 channels x 16 bins
+    # (128 wide), the only audio latent ComfyUI's LTXAV unpacks
     TinyDiffusersOnly("ltx-2", "Lightricks/LTX-2.3", "LTX2VideoTransformer3DModel",
                       dict(in_channels=64, out_channels=64, num_attention_heads=4, attention_head_dim=128,
-                           cross_attention_dim=512, audio_in_channels=64, audio_out_channels=64,
+                           cross_attention_dim=512, audio_in_channels=128, audio_out_channels=128,
                            audio_num_attention_heads=4, audio_attention_head_dim=128, audio_cross_attention_dim=512,
                            num_layers=1, caption_channels=512, gated_attn=True, cross_attn_mod=True,
-                           audio_gated_attn=True, audio_cross_attn_mod=True, use_prompt_embeddings=False),
-                      _ltx2_forward, "LTX-2.3"),
+                           audio_gated_attn=True, audio_cross_attn_mod=True, use_prompt_embeddings=False,
+                           rope_type="split"),  # the release's RoPE form (prequant_core.families.ltx2.RELEASE)
+                      _ltx2_forward, "LTX-2.3", record=_ltx2_record),
     # the pruned adaLN as hosted (8-dimensional curve on a 33-point grid; the release: 8 on 1025)
     TinyDiffusersOnly("minimax-h3", "MiniMaxAI/MiniMax-H3", "MiniMaxH3Transformer3DModel",
                       dict(num_attention_heads=4, attention_head_dim=128, hidden_size=512, num_layers=1,

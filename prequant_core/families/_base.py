@@ -159,6 +159,18 @@ class ComfyParamDefault:
 
 
 @dataclasses.dataclass(frozen=True)
+class Companion:
+    """Weights ComfyUI's model class holds that the family's transformer files do not: LTX-2.3's text connectors,
+    which ComfyUI's LTXAV runs inside its diffusion model and diffusers keeps in the pipeline's ``connectors``
+    component. Given (a companion's tensors merged under ``prefix``), the family's map places them; absent, the loader
+    refuses naming them, never as a damaged file."""
+    what: str  # in words, for the message
+    prefix: str  # the companion's tensors, as merged into the checkpoint's ({prefix}video_connector....)
+    comfy_prefixes: tuple[str, ...]  # where they go in ComfyUI's model
+    where: str  # where a user finds them, for the message's fix
+
+
+@dataclasses.dataclass(frozen=True)
 class HostedFile:
     """A file name a hosted repo declares, tried before the generic chain (``families.declared_filenames``). ``base``:
     one repo hosting a file per base (HunyuanVideo 1.5 480p / 720p): the requested base picks its file; without one
@@ -225,6 +237,12 @@ class Architecture:
     # metadata a build records for such weights, from their tensors.
     diffusers_prepare: Callable[[object, Mapping], bool] | None = None
     metadata_from_tensors: Callable[[Mapping], dict] | None = None
+    # Weights ComfyUI's class needs that the transformer's files lack (LTX-2.3's text connectors)
+    companion: Companion | None = None
+    # True: an older ComfyUI has a class of that name in a form that cannot host this family (0.12.1's LTXAV is
+    # LTX-2.0's: 6 modulation rows, no gated attention), so ``min_comfy`` decides, not the class's presence. (Not for
+    # every family: FLUX.2 [klein]'s min_comfy is its text encoder's; 0.3.75's Flux2 class runs its transformer.)
+    version_decides: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

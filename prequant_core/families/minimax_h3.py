@@ -1,6 +1,7 @@
-"""MiniMax-H3: MiniMaxH3Transformer3DModel (diffusers 0.42.1), a joint video + audio transformer. No ComfyUI testable
-here has its class (ComfyUI's MiniMaxH3 is in 0.38.1, docs/FORMAT.md section 6), so the ComfyUI loader refuses it
-naming that version; Info, verify, build, Hub resolution and the diffusers loader handle it.
+"""MiniMax-H3: MiniMaxH3Transformer3DModel (diffusers 0.42.1), a joint video + audio transformer. ComfyUI 0.33.0 has
+its class (``MiniMaxH3``) but this version of the pack does not map into it yet (its curve-form adaLN has no
+counterpart in ComfyUI's module), so the ComfyUI loader refuses it naming 0.38.1; Info, verify, build, Hub resolution
+and the diffusers loader handle it.
 
 Unsloth hosts int8 (ConvRot, format v2, ``MiniMax-H3-INT8-ConvRot.pt``) and fp8 (``MiniMax-H3-FP8.pt``) in
 ``unsloth/MiniMax-H3-FP8``, both in the *pruned* ("curve") adaLN form its builder bakes in: ``silu(time_embedder(t))``
