@@ -178,8 +178,8 @@ def check_companion(model, tensors: dict, family: Family, path: str | None = Non
             f"ComfyUI's {family.comfy_models[0]} runs {c.what} inside its diffusion model; this {family.title} file "
             f"holds the transformer only ({c.where}).", path=path,
             expected=f"{len(wanted)} tensors under {', '.join(c.comfy_prefixes)}", found="none",
-            fix=f"Load a ComfyUI-layout {family.title} diffusion-model file (one that holds them) with ComfyUI's own "
-                f"loader; this version of ComfyUI-Prequant does not yet read them from a second file.")
+            fix=f"Put them into ComfyUI/models/prequant/ as {c.local_name} (the {c.repo_file} of "
+                f"{family.hosting.base_repos[0]}); Load Prequant Transformer fetches that file itself otherwise.")
 
 
 def check_names_match(model, tensors: dict, family: Family, path: str | None = None) -> None:
@@ -255,26 +255,33 @@ def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *,
     return patcher
 
 
-def load_checkpoint_as_model(ckpt: Checkpoint, family: Family, layout: str, *, request=None):
-    """The judged checkpoint -> ComfyUI's MODEL. With the load's ``request``, ComfyUI can load the file again itself
-    (``cached_patcher_init``, as its own loaders register): the non-dynamic copy a sampler needs for hooked conds under
-    DynamicVRAM, the per-device copies of its multi-GPU nodes."""
-    patcher = build_patcher(family, layout, ckpt.tensors, ckpt.metadata, path=ckpt.path)
+def load_checkpoint_as_model(ckpt: Checkpoint, family: Family, layout: str, *, request=None, companion=None):
+    """The judged checkpoint -> ComfyUI's MODEL; ``companion`` (``companion_source.Found``): the weights the family's
+    class also holds, from their own file (LTX-2.3's text connectors). With the load's ``request``, ComfyUI can load
+    the file again itself (``cached_patcher_init``, as its own loaders register): the non-dynamic copy a sampler needs
+    for hooked conds under DynamicVRAM, the per-device copies of its multi-GPU nodes."""
+    tensors = {**ckpt.tensors, **companion.tensors} if companion is not None else ckpt.tensors
+    patcher = build_patcher(family, layout, tensors, ckpt.metadata, path=ckpt.path)
     if request is not None:
-        patcher.cached_patcher_init = (reload_patcher, (ckpt.path, request))
+        patcher.cached_patcher_init = (reload_patcher, (ckpt.path, request, companion and companion.path))
     return patcher
 
 
-def reload_patcher(path: str, request, disable_dynamic: bool = False):
-    """ComfyUI's ``cached_patcher_init`` factory: the file opened, judged and loaded again through the same checks as
-    the node's load (its own folder allowed: the node allowed it before); ``disable_dynamic``: a plain ModelPatcher."""
+def reload_patcher(path: str, request, companion_path: str | None = None, disable_dynamic: bool = False):
+    """ComfyUI's ``cached_patcher_init`` factory: the file (and its companion's) opened, judged and loaded again
+    through the same checks as the node's load (its own folder allowed: the node allowed it before);
+    ``disable_dynamic``: a plain ModelPatcher."""
     import os
     from prequant_core.errors import reading
+    from prequant_core.load import companion_source
     from prequant_core.load.opening import open_checkpoint
     with torch.inference_mode(False), torch.no_grad():
         opened = open_checkpoint(path, request, model_dirs=[os.path.dirname(os.path.realpath(path))])
+        tensors = opened.checkpoint.tensors
+        if companion_path:
+            tensors = {**tensors, **companion_source.read(opened.family, companion_path)}
         with reading(opened.checkpoint.path, "loaded", parsing=False):
-            patcher = build_patcher(opened.family, opened.layout, opened.checkpoint.tensors,
-                                    opened.checkpoint.metadata, path=opened.checkpoint.path, plain=disable_dynamic)
-    patcher.cached_patcher_init = (reload_patcher, (path, request))
+            patcher = build_patcher(opened.family, opened.layout, tensors, opened.checkpoint.metadata,
+                                    path=opened.checkpoint.path, plain=disable_dynamic)
+    patcher.cached_patcher_init = (reload_patcher, (path, request, companion_path))
     return patcher

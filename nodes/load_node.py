@@ -7,7 +7,7 @@ import os
 import torch
 
 from prequant_core import families, schemes
-from prequant_core.load import pipeline, route, sources
+from prequant_core.load import companion_source, pipeline, route, sources
 from prequant_core.errors import PrequantError, reading
 from prequant_core.load.context import LoadContext
 from prequant_core.load.metadata import Request
@@ -56,6 +56,8 @@ def summary_text(s: dict) -> str:
         text += f". File: {s['location']}"
     if s.get("source"):
         text += f" ({'downloaded' if s.get('downloaded') else 'earlier download'} from {s['source'][4:]})"
+    if s.get("companion"):
+        text += f"; with {s['companion']}"
     for note in s.get("notes") or []:
         text += f" Note: {note}"
     if s["path"] != "pre-quantized":
@@ -246,16 +248,22 @@ class PrequantLoadTransformer:
                                   unavailable=unavailable)
             p, located = routed.route, routed.located
             if p.path == "pre-quantized":
+                # weights the family's class holds beside the file's (LTX-2.3's text connectors): found before
+                # anything is built, so a missing one costs nothing resident
+                extra = companion_source.find(p.opened.family, ctx) \
+                    if companion_source.needed(p.opened.family, p.opened.checkpoint.tensors) else None
                 status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "
                            f"{p.opened.family.name} model")
                 # the file was read and judged already: a raw error here is typed by what happened (errors.reading)
                 with reading(p.opened.checkpoint.path, "loaded", parsing=False):
                     patcher = load_checkpoint_as_model(p.opened.checkpoint, p.opened.family, p.opened.layout,
-                                                       request=req)
+                                                       request=req, companion=extra)
                 s = _summary(p.opened, patcher.model_size())
+                if extra is not None:
+                    s["companion"] = extra.source
             else:
                 status.say(f"quantizing {os.path.basename(p.dense_path)} while reading it")
-                patcher = load_quantized_at_load(p, progress=status.tensors)
+                patcher = load_quantized_at_load(p, progress=status.tensors, ctx=ctx)
                 s = _dense_summary(p, patcher)
         if located and located.fetched and p.path == "pre-quantized":
             f = located.fetched

@@ -443,7 +443,7 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     assert r.family == family and r.quantized_count >= 4
     assert not info(path, {"base_model_id": "someone/Other-Model", "scheme": "int8"}).valid
 
-    nodes_, _ = comfy
+    nodes_, pack = comfy
     load = lambda: nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(  # noqa: E731
         "families/" + name, base_model_id=t.base_model_id, scheme="int8")
     if not hosts_here(comfy, fam):
@@ -464,16 +464,20 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
             res = load()
         model = res["result"][0]
         assert res["ui"]["prequant"][0]["family"] == family
-    else:  # LTX-2.3: the file holds the transformer only; the node names the connectors ComfyUI's class also holds
-        from prequant_core.errors import CheckpointNotFoundError
-        from prequant_core.load.opening import open_checkpoint
-        with pytest.raises(CheckpointNotFoundError) as e, torch.inference_mode():
-            load()
-        assert all(p in str(e.value) for p in companion.comfy_prefixes) and path in str(e.value), str(e.value)
-        # with them given (a companion's tensors merged in), the file's model is what quantizing at load gives
-        opened = open_checkpoint(path, model_dirs=[prequant_dir]).checkpoint
-        model = comfy_model(comfy).build_patcher(fam, "diffusers", {**opened.tensors,
-                                                                    **extra}, {})
+    else:  # LTX-2.3: the file holds the transformer only; ComfyUI's class also runs the text connectors
+        dense_name = f"{t.file_stem}-dense-{family}.safetensors"
+        from safetensors.torch import save_file
+        import folder_paths
+        dense_path = os.path.join(folder_paths.get_folder_paths("diffusion_models")[0], dense_name)
+        os.makedirs(os.path.dirname(dense_path), exist_ok=True)
+        save_file({k: v.contiguous() for k, v in dense_sd.items() if k not in extra}, dense_path)
+        load_dense = lambda: nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(  # noqa: E731
+            pack.nodes.paths.NONE_CHOICE, policy="quantize dense", dense_fallback=dense_name, scheme="int8",
+            family=family)
+        try:
+            model, from_dense = _load_with_companion(fam, (load, load_dense), extra, os.path.dirname(prequant_dir))
+        finally:
+            os.remove(dense_path)
     assert type(model.model.model_config).__name__ == fam.comfy_models[0]
     q, _ = quantize.quantize_tensors({k: v for k, v in dense_sd.items() if k not in extra}, "int8",
                                      exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra))
@@ -482,6 +486,36 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     got, want, d = (_recorded_velocity(m, rec)[0] for m in (model, ref, dense_model))
     assert torch.isfinite(got).all() and torch.equal(got, want)
     assert 0 < ((got - d).norm() / d.norm()).item() < 0.1
+    if companion is not None:  # the dense file quantized at load, its connectors from their own file: the same
+        assert torch.equal(_recorded_velocity(from_dense, rec)[0], want)
+
+
+def _load_with_companion(fam, loads, extra: dict, models_prequant: str):
+    """A family whose ComfyUI class holds weights its files lack (LTX-2.3's text connectors): offline and without
+    them, the node refuses naming the base repo's file it needs (before building anything), for the pre-quantized
+    file and for a dense one quantized at load alike; with the base repo's component as a file of the companion's
+    name in models/prequant, it reads only the companion's tensors (the text projections beside them are the
+    encoder's) and loads. Returns the node's two models."""
+    from safetensors.torch import save_file
+    from prequant_core.errors import HubError
+    c = fam.arch.companion
+    for load in loads:
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(HubError) as e, torch.inference_mode():
+            mp.setenv("HF_HUB_OFFLINE", "1")
+            load()
+        assert fam.hosting.base_repos[0] in str(e.value) and c.repo_file in str(e.value), str(e.value)
+    local = os.path.join(models_prequant, c.local_name)
+    component = {k[len(c.prefix):]: v.contiguous() for k, v in extra.items()}
+    component["video_text_proj_in.weight"] = torch.zeros(8, 8, dtype=torch.bfloat16)  # the encoder's, not read
+    save_file(component, local)
+    try:
+        with torch.inference_mode():
+            res = [load() for load in loads]
+    finally:
+        os.remove(local)
+    assert res[0]["ui"]["prequant"][0]["companion"] == f"{c.local_name} (local)"
+    assert f"with {c.local_name} (local)" in res[0]["ui"]["text"][0]
+    return tuple(r["result"][0] for r in res)
 
 
 def hosts_here(comfy, fam) -> bool:

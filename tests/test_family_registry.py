@@ -201,8 +201,8 @@ def test_the_recipe_counts_the_files_a_family_touches():
                 workflows[n[:-5]] = f.read()
             assert os.path.isfile(os.path.join(folder, n[:-5] + ".jpg")), n
     for fam in families.FAMILIES.values():
-        # a family whose ComfyUI class also holds weights its files lack (LTX-2.3's connectors) is refused by the
-        # node, naming them, until the loader reads them from a second file: no workflow can run it yet
+        # LTX-2.3 (a ComfyUI class that also holds weights its files lack: its connectors) has no workflow yet:
+        # ComfyUI's template of it takes its VAEs and text projection from the full checkpoint (issue 60, 3)
         if fam.arch.unet_config is not None and fam.arch.companion is None:
             assert any(f'"{fam.name}"' in w for w in workflows.values()), fam.name
     # (7) its rows in the README's tables

@@ -28,11 +28,10 @@ NODE_TESTED = "node (ComfyUI 0.33.0, 0.3.75, 0.12.1) + diffusers loader, every k
 NEWER_NODE_TESTED = ("node on ComfyUI {min_comfy} (map proven against diffusers' forward; int8 equal to load-time "
                      "quantization) + diffusers loader, every kind (CPU, tiny, diffusers 0.42.1)")
 DIFFUSERS_ONLY_TESTED = "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1); node: ComfyUI {min_comfy}+"
-# a family whose ComfyUI class also holds weights its files lack (LTX-2.3's text connectors): proven with them given,
-# the node names them until it reads them from a second file
-COMPANION_TESTED = ("map into ComfyUI {min_comfy} proven against diffusers' forward (both streams; int8 equal to "
-                    "load-time quantization) with {what} given; the node refuses a file without them, naming them; "
-                    "diffusers loader, every kind (CPU, tiny, diffusers 0.42.1)")
+# a family whose ComfyUI class also holds weights its files lack (LTX-2.3's text connectors, read from a second file)
+COMPANION_TESTED = ("node on ComfyUI {min_comfy} with {what} from their own file (map proven against diffusers' "
+                    "forward on both streams; int8 equal to load-time quantization) + diffusers loader, every kind "
+                    "(CPU, tiny, diffusers 0.42.1)")
 
 
 def _status(fam) -> str:

@@ -168,6 +168,9 @@ class Companion:
     prefix: str  # the companion's tensors, as merged into the checkpoint's ({prefix}video_connector....)
     comfy_prefixes: tuple[str, ...]  # where they go in ComfyUI's model
     where: str  # where a user finds them, for the message's fix
+    repo_file: str  # the component's file in the family's base repo (fetched through the Hugging Face cache)
+    keep: tuple[str, ...]  # the companion file's tensors the class takes (the rest belongs elsewhere: the encoder's)
+    local_name: str  # a copy of it in models/prequant is used instead of the Hub's
 
 
 @dataclasses.dataclass(frozen=True)

@@ -174,7 +174,10 @@ FAMILIES = (
                 what="LTX-2.3's text connectors (the video and audio embeddings connectors)", prefix=CONNECTORS,
                 comfy_prefixes=("video_embeddings_connector.", "audio_embeddings_connector."),
                 where="diffusers keeps them in the pipeline's connectors component (Lightricks/LTX-2.3), ComfyUI "
-                      "checkpoints in the diffusion model"),
+                      "checkpoints in the diffusion model",
+                # the text projections in that file (video_ / audio_text_proj_in) are the text encoder's in ComfyUI
+                repo_file="connectors/diffusion_pytorch_model.safetensors",
+                keep=("video_connector.", "audio_connector."), local_name="LTX-2.3-connectors.safetensors"),
         ),
         hosting=Hosting(base_repos=("Lightricks/LTX-2.3",), repos={"unsloth/LTX-2.3-FP8": ("fp8",)}, video=True),
     ),
