@@ -249,7 +249,9 @@ class PrequantLoadTransformer:
             p, located = routed.route, routed.located
             if p.path == "pre-quantized":
                 # weights the family's class holds beside the file's (LTX-2.3's text connectors): found before
-                # anything is built, so a missing one costs nothing resident
+                # anything is built, so a missing one costs nothing resident; never for a family this ComfyUI
+                # cannot build (a local file names its family only once read)
+                check_loadable(p.opened.family)
                 extra = companion_source.find(p.opened.family, ctx) \
                     if companion_source.needed(p.opened.family, p.opened.checkpoint.tensors) else None
                 status.say(f"loading {os.path.basename(p.opened.checkpoint.path)} into ComfyUI's "

@@ -9,13 +9,14 @@ from prequant_core.load.context import LoadContext
 from prequant_core.load.dense_sources import open_dense, stream_quantized
 from prequant_core.load.route import LoadRoute
 
-from .comfy_model import build_patcher
+from .comfy_model import build_patcher, check_loadable
 
 
 def load_quantized_at_load(plan: LoadRoute, progress=None, ctx: LoadContext | None = None):
     """The dense file quantized while it is read. Weights the family's class holds beside the transformer's (LTX-2.3's
     text connectors) that the file lacks come from their own file (``companion_source``, through ``ctx``), found
     before anything is quantized, and are kept as that file holds them."""
+    check_loadable(plan.family)  # before a companion is fetched for a family this ComfyUI cannot build
     dense = open_dense(plan.dense_path)
     names = list(dense.infos())
     layout = plan.family.layout_of(names) or "comfyui"

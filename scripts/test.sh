@@ -53,7 +53,9 @@ CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_
             tests/test_family_registry.py
             tests/test_harness.py tests/test_text_encoder_files.py tests/test_cli.py tests/test_comfy_twins.py
             tests/test_verified_cache.py tests/test_hub_staging.py tests/test_lora_requant.py
-            tests/test_text_encoder_int8.py tests/test_zero_rows.py tests/test_nan_codes.py tests/test_companion_source.py)
+            tests/test_text_encoder_int8.py tests/test_zero_rows.py tests/test_nan_codes.py tests/test_companion_source.py
+            tests/test_hub_errors.py tests/test_mxfp8.py tests/test_output_file.py tests/test_encoder_checks.py
+            tests/test_legacy_v1_records.py)
 # The ComfyUI tier's heaviest files; every other tests/test_*.py follows them.
 COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conformance_comfy.py
              tests/test_diffusers_loader.py tests/test_concurrency.py tests/test_hub.py tests/test_build.py

@@ -72,6 +72,7 @@ def test_offline_without_it_names_the_repo_file(hf_env, monkeypatch):
     with pytest.raises(HubError) as e:
         companion_source.find(FAM, LoadContext())
     assert REPO in str(e.value) and C.repo_file in str(e.value)
+    assert f"ComfyUI/models/prequant/ as {C.local_name}" in str(e.value)  # where a copy is read without the Hub
 
 
 @pytest.mark.parametrize("case", ["one-connector", "not-safetensors", "garbage"])

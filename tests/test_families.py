@@ -490,6 +490,71 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
         assert torch.equal(_recorded_velocity(from_dense, rec)[0], want)
 
 
+# Unsloth's own files of the video families (tests/unsloth_builder.py, run with diffusers 0.42.1): the containers and
+# kinds Unsloth hosts for each (LTX-2.3: fp8; MiniMax-H3: int8 ConvRot v2 and fp8), through the node on ComfyUI 0.33
+VIDEO_FILES = [("ltx-2", "fp8", "pt"), ("ltx-2", "fp8", "safetensors"), ("minimax-h3", "convrot", "pt"),
+               ("minimax-h3", "fp8", "safetensors")]
+
+
+@pytest.mark.parametrize("family,kind,container", VIDEO_FILES, ids=["-".join(v) for v in VIDEO_FILES])
+def test_unsloths_video_family_files_load_through_the_node(comfy, prequant_dir, family, kind, container):
+    """Each file as Unsloth's builder writes it (never this pack's writer) loads through Load Prequant Transformer
+    into ComfyUI 0.33's class (LTX-2.3 with its text connectors from their own file); fp8 computes what this pack
+    quantizing the same dense weights at load computes, bit for bit; int8 ConvRot stays as close to dense as plain
+    int8. An older ComfyUI refuses them naming 0.33.0."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    from safetensors.torch import save_file
+    fam = families.get(family)
+    stem = tf.DIFFUSERS_ONLY[family].file_stem
+    name = f"{stem}-unsloth-{kind}.{container}"
+    path = os.path.join(prequant_dir, name)
+    side = os.path.join(ROOT, ".cache", "diffusers042")
+    dev_py = os.path.join(ROOT, ".venv", "bin", "python")
+    p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable, os.path.join(ROOT, "tests",
+                        "unsloth_builder.py"), family, kind, path], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT, os.path.join(ROOT, "tests")])),
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    nodes_, pack = comfy
+    load = lambda: nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(  # noqa: E731
+        "families/" + name, scheme="int8" if kind == "convrot" else kind)
+    if not hosts_here(comfy, fam):
+        with pytest.raises(ComfyVersionError) as e, torch.inference_mode():
+            load()
+        assert fam.arch.min_comfy in str(e.value)
+        return
+    rec = _record(family)
+    dense_sd = {k[len("dense."):]: v.to(torch.bfloat16) for k, v in rec.items() if k.startswith("dense.")}
+    c = fam.arch.companion
+    extra = {k: v for k, v in dense_sd.items() if c and k.startswith(c.prefix)}
+    local = os.path.join(os.path.dirname(prequant_dir), c.local_name) if c else None
+    if c:  # the connectors as the base repo's component holds them
+        save_file({k[len(c.prefix):]: v.contiguous() for k, v in extra.items()}, local)
+    try:
+        with torch.inference_mode():
+            res = load()
+    finally:
+        if local:
+            os.remove(local)
+    model = res["result"][0]
+    assert type(model.model.model_config).__name__ == fam.comfy_models[0]
+    assert res["ui"]["prequant"][0]["family"] == family
+    got = _recorded_velocity(model, rec)[0]
+    dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {})
+    d = _recorded_velocity(dense_model, rec)[0]
+    rel = _relative(got, d)
+    if kind == "fp8":
+        # fp8 takes no family tokens (docs/FORMAT.md section 4: they are int8's)
+        q, _ = quantize.quantize_tensors({k: v for k, v in dense_sd.items() if k not in extra}, "fp8",
+                                         exclude=schemes.exclude_tokens("fp8"))
+        ref = comfy_model(comfy).build_patcher(fam, "diffusers", {**q, **extra}, {})
+        assert torch.equal(got, _recorded_velocity(ref, rec)[0])
+    print(f"[{family} {kind} {container}] node vs dense ComfyUI model: relative difference {rel:.3f}")
+    assert torch.isfinite(got).all() and 0 < rel < 0.1
+
+
 def _load_with_companion(fam, loads, extra: dict, models_prequant: str):
     """A family whose ComfyUI class holds weights its files lack (LTX-2.3's text connectors): offline and without
     them, the node refuses naming the base repo's file it needs (before building anything), for the pre-quantized
@@ -533,17 +598,70 @@ def hosts_here(comfy, fam) -> bool:
 _records: dict = {}
 
 
-def _record(family):
-    """The family's tiny model and one forward pass of its diffusers class (tools/tiny_families.forward_record)."""
-    if family not in _records:
-        _records[family] = tf.forward_record(family)
-    return _records[family]
+def _record(family, dense_form: bool = False):
+    """The family's tiny model and one forward pass of its diffusers class (tools/tiny_families.forward_record); a
+    family whose class takes a packed sequence (MiniMax-H3) on the one ComfyUI's own model lays out (``_packed``)."""
+    key = (family, dense_form)
+    if key not in _records:
+        if tf.DIFFUSERS_ONLY[family].layout:
+            model_inputs, inputs = _packed()
+            if dense_form:
+                inputs[tf.DENSE_FORM] = torch.ones(1)
+            _records[key] = {**tf.forward_record(family, inputs), **model_inputs}
+        else:
+            _records[key] = tf.forward_record(family)
+    return _records[key]
+
+
+PACKED = "packed.video"  # a record of a packed-sequence family: its ComfyUI-side inputs under packed.*
+
+
+def _packed(n_txt: int = 6, frames: int = 2, h: int = 4, w: int = 4, audio_t: int = 3, sigma: float = 0.7):
+    """MiniMax-H3's inputs, laid out by ComfyUI 0.33's own MiniMaxH3 code: a video latent [1, 16, F, H, W], an audio
+    latent [1, 32, 2, T], text, sigma (the model's inputs, ``packed.*``), and the packed sequence its forward builds
+    from them for diffusers' class: the rows (ComfyUI's patchify and audio packing), the text / audio / video
+    segments, their rotary positions, modality tags and distinct timesteps (video and text at 1 - sigma, audio at the
+    audio stream's shifted sigma)."""
+    from comfy.ldm.minimax import model as h3
+    g = torch.Generator().manual_seed(3)
+    cfg = tf.tiny_kwargs("minimax-h3")
+    video = torch.randn(1, cfg["in_channels"], frames, h, w, generator=g)
+    audio = torch.randn(1, cfg["audio_in_channels"], 2, audio_t, generator=g)
+    ctx = torch.randn(1, n_txt, cfg["text_dim"], generator=g)
+    layout = h3.PackedLayout(n_txt, frames, h, w, audio_t)
+    sigma_v = torch.tensor(sigma)
+    import inspect
+    shifts = inspect.signature(h3.MiniMaxH3Model).parameters  # the model's own stream shifts
+    shift_v, shift_a = shifts["sigma_shift_video"].default, shifts["sigma_shift_audio"].default
+    seg_t = {"text": float(1.0 - sigma_v), "video": float(1.0 - sigma_v),
+             "audio": float(1.0 - h3.time_shift_sigma(sigma_v, shift_v, shift_a))}
+    levels = sorted(set(seg_t.values()))
+    tags = {"video": 0, "text": 1, "audio": 2}  # ComfyUI's and diffusers' modality tags
+    t_index = torch.zeros(layout.seq_len, dtype=torch.long)
+    tag = torch.zeros(layout.seq_len, dtype=torch.long)
+    rows: dict = {k: [] for k in tags}
+    for a, b, kind in layout.segments:
+        t_index[a:b], tag[a:b] = levels.index(seg_t[kind]), tags[kind]
+        rows[kind] += range(a, b)
+    inputs = {"video_rows": h3.patchify_video(video, (1, 2, 2)), "audio_rows": h3.pack_audio(audio), "context": ctx,
+              "timestep": torch.tensor(levels, dtype=torch.float32), "timestep_indices": t_index, "token_tags": tag,
+              "position_ids": layout.position_ids.to(torch.float32),
+              **{f"{k}_indices": torch.tensor(v, dtype=torch.long) for k, v in rows.items()}}
+    return {PACKED: video, "packed.audio": audio, "packed.context": ctx, "packed.sigma": torch.tensor([sigma])}, inputs
 
 
 def _recorded_velocity(patcher, rec) -> list:
     """ComfyUI's velocity for the record's latent: one stream, or (LTX-2.3) the video and audio latents packed into
-    one as ComfyUI's sampler packs them (``comfy.utils.pack_latents``), the velocity unpacked per stream."""
+    one as ComfyUI's sampler packs them (``comfy.utils.pack_latents``), the velocity unpacked per stream; MiniMax-H3:
+    its diffusion model on the video and audio latents, the velocity in diffusers' rows and sign (ComfyUI's model
+    returns its negative)."""
     import comfy.utils
+    if PACKED in rec:
+        from comfy.ldm.minimax import model as h3
+        with torch.inference_mode():
+            v, a = patcher.model.diffusion_model([rec[PACKED], rec["packed.audio"]], rec["packed.sigma"] * 1000.0,
+                                                 rec["packed.context"])
+        return [-h3.patchify_video(v.float(), (1, 2, 2)), -h3.pack_audio(a.float())]
     streams = [rec["x"].to(torch.float32)] + ([rec["audio_x"].to(torch.float32)] if "audio_x" in rec else [])
     x, shapes = comfy.utils.pack_latents(streams) if len(streams) > 1 else (streams[0], None)
     with torch.inference_mode():
@@ -564,18 +682,23 @@ def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family
     audio-to-video gate zeroed in both models: ComfyUI 0.33's block feeds its video-to-audio attention the video after
     the audio-to-video update, diffusers the video before it (the pack follows ComfyUI's forward, not its own)."""
     fam = families.get(family)
-    rec = _record(family)
-    dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
     if not hosts_here(comfy, fam):
         with pytest.raises(ComfyVersionError) as e:
-            comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+            comfy_model(comfy).check_loadable(fam)
         assert fam.arch.min_comfy in str(e.value)
         return
+    rec = _record(family)
+    dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
     patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
     assert type(patcher.model.model_config).__name__ == fam.comfy_models[0]
-    rel = _relative(_recorded_velocity(patcher, rec)[0], rec["output"])
+    got = _recorded_velocity(patcher, rec)
+    rel = _relative(got[0], rec["output"])
     print(f"\n[{family}] ComfyUI vs diffusers forward (fp32): relative difference {rel:.2e}")
     assert rel < 1e-4, f"{family}: ComfyUI's model with our mapped weights differs from diffusers by {rel}"
+    if "audio_output" in rec:  # MiniMax-H3's audio stream, as ComfyUI and diffusers both compute it
+        rel = _relative(got[1], rec["audio_output"])
+        print(f"[{family}] audio stream: relative difference {rel:.2e}")
+        assert rel < 1e-4, f"{family}: ComfyUI's audio stream differs from diffusers by {rel}"
     if "audio_output_without_a2v" in rec:
         for k, v in dense_sd.items():
             if k in tf.LTX2_A2V_GATE:
@@ -586,6 +709,28 @@ def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family
         rel = _relative(_recorded_velocity(gated, rec)[1], rec["audio_output_without_a2v"])
         print(f"[{family}] audio stream, audio-to-video gate zeroed: relative difference {rel:.2e}")
         assert rel < 1e-4, f"{family}: ComfyUI's audio stream differs from diffusers by {rel}"
+
+
+def test_minimax_h3_dense_adaln_form_in_comfyuis_class_equals_diffusers_forward(comfy):
+    """MiniMax-H3 in its dense adaLN form (the class as diffusers builds it: a time embedder, full-width modulation;
+    Unsloth's files hold the curve form the test above holds): the same map into ComfyUI 0.33's MiniMaxH3 computes
+    what diffusers computes, both streams."""
+    from prequant_core.families import minimax_h3
+    fam = families.get("minimax-h3")
+    if not hosts_here(comfy, fam):
+        with pytest.raises(ComfyVersionError) as e:
+            comfy_model(comfy).check_loadable(fam)
+        assert fam.arch.min_comfy in str(e.value)
+        return
+    rec = _record("minimax-h3", dense_form=True)
+    dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
+    assert "time_embedder.linear_1.weight" in dense_sd and minimax_h3.TABLE not in dense_sd
+    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+    assert not patcher.model.diffusion_model.use_adaln_curves
+    for got, want in zip(_recorded_velocity(patcher, rec), (rec["output"], rec["audio_output"])):
+        rel = _relative(got, want)
+        print(f"[minimax-h3, dense adaLN] ComfyUI vs diffusers (fp32): relative difference {rel:.2e}")
+        assert rel < 1e-4
 
 
 @pytest.mark.parametrize("family", list(tf.DIFFUSERS_ONLY))

@@ -16,6 +16,7 @@ import sys
 import types
 import zipfile
 
+import pickle_asm as asm
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -171,21 +172,9 @@ def test_legacy_sampler_output(comfy, legacy, zimage_dense, prequant_files, allo
 
 # crafted pickles: a tiny assembler for protocol-2 opcodes, so every byte of the payload is visible here
 
-def _g(module, name):
-    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
-
-
-def _s(text):
-    b = text.encode()
-    return b"X" + struct.pack("<I", len(b)) + b
-
-
-def _int(i):
-    return b"J" + struct.pack("<i", i)
-
-
+_g, _s, _int = asm.global_, asm.string, asm.int32
 MARK, TUPLE, TUPLE1, REDUCE, POP, EMPTY_DICT, SETITEMS, STOP, NEWOBJ, BUILD = \
-    b"(", b"t", b"\x85", b"R", b"0", b"}", b"u", b".", b"\x81", b"b"
+    asm.MARK, asm.TUPLE, asm.TUPLE1, asm.REDUCE, asm.POP, asm.EMPTY_DICT, asm.SETITEMS, asm.STOP, asm.NEWOBJ, asm.BUILD
 LAQT = _g(*V1_CLASSES[0].split(" "))
 AQT = _g(*V1_CLASSES[1].split(" "))
 

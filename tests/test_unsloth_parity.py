@@ -316,10 +316,10 @@ def test_the_video_families_unsloth_hosts_now(monkeypatch):
     assert sources.filenames("unsloth/MiniMax-H3-FP8", "int8")[0] == "MiniMax-H3-INT8-ConvRot.pt"
     assert sources.filenames("unsloth/MiniMax-H3-FP8", "fp8")[:2] == ("MiniMax-H3-FP8.safetensors", "MiniMax-H3-FP8.pt")
     assert families.get("LTX-2.3") is families.get("ltx-2") and families.canonical(" ltx-2.3 ") == "ltx-2"
-    # LTX-2.3 maps into ComfyUI 0.33.0's LTXAV (its text connectors named as a companion), MiniMax-H3 not yet
+    # both map into ComfyUI 0.33.0's classes (LTXAV with its text connectors from their own file; MiniMaxH3)
     ltx, h3 = families.get("ltx-2"), families.get("minimax-h3")
     assert ltx.arch.min_comfy == "0.33.0" and ltx.arch.unet_config is not None and ltx.arch.companion is not None
-    assert h3.arch.min_comfy == "0.38.1" and h3.arch.unet_config is None
+    assert h3.arch.min_comfy == "0.33.0" and h3.arch.unet_config is not None and h3.arch.companion is None
     for fam in (ltx, h3):
         assert fam.hosting.video
     assert families.get("ltx-2").arch.int8_exclude_extra == ("audio", "av_cross_attn", "adaln")

@@ -100,13 +100,17 @@ def build_file(family: str, scheme: str, path: str) -> str:
                                     overwrite=True)
 
 
-def forward_record(family: str, path: str) -> str:
+def forward_record(family: str, path: str, inputs_path: str | None = None) -> str:
     """The family's tiny model (float32) and one forward pass of its diffusers class, saved for a ComfyUI process that
     cannot import this diffusers: ``{"dense": state dict, "inputs": ..., "output": ...}`` (tests/test_families.py
-    holds ComfyUI's model with the mapped weights against it)."""
-    from safetensors.torch import save_file
-    m = tf.any_diffusers_model(family, 0, torch.float32)
-    rec = tf.DIFFUSERS_ONLY[family].record(m)
+    holds ComfyUI's model with the mapped weights against it). ``inputs_path``: inputs the ComfyUI side laid out (a
+    packed sequence's positions and row kinds, as ComfyUI's model builds them), for a record that takes them."""
+    from safetensors.torch import load_file, save_file
+    inputs = load_file(inputs_path) if inputs_path else None
+    # ``dense_form`` among the inputs: the class as built, not the hosted form (MiniMax-H3's dense adaLN)
+    m = tf.any_diffusers_model(family, 0, torch.float32, hosted=not (inputs and tf.DENSE_FORM in inputs))
+    record = tf.DIFFUSERS_ONLY[family].record
+    rec = record(m, inputs) if inputs is not None else record(m)
     save_file({**{"dense." + k: v.contiguous() for k, v in m.state_dict().items()},
                **{k: v.contiguous() for k, v in rec.items()}}, path)
     return path
@@ -115,8 +119,8 @@ def forward_record(family: str, path: str) -> str:
 if __name__ == "__main__":
     if sys.argv[1] == "build":  # build FAMILY SCHEME PATH
         print(json.dumps({"path": build_file(*sys.argv[2:5])}))
-    elif sys.argv[1] == "forward":  # forward FAMILY PATH
-        print(json.dumps({"path": forward_record(*sys.argv[2:4])}))
+    elif sys.argv[1] == "forward":  # forward FAMILY PATH [INPUTS]
+        print(json.dumps({"path": forward_record(*sys.argv[2:5])}))
     else:  # FAMILY SCHEME CONTAINER OUT_DIR
         fam_, scheme_, container_, out = sys.argv[1:5]
         print(json.dumps(check(fam_, scheme_, container_, out)))

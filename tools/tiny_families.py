@@ -423,6 +423,26 @@ def _h3_curve(m, dim: int = 8, grid: int = 33):
     return m
 
 
+DENSE_FORM = "dense_form"  # a record input asking for the class as built rather than its hosted form
+
+
+def _h3_record(m, inputs: dict) -> dict:
+    """MiniMax-H3's class on the packed sequence ComfyUI's MiniMaxH3 builds (``inputs``, laid out by the ComfyUI side
+    with ComfyUI's own PackedLayout: text, audio, video rows, their rotary positions, modality tags and distinct
+    timesteps; tests/test_families.py ``_h3_inputs``): the video and audio velocity rows, in ComfyUI's row order.
+    All in float32: the curve form's cast of the block modulation to the stack's dtype (bfloat16 as hosted) is left
+    out, as a float32 ComfyUI model computes it."""
+    for block in m.transformer_blocks:
+        block.adaln_proj.prequant_out_dtype = None  # (absent in the dense form: nothing to leave out)
+    with torch.no_grad():
+        video, audio = m(hidden_states=inputs["video_rows"][None], audio_hidden_states=inputs["audio_rows"][None],
+                         encoder_hidden_states=inputs["context"], timestep=inputs["timestep"],
+                         timestep_indices=inputs["timestep_indices"], token_tags=inputs["token_tags"],
+                         position_ids=inputs["position_ids"], video_indices=inputs["video_indices"],
+                         audio_indices=inputs["audio_indices"], text_indices=inputs["text_indices"], return_dict=False)
+    return {"output": video[0], "audio_output": audio[0]}
+
+
 @dataclasses.dataclass(frozen=True)
 class TinyDiffusersOnly:
     family: str
@@ -434,8 +454,10 @@ class TinyDiffusersOnly:
     # the form the hosted files hold, from the freshly built class (MiniMax-H3's pruned adaLN)
     hosted_form: Callable | None = None
     # (model) -> {"x", "context", "sigma", "output"}: ComfyUI-shaped inputs and the class's output for them, where
-    # ComfyUI has the family's class (tools/diffusers_check.py forward)
+    # ComfyUI has the family's class (tools/diffusers_check.py forward); with ``layout``, (model, inputs) -> outputs
+    # for inputs the ComfyUI side lays out with ComfyUI's own code (MiniMax-H3's packed sequence)
     record: Callable | None = None
+    layout: bool = False
 
 
 DIFFUSERS_ONLY: dict[str, TinyDiffusersOnly] = {t.family: t for t in [
@@ -466,9 +488,10 @@ DIFFUSERS_ONLY: dict[str, TinyDiffusersOnly] = {t.family: t for t in [
     # the pruned adaLN as hosted (8-dimensional curve on a 33-point grid; the release: 8 on 1025)
     TinyDiffusersOnly("minimax-h3", "MiniMaxAI/MiniMax-H3", "MiniMaxH3Transformer3DModel",
                       dict(num_attention_heads=4, attention_head_dim=128, hidden_size=512, num_layers=1,
-                           num_refiner_layers=1, ffn_dim=1024, in_channels=16, audio_in_channels=32, text_dim=512,
+                           num_refiner_layers=1, ffn_dim=1024, in_channels=16, audio_in_channels=32, text_dim=384,
                            freq_dim=256, time_embed_hidden_dim=512, time_embed_dim=256),
-                      _h3_forward, "MiniMax-H3", hosted_form=_h3_curve),
+                      _h3_forward, "MiniMax-H3", hosted_form=_h3_curve, record=_h3_record,
+                      layout=True),
 ]}
 
 
@@ -497,13 +520,14 @@ def tiny_kwargs(family: str) -> dict:
     return dict((DIFFUSERS_ONLY.get(family) or TINY[family]).kwargs)
 
 
-def any_diffusers_model(family: str, seed: int = 0, dtype=torch.float32):
-    """Seeded tiny diffusers model of any registered family (including Z-Image and the diffusers-only ones)."""
+def any_diffusers_model(family: str, seed: int = 0, dtype=torch.float32, hosted: bool = True):
+    """Seeded tiny diffusers model of any registered family (including Z-Image and the diffusers-only ones), in the
+    form the hosted files hold (``hosted``; else the class as built: MiniMax-H3's dense adaLN)."""
     import diffusers
     from prequant_core import families
     cls = getattr(diffusers, families.get(family).arch.diffusers_class)
     m = randomize_(cls(**tiny_kwargs(family)), seed)
-    form = getattr(DIFFUSERS_ONLY.get(family), "hosted_form", None)
+    form = getattr(DIFFUSERS_ONLY.get(family), "hosted_form", None) if hosted else None
     return (form(m) if form else m).to(dtype).eval()
 
 
@@ -529,10 +553,11 @@ def dense(family: str, seed: int = 0, dtype=torch.bfloat16, **overrides) -> dict
     return {k: v.to(dtype).contiguous() for k, v in m.state_dict().items()}
 
 
-def forward_record(family: str) -> dict:
+def forward_record(family: str, inputs: dict | None = None) -> dict:
     """A ``DIFFUSERS_ONLY`` family's tiny model (seed 0, ``dense.`` + its keys) and one forward pass of its class
     (``x``, ``context``, ``sigma``, ``output``), made in a subprocess with diffusers 0.42.1 first on the path
-    (``.cache/diffusers042``; the pinned diffusers lacks the class): ``tools/diffusers_check.py forward``."""
+    (``.cache/diffusers042``; the pinned diffusers lacks the class): ``tools/diffusers_check.py forward``.
+    ``inputs``: tensors the record takes from the caller (MiniMax-H3: the packed layout ComfyUI's model builds)."""
     import os
     import subprocess
     import sys
@@ -542,8 +567,13 @@ def forward_record(family: str) -> dict:
     side = os.path.join(root, ".cache", "diffusers042")
     dev_py = os.path.join(root, ".venv", "bin", "python")
     path = os.path.join(tempfile.mkdtemp(prefix="tiny-"), f"{family}.safetensors")
+    extra = []
+    if inputs is not None:
+        from safetensors.torch import save_file
+        extra = [os.path.join(os.path.dirname(path), "inputs.safetensors")]
+        save_file({k: v.contiguous() for k, v in inputs.items()}, extra[0])
     p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable, "-m", "tools.diffusers_check", "forward",
-                        family, path], cwd=root, env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, root])),
+                        family, path, *extra], cwd=root, env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, root])),
                        capture_output=True, text=True, timeout=600)
     if p.returncode:
         raise RuntimeError(f"tools.diffusers_check forward {family} failed:\n{p.stderr[-3000:]}")

@@ -225,8 +225,9 @@ class Architecture:
     # Families sharing class and key names (Wan 2.2 TI2V-5B / A14B): which one a file without a ``family`` field is,
     # from its shapes (tried in registry order when ``detect`` is given shapes).
     shape_test: Callable[[Shapes], bool] | None = None
-    # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them.
-    fill_missing: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Skeleton entries a checkpoint may lack because ComfyUI's module has them but never uses them ("ones" / "zeros"),
+    # or holds as a buffer a file does not carry (a function of shape and dtype: MiniMax-H3's rotary frequencies).
+    fill_missing: Mapping[str, object] = dataclasses.field(default_factory=dict)
     # Tensor renames a ComfyUI release made in this family's model (ComfyRename): a load that differs from the running
     # ComfyUI's names only by these is a version mismatch, any other difference a damaged file.
     comfy_renames: tuple[ComfyRename, ...] = ()

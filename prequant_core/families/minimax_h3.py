@@ -1,7 +1,7 @@
-"""MiniMax-H3: MiniMaxH3Transformer3DModel (diffusers 0.42.1), a joint video + audio transformer. ComfyUI 0.33.0 has
-its class (``MiniMaxH3``) but this version of the pack does not map into it yet (its curve-form adaLN has no
-counterpart in ComfyUI's module), so the ComfyUI loader refuses it naming 0.38.1; Info, verify, build, Hub resolution
-and the diffusers loader handle it.
+"""MiniMax-H3: MiniMaxH3Transformer3DModel (diffusers 0.42.1), a joint video + audio transformer -> ComfyUI 0.33.0's
+MiniMaxH3 (``comfy.ldm.minimax.model``), which reads the curve form natively (``adaln_t_table``); the map below
+moves tensors, fuses q / k / v rows and swaps the SwiGLU projection's halves (diffusers: value then gate; ComfyUI:
+gate then value). ComfyUI keeps the rotary frequencies as a buffer no file holds: computed from the release's base.
 
 Unsloth hosts int8 (ConvRot, format v2, ``MiniMax-H3-INT8-ConvRot.pt``) and fp8 (``MiniMax-H3-FP8.pt``) in
 ``unsloth/MiniMax-H3-FP8``, both in the *pruned* ("curve") adaLN form its builder bakes in: ``silu(time_embedder(t))``
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ._base import Architecture, Family, HostedFile, Hosting
+from ._base import Architecture, Family, HostedFile, Hosting, Shapes, blocks, first, has_any
+from .keymap import moves, qkv_rows
 
 ADALN_FORM, CURVE = "adaln_form", "curve"
 CURVE_DIM, CURVE_GRID, OUT_DTYPE = "curve_dim", "curve_grid", "adaln_out_dtype"
@@ -124,6 +125,73 @@ def _RawTimestep():  # noqa: N802 - a class factory
     return RawTimestep()
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# diffusers -> ComfyUI 0.33.0's MiniMaxH3 (comfy.ldm.minimax.model), which has the curve form itself (its
+# ``adaln_t_table``, read by the same interpolation, the modulation projections in float32 without a SiLU)
+
+ROPE_FREQS, ROPE_THETA = 16, 10000.0  # the release's rotary frequencies per axis and base (no tensor holds them)
+INV_FREQ = "rope.inv_freq"  # ComfyUI keeps them as a buffer the file must give; diffusers computes them
+
+
+def rope_inv_freq(shape, dtype):
+    """ComfyUI's ``rope.inv_freq`` as diffusers computes it from the release's base (no file holds it)."""
+    import torch
+    n = int(shape[0])
+    return (1.0 / (ROPE_THETA ** (torch.arange(0, 2 * n, 2, dtype=torch.float32) / (2 * n)))).to(dtype)
+
+
+def _attention_and_mlp(m: dict, src: str, dst: str, hidden: int) -> None:
+    qkv_rows(m, f"{src}attn", f"{dst}attn.qkv_proj", (hidden, hidden, hidden))
+    moves(m, src, dst, {"attn.to_out.0.weight": "attn.out_proj.weight", "attn.norm_q.weight": "attn.q_norm.weight",
+                        "attn.norm_k.weight": "attn.k_norm.weight", "norm1.weight": "norm1.weight",
+                        "norm2.weight": "norm2.weight", "ff.net.2.weight": "mlp.fc2.weight"})
+    # diffusers' SwiGLU takes (value, gate) from its projection's rows, ComfyUI's (gate, value): halves swapped
+    m[f"{src}ff.net.0.proj.weight"] = (f"{dst}mlp.fc1.weight", None, "swap_scale_shift")
+
+
+def h3_to_comfy(cfg: Mapping) -> dict:
+    m: dict = {}
+    hidden = int(cfg.get("hidden_size", 0))
+    for i in range(int(cfg.get("num_layers", 0))):
+        _attention_and_mlp(m, f"transformer_blocks.{i}.", f"blocks.{i}.", hidden)
+        moves(m, f"transformer_blocks.{i}.", f"blocks.{i}.", {"adaln_proj.linear": "adaln_proj.linear"})
+    for i in range(int(cfg.get("token_refiner_num_layers", 0))):
+        _attention_and_mlp(m, f"token_refiner.refiner_blocks.{i}.", f"token_refiner.blocks.{i}.", hidden)
+    moves(m, "", "", {"proj_in": "video_patch_proj", "audio_proj_in": "audio_patch_proj",
+                      "context_embedder": "condition_proj", "norm_out.linear": "final_layer.adaln_proj.linear",
+                      "proj_out": "final_layer.video_out", "audio_proj_out": "final_layer.audio_out",
+                      "time_embedder.linear_1": "time_embedder.proj_in", "time_embedder.linear_2": "time_embedder.proj_out"})
+    moves(m, "", "", {"norm_out.norm.weight": "final_layer.norm.weight",
+                      "token_refiner.final_norm.weight": "token_refiner.final_norm.weight"})
+    m[TABLE] = "adaln_t_table"  # the curve form's table (a buffer, neither weight nor bias)
+    return m
+
+
+def config(shapes: Shapes) -> dict:
+    hidden, patch_in = first(shapes, "proj_in.weight", "video_patch_proj.weight")
+    head = first(shapes, "transformer_blocks.0.attn.norm_q.weight", "blocks.0.attn.q_norm.weight")[0]
+    q = shapes.get("transformer_blocks.0.attn.to_q.weight")
+    q_rows = q[0] if q else first(shapes, "blocks.0.attn.qkv_proj.weight")[0] // 3
+    cfg = {
+        "image_model": "minimax_h3", "hidden_size": hidden, "latents_dim": patch_in // 4,  # patch 1 x 2 x 2
+        "audio_latents_dim": first(shapes, "audio_proj_in.weight", "audio_patch_proj.weight")[1],
+        "num_layers": blocks(shapes, "transformer_blocks.", "blocks."),
+        "token_refiner_num_layers": blocks(shapes, "token_refiner.refiner_blocks.", "token_refiner.blocks."),
+        "attention_head_dim": head, "num_attention_heads": q_rows // head,
+        "ffn_hidden_size": first(shapes, "transformer_blocks.0.ff.net.0.proj.weight", "blocks.0.mlp.fc1.weight")[0] // 2,
+        "text_dim": first(shapes, "context_embedder.weight", "condition_proj.weight")[1],
+        "rope_inv_freq_len": ROPE_FREQS,
+    }
+    if has_any(shapes, TABLE, "adaln_t_table"):
+        cfg["adaln_curve_grid"], cfg["time_embed_dim"] = first(shapes, TABLE, "adaln_t_table")
+    else:
+        te_hidden, cfg["timestep_input_dim"] = first(shapes, "time_embedder.linear_1.weight",
+                                                     "time_embedder.proj_in.weight")
+        cfg["time_embed_hidden_size"] = te_hidden
+        cfg["time_embed_dim"] = first(shapes, "time_embedder.linear_2.weight", "time_embedder.proj_out.weight")[0]
+    return cfg
+
+
 FAMILIES = (
     Family(
         name="minimax-h3", title="MiniMax-H3",
@@ -131,7 +199,8 @@ FAMILIES = (
             diffusers_class="MiniMaxH3Transformer3DModel",
             diffusers_markers=(("token_refiner.final_norm.weight", "transformer_blocks.0.adaln_proj.linear.weight"),),
             comfy_markers=(),
-            comfy_model="MiniMaxH3", comfy_key_map=None, unet_config=None, min_comfy="0.38.1",
+            comfy_model="MiniMaxH3", comfy_key_map=h3_to_comfy, unet_config=config, min_comfy="0.33.0",
+            fill_missing={INV_FREQ: rope_inv_freq},
             int8_exclude_extra=("adaln_proj",),
             diffusers_prepare=curve_form, metadata_from_tensors=curve_metadata,
         ),

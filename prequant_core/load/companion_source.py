@@ -9,7 +9,7 @@ import dataclasses
 import os
 from typing import Iterable
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, HubError
 from ..families import Family
 from .context import LoadContext
 
@@ -46,7 +46,14 @@ def find(family: Family, ctx: LoadContext = LoadContext()) -> Found:
     from . import hub
     repo = family.hosting.base_repos[0]
     ctx.say(f"fetching {c.what} ({repo}/{c.repo_file})")
-    fetched = hub.download(repo, [c.repo_file], dataclasses.replace(ctx, download_dir=None))
+    try:
+        fetched = hub.download(repo, [c.repo_file], dataclasses.replace(ctx, download_dir=None))
+    except HubError as e:  # the Hub's own reason, with where a copy of this one file is read from instead
+        e.fix = (f"{e.fix} " if e.fix else "") + (f"A copy of {repo}/{c.repo_file} put into ComfyUI/models/prequant/ "
+                                                  f"as {c.local_name} is used without the Hub.")
+        e.args = (e.render(),)
+        raise
+
     how = "downloaded" if fetched.downloaded else "cached"
     return Found(read(family, fetched.path), fetched.path, f"{repo}/{c.repo_file} ({how})")
 

@@ -23,7 +23,7 @@ def assign(module: torch.nn.Module, tensors: Mapping, *, path: str | None = None
     ``hold_quantized`` they are returned instead as ``(submodule, attr, tensor)`` for the host to store its own way
     (ComfyUI keeps plain tensors: nodes/comfy_model), which then calls ``check_complete``. The host is never called
     from here: the core stays below it. ``fill_missing`` names skeleton entries a file may lack, with how to fill
-    them ("ones"/"zeros").
+    them ("ones"/"zeros", or a function of the skeleton entry's shape and dtype).
     """
     from ..schemes import qtensor
     fill_missing = dict(fill_missing or {})
@@ -53,15 +53,22 @@ def assign(module: torch.nn.Module, tensors: Mapping, *, path: str | None = None
         v = tensors.get(k)
         if v is None:
             how = fill_missing[k]
-            v = (torch.ones if how == "ones" else torch.zeros)(ref.shape, dtype=cast_plain or ref.dtype)
+            if callable(how):  # a value the family computes (MiniMax-H3's rotary frequencies), in the skeleton's dtype
+                v = how(ref.shape, ref.dtype)
+            else:
+                v = (torch.ones if how == "ones" else torch.zeros)(ref.shape, dtype=cast_plain or ref.dtype)
         if qtensor.is_quantized(v):
             if hold_quantized:
                 held.append((sub, attr, v))
             else:
                 sub._parameters[attr] = torch.nn.Parameter(v, requires_grad=False)
             continue
-        if cast_plain is not None and v.is_floating_point() and v.dtype != cast_plain:
-            v = v.to(cast_plain)
+        # the model's float32 islands (a module ComfyUI declares float32: MiniMax-H3's patch projections, output heads
+        # and curve table) stay float32, as ComfyUI's own loader keeps them; the rest takes the load's dtype
+        want = ref.dtype if ref.dtype == torch.float32 and cast_plain is not None and ref.dtype != cast_plain \
+            else cast_plain
+        if want is not None and v.is_floating_point() and v.dtype != want:
+            v = v.to(want)
         if attr in sub._parameters:
             sub._parameters[attr] = torch.nn.Parameter(v, requires_grad=False)
         else:
