@@ -411,8 +411,9 @@ def test_stock_shift_and_guidance_nodes_reach_the_prequant_model(comfy, prequant
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Families no ComfyUI here has a class for (Krea 2, Qwen-Image 2.1): built with diffusers 0.42.1's real classes (in a
-# subprocess, .cache/diffusers042), then Info / verify accept them and the loader node names the ComfyUI they need.
+# Families whose diffusers class needs diffusers 0.42.1 (Krea 2, Qwen-Image 2.1, LTX-2.3, MiniMax-H3): built with its
+# real classes (in a subprocess, .cache/diffusers042); Info / verify accept them; the loader node loads the ones ComfyUI
+# 0.33.0 has a class for and names the ComfyUI the others need.
 
 @pytest.mark.parametrize("family", list(tf.DIFFUSERS_ONLY))
 def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy, prequant_dir, family):
