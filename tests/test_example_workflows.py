@@ -43,7 +43,7 @@ LOADER_DIRS = {"CLIPLoader": "text_encoders", "DualCLIPLoader": "text_encoders",
                "PrequantLoadTextEncoder": "text_encoders"}  # its with_encoder: ComfyUI's CLIP-L for FLUX.1
 OFFICIAL_URL = re.compile(r"^https://huggingface\.co/(Comfy-Org|comfyanonymous)/[^/]+/resolve/main/(.+/)?([^/]+)$")
 NOTES = ("Note", "MarkdownNote")
-WORKFLOW_PENDING = {"ltx-2", "minimax-h3"}  # loaded by the node on ComfyUI 0.33.0, no workflow yet (issue 60, 3)
+WORKFLOW_PENDING = {"ltx-2"}  # loaded by the node on ComfyUI 0.33.0, no workflow yet (issue 60, 3)
 
 
 def load_wf(path):
@@ -192,8 +192,8 @@ def test_there_is_a_workflow_for_every_family(comfy):
     runnable = {n for n, f in families.FAMILIES.items() if f.arch.unet_config is not None}
     assert {"z-image", "flux.1", "qwen-image"} <= runnable
     missing = runnable - covered
-    # the video families mapped into ComfyUI 0.33.0 this round load through the node; their workflows (ComfyUI's own
-    # templates of them) are still to come (issue 60, 3): listed here exactly, so a new workflow must strike its name
+    # LTX-2.3 loads through the node on ComfyUI 0.33.0; its workflow (ComfyUI's own template of it) is still to come
+    # (issue 60, 3): listed here exactly, so a new workflow must strike its name
     assert missing == WORKFLOW_PENDING, f"families without an example workflow: {sorted(missing)}"
     assert {"krea-2", "qwen-image-2.1"} <= covered  # the image families of ComfyUI 0.38.1 (Note: that version)
 

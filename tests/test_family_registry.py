@@ -201,11 +201,10 @@ def test_the_recipe_counts_the_files_a_family_touches():
                 workflows[n[:-5]] = f.read()
             assert os.path.isfile(os.path.join(folder, n[:-5] + ".jpg")), n
     for fam in families.FAMILIES.values():
-        # the video families mapped into ComfyUI 0.33.0 this round have no workflow yet (issue 60, 3), listed
-        # exactly: a workflow for one of them must strike it from the list
+        # LTX-2.3 has no workflow yet (issue 60, 3), listed exactly: its workflow must strike it from the list
         has = any(f'"{fam.name}"' in w for w in workflows.values())
         if fam.arch.unet_config is not None:
-            assert has != (fam.name in {"ltx-2", "minimax-h3"}), fam.name
+            assert has != (fam.name == "ltx-2"), fam.name
     # (7) its rows in the README's tables
     from tools import families_table
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:

@@ -426,12 +426,15 @@ def _h3_curve(m, dim: int = 8, grid: int = 33):
 DENSE_FORM = "dense_form"  # a record input asking for the class as built rather than its hosted form
 
 
-def _h3_record(m, inputs: dict) -> dict:
+def _h3_record(m, inputs: dict | None = None) -> dict:
     """MiniMax-H3's class on the packed sequence ComfyUI's MiniMaxH3 builds (``inputs``, laid out by the ComfyUI side
     with ComfyUI's own PackedLayout: text, audio, video rows, their rotary positions, modality tags and distinct
     timesteps; tests/test_families.py ``_h3_inputs``): the video and audio velocity rows, in ComfyUI's row order.
     All in float32: the curve form's cast of the block modulation to the stack's dtype (bfloat16 as hosted) is left
-    out, as a float32 ComfyUI model computes it."""
+    out, as a float32 ComfyUI model computes it. Without inputs: nothing (the record then holds the weights only,
+    ``dense_from_subprocess``)."""
+    if inputs is None:
+        return {}
     for block in m.transformer_blocks:
         block.adaln_proj.prequant_out_dtype = None  # (absent in the dense form: nothing to leave out)
     with torch.no_grad():
