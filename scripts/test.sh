@@ -67,7 +67,7 @@ extras_of() {
     test_browser.py) echo browser ;;
     test_browser_fold.py) echo browser frontend158 ;;
     test_load_trace.py) echo strace ;;
-    test_fuzz.py | test_legacy_formats.py) echo torchao014 ;;
+    test_fuzz.py | test_legacy_formats.py | test_legacy_v1_records.py) echo torchao014 ;;
     test_registry.py) echo comfy-cli ;;
     test_example_workflows.py) echo comfy-templates ;;
     test_families.py) echo diffusers042 comfy-kitchen ;;
