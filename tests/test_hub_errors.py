@@ -41,7 +41,11 @@ def test_a_local_cache_miss_is_not_cached_and_its_cause_decides_when_it_has_one(
      ("auth", "gated repo, HTTP 403")),
     (E.RepositoryNotFoundError("401 Client Error. Repository Not Found", _response(401)),
      ("repo", "repo not found or private, HTTP 401")),
-    (E.RepositoryNotFoundError("Repository Not Found", None), ("repo", "repo not found or private, HTTP None")),
+    # raised without a response: no status to name (a user read "HTTP None")
+    (E.RepositoryNotFoundError("Repository Not Found", None), ("repo", "repo not found or private")),
+    (E.GatedRepoError("Cannot access gated repo", None), ("auth", "gated repo")),
+    (E.HfHubHTTPError("Client Error", None, server_message="slow down"),
+     ("http", "HTTP error without a status: (slow down)")),
     (E.OfflineModeIsEnabled("Cannot reach https://huggingface.co: offline mode is enabled."),
      ("offline", "offline mode is enabled")),
     (E.FileMetadataError("Distant resource does not have an ETag"),

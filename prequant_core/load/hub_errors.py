@@ -64,9 +64,9 @@ def classify(exc: BaseException) -> tuple[str, str]:
     if "RevisionNotFoundError" in names:
         return "revision", "revision not found"
     if "GatedRepoError" in names:
-        return "auth", f"gated repo, HTTP {status(exc)}"
+        return "auth", f"gated repo{http(exc)}"
     if "RepositoryNotFoundError" in names:
-        return "repo", f"repo not found or private, HTTP {status(exc)}"
+        return "repo", f"repo not found or private{http(exc)}"
     if "OfflineModeIsEnabled" in names:
         return "offline", "offline mode is enabled"
     if "hf_xet" in text or "hf-xet" in text:
@@ -79,7 +79,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
             return "auth", f"HTTP {code} {server_message(exc)}".strip()
         if code is None and names & _NETWORK_NAMES:
             return "network", f"{type(exc).__name__}: {short(exc)}"
-        return "http", f"HTTP {code} {server_message(exc)}".strip()
+        return "http", (f"HTTP {code} {server_message(exc)}" if code is not None else
+                        f"HTTP error without a status: {server_message(exc) or short(exc)}").strip()
     if names & _NETWORK_NAMES or isinstance(exc, (ConnectionError, TimeoutError)):
         return "network", f"{type(exc).__name__}: {short(exc)}"
     if "FileMetadataError" in names:
@@ -92,6 +93,13 @@ def classify(exc: BaseException) -> tuple[str, str]:
 def status(exc) -> int | None:
     resp = getattr(exc, "response", None)
     return getattr(resp, "status_code", None)
+
+
+def http(exc) -> str:
+    """``, HTTP <status>`` where the error carries a response (an error raised without one names no status: a user
+    read "HTTP None")."""
+    code = status(exc)
+    return f", HTTP {code}" if code is not None else ""
 
 
 def server_message(exc) -> str:
