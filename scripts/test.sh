@@ -55,7 +55,10 @@ CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_
             tests/test_verified_cache.py tests/test_hub_staging.py tests/test_lora_requant.py
             tests/test_text_encoder_int8.py tests/test_zero_rows.py tests/test_nan_codes.py tests/test_companion_source.py
             tests/test_hub_errors.py tests/test_mxfp8.py tests/test_output_file.py tests/test_encoder_checks.py
-            tests/test_legacy_v1_records.py)
+            tests/test_legacy_v1_records.py tests/test_comfy_native_records.py tests/test_dense_sources.py
+            tests/test_diffusers_loader_parts.py tests/test_fingerprint.py tests/test_nvfp4.py tests/test_pickle_guard.py
+            tests/test_pt_safe_globals.py tests/test_qtensor.py tests/test_report.py tests/test_sources.py
+            tests/test_tokenizer_source.py tests/test_validate_tensors.py)
 # The ComfyUI tier's heaviest files; every other tests/test_*.py follows them.
 COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conformance_comfy.py
              tests/test_diffusers_loader.py tests/test_concurrency.py tests/test_hub.py tests/test_build.py

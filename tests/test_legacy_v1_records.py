@@ -288,3 +288,16 @@ def test_crafted_records_are_corrupt_naming_what_is_wrong(tmp_path, case, found)
     with pytest.raises(CorruptCheckpointError) as e:
         formats.read(_write_pt(tmp_path / "bad.pt", _container(weight)))
     assert "legacy" in e.value.message and found in e.value.found, (e.value.message, e.value.found)
+
+
+def test_a_pt_file_in_a_newer_pickle_protocol_is_refused_for_what_it_is(tmp_path):
+    """torch.save(..., pickle_protocol=4) writes FRAME opcodes, which torch's own safe loader refuses as well: the
+    refusal names the opcode and the protocol, and no longer claims torch.save never writes it."""
+    from prequant_core.errors import CorruptCheckpointError
+    from prequant_core.load.opening import open_checkpoint
+    path = str(tmp_path / "protocol4.pt")
+    torch.save({"a.weight": torch.ones(4, 4)}, path, pickle_protocol=4)
+    with pytest.raises(CorruptCheckpointError) as e:
+        open_checkpoint(path, model_dirs=[str(tmp_path)])
+    msg = str(e.value)
+    assert "opcode FRAME" in msg and "default pickle protocol" in msg and "never writes" not in msg, msg

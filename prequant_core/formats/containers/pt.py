@@ -59,9 +59,12 @@ def load_weights_only(src, *, mmap: bool = True):
         pickle_guard.checked_pickle(f)
         try:
             # only what is not allowed already: torch's context removes every class it was given on exit, and a
-            # class torchao registered for the whole process must stay allowed for other code (ComfyUI, the user's)
+            # class torchao registered for the whole process must stay allowed for other code (ComfyUI, the user's).
+            # The classes are imported first: importing torchao is what registers them, so a list of what is
+            # allowed taken before would hand them to the context, which then took them away from the process.
+            wanted = _safe_globals()
             already = set(torch.serialization.get_safe_globals())
-            with torch.serialization.safe_globals([c for c in _safe_globals() if c not in already]):
+            with torch.serialization.safe_globals([c for c in wanted if c not in already]):
                 return torch.load(f.io_path, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
             raise _translate(str(e), path) from None
@@ -103,10 +106,13 @@ def _translate(msg: str, path: str) -> Exception:
         code = int(op.group(1))
         info = pickletools.code2op.get(chr(code)) if code < 256 else None
         name = info.name if info else f"byte {code}"
+        # FRAME and the other protocol-4+ opcodes: torch.save writes them only when asked for a newer pickle
+        # protocol, and torch's own safe loader refuses them too (the message once said torch.save never writes them)
         return CorruptCheckpointError(
-            "The .pt file uses a pickle opcode that torch.save never writes and torch's safe loader does not read; "
-            "nothing from it was loaded.", path=path, expected="a pickle written by torch.save",
-            found=f"opcode {name}", fix="Download or build the file again.")
+            "The .pt file uses a pickle opcode torch's safe loader (weights_only) does not read; nothing from it was "
+            "loaded.", path=path, expected="a pickle in torch.save's default protocol (2)", found=f"opcode {name}",
+            fix="Save it again with torch.save's default pickle protocol, use its .safetensors form, or download or "
+                "build the file again.")
     return CorruptCheckpointError("The .pt file could not be unpickled safely.", path=path,
                                   found=_reason(msg) or "an unreadable pickle", fix="Download or build the file again.")
 
