@@ -109,8 +109,8 @@ def _translate(msg: str, path: str) -> Exception:
         # FRAME and the other protocol-4+ opcodes: torch.save writes them only when asked for a newer pickle
         # protocol, and torch's own safe loader refuses them too (the message once said torch.save never writes them)
         return CorruptCheckpointError(
-            "The .pt file uses a pickle opcode torch's safe loader (weights_only) does not read; nothing from it was "
-            "loaded.", path=path, expected="a pickle in torch.save's default protocol (2)", found=f"opcode {name}",
+            "The .pt file uses a pickle opcode torch's safe loader does not read; nothing from it was loaded.",
+            path=path, expected="a pickle in torch.save's default protocol (2)", found=f"opcode {name}",
             fix="Save it again with torch.save's default pickle protocol, use its .safetensors form, or download or "
                 "build the file again.")
     return CorruptCheckpointError("The .pt file could not be unpickled safely.", path=path,
