@@ -74,7 +74,7 @@ def child(case: str, dense: str, out: str, scheme: str, container: str) -> None:
     th.start()
     t0 = time.perf_counter()
     if case == "stream":
-        res = build.build(dense, out, scheme=scheme, container=container, overwrite=True)
+        res = build.build(dense, build.Target(out, container=container, overwrite=True), build.Recipe(scheme))
         quantized = res.quantized
     else:
         from safetensors.torch import load_file, save_file

@@ -93,8 +93,8 @@ def make_files(folder: str, layers: int, schemes: list[str]) -> dict:
     os.makedirs(os.path.join(folder, "prequant"), exist_ok=True)
     for s in schemes:
         files[s] = os.path.join(folder, "prequant", prequant_name(s))
-        build.build_from_tensors(files[s], dense, family=fam, scheme=s, base_model_id="Tongyi-MAI/Z-Image-Turbo",
-                                 container=os.path.splitext(files[s])[1][1:])
+        build.build_from_tensors(dense, build.Target(files[s], container=os.path.splitext(files[s])[1][1:]),
+                                 build.Recipe(s, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     return files
 
 

@@ -127,11 +127,11 @@ def make_files(base: str, layers: int) -> dict:
     del comfy_sd
     os.makedirs(os.path.join(folder, "prequant"), exist_ok=True)
     files["int8"] = os.path.join(folder, "prequant", "Z-Image-Turbo-INT8.pt")
-    build.build_from_tensors(files["int8"], dense, family=fam, scheme="int8", base_model_id="Tongyi-MAI/Z-Image-Turbo",
-                             container="pt")
+    build.build_from_tensors(dense, build.Target(files["int8"], container="pt"),
+                             build.Recipe("int8", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     files["fp8"] = os.path.join(folder, "prequant", "Z-Image-Turbo-FP8.safetensors")
-    build.build_from_tensors(files["fp8"], dense, family=fam, scheme="fp8", base_model_id="Tongyi-MAI/Z-Image-Turbo",
-                             container="safetensors")
+    build.build_from_tensors(dense, build.Target(files["fp8"], container="safetensors"),
+                             build.Recipe("fp8", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     del dense
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return files

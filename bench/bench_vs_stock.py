@@ -86,8 +86,8 @@ def make_files(base: str, layers: int, schemes: list[str]) -> dict:
     comfy_sd = load_file(files["dense"])
     for s in schemes:
         files[f"{s}-native"] = os.path.join(folder, "diffusion_models", f"zimage_{NATIVE_NAME[s]}.safetensors")
-        build.build_comfy_native(comfy_sd, files[f"{s}-native"], scheme=s, family=fam,
-                                 base_model_id="Tongyi-MAI/Z-Image-Turbo")
+        build.build_comfy_native(comfy_sd, build.Target(files[f"{s}-native"]),
+                                 build.Recipe(s, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     return files
 
 

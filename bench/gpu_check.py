@@ -99,7 +99,8 @@ def main():
     dense_model = None
     for scheme in ("fp8", "int8"):
         path = os.path.join(tmp, f"z-{scheme}.safetensors")
-        build.build_from_tensors(path, dense, family=families.get("z-image"), scheme=scheme, base_model_id="x")
+        build.build_from_tensors(dense, build.Target(path),
+                                 build.Recipe(scheme, family=families.get("z-image"), base_model_id="x"))
         # (b) dense on the device, then torchao's own config applied in place
         peak_reset()
         with torch.device("meta"):

@@ -2,6 +2,7 @@
 models/prequant, written with the same code as ``python -m prequant_core build``."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -83,16 +84,16 @@ def refuse_shadowing(kind: str, name: str, dest: str) -> None:
                          fix="Give the new file another filename (the existing one is left as it is).")
 
 
-def build_native(model, dense_file, dest, scheme, family, base, min_features, overwrite, progress):
+def build_native(model, dense_file, target, recipe, progress):
     """A ComfyUI-native file from a MODEL (its state dict is ComfyUI's layout already) or a dense file (mapped to
-    ComfyUI's names where it is in diffusers' layout)."""
+    ComfyUI's names where it is in diffusers' layout); ``recipe.family``: the node's family input (``auto``)."""
     from .comfy_model import to_comfy_layout
+    family = recipe.family
     if model is not None:
         fam = model_family(model, family)
         sd = model_state_dict(model)
         core.check_dense_input(sd, "the input model")
-        return core.build_comfy_native(sd, dest, scheme=scheme, family=fam, base_model_id=base,
-                                       min_features=min_features, overwrite=overwrite, progress=progress)
+        return core.build_comfy_native(sd, target, dataclasses.replace(recipe, family=fam), progress=progress)
     src = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
     tensors, _, _ = core.read_native_input(src)
     fam, layout = families.detect(list(tensors), None, src) if family == AUTO else \
@@ -100,8 +101,7 @@ def build_native(model, dense_file, dest, scheme, family, base, min_features, ov
     if layout != "comfyui":
         shapes = {k: tuple(v.shape) for k, v in tensors.items()}
         tensors = to_comfy_layout(fam, "diffusers", tensors, fam.config_from_shapes(shapes, src), src)
-    return core.build_comfy_native(tensors, dest, scheme=scheme, family=fam, base_model_id=base,
-                                   min_features=min_features, overwrite=overwrite, progress=progress,
+    return core.build_comfy_native(tensors, target, dataclasses.replace(recipe, family=fam), progress=progress,
                                    input_layout=layout or "diffusers")
 
 
@@ -272,23 +272,26 @@ class PrequantBuildCheckpoint:
 
         with torch.no_grad():
             if native:
-                res = build_native(model, dense_file if use_file else None, dest, scheme, family, base, min_features,
-                                   overwrite, progress)
+                res = build_native(model, dense_file if use_file else None, core.Target(dest, overwrite=overwrite),
+                                   core.Recipe(scheme, family=family, base_model_id=base, min_features=min_features),
+                                   progress)
             elif use_file:
                 src_path = folder_paths.get_full_path_or_raise("diffusion_models", dense_file)
-                res = core.build(src_path, dest, scheme=scheme, family=fam_arg, base_model_id=base,
-                                 min_features=min_features, container=container, overwrite=overwrite,
-                                 key_map=file_key_map, progress=progress, component=component)
+                res = core.build(src_path, core.Target(dest, container=container, overwrite=overwrite),
+                                 core.Recipe(scheme, family=fam_arg, base_model_id=base, min_features=min_features,
+                                             component=component),
+                                 key_map=file_key_map, progress=progress)
             else:
                 fam = model_family(model, family)
                 sd = model_state_dict(model)
                 # ComfyUI's own map for the config ComfyUI built this model from; None: the names are diffusers'
                 key_map = key_map_for(fam, dict(model.model.model_config.unet_config),
                                       model_config=model.model.model_config)  # its names, this ComfyUI's
-                res = core.build(sd, dest, scheme=scheme, family=fam, base_model_id=base, min_features=min_features,
-                                 container=container, overwrite=overwrite, key_map=key_map,
-                                 layout="comfyui" if key_map is not None else "diffusers", progress=progress,
-                                 component=component)
+                res = core.build(sd, core.Target(dest, container=container, overwrite=overwrite),
+                                 core.Recipe(scheme, family=fam, base_model_id=base, min_features=min_features,
+                                             component=component),
+                                 key_map=key_map, layout="comfyui" if key_map is not None else "diffusers",
+                                 progress=progress)
         log.info("[prequant] %s", res.summary())
         info = {"file": os.path.basename(res.path), "path": res.path, "family": res.family, "scheme": res.scheme,
                 "container": res.container, "quantized_layers": res.quantized, "size_bytes": res.file_bytes,
@@ -328,8 +331,8 @@ def build_encoder(clip, family: str, base: str, filename: str, container: str, o
 
     with torch.no_grad():
         path = text_encoder.build_text_encoder_from(
-            dense_sources.MemorySource(tensors, path="the CLIP input"), dest, family=fam, base_model_id=base or None,
-            container=container, overwrite=overwrite, progress=progress, input_path="the CLIP input")
+            dense_sources.MemorySource(tensors, path="the CLIP input"), core.Target(dest, container, overwrite),
+            family=fam, base_model_id=base or None, progress=progress)
     text = f"{kind.name} text encoder ({fam}) written as Unsloth's pre-cast fp8 file: {path}"
     log.info("[prequant] %s", text)
     info = {"file": os.path.basename(path), "path": path, "family": fam, "scheme": "fp8", "container": container,

@@ -132,14 +132,14 @@ def patched_parts(op, originals, patches, key, device=None, give_back_pages: boo
     for h, once in filters:
         h.addFilter(once)
     try:
-        return _patched_blocks(op, originals, cuts, spec, key, device, give_back_pages)
+        return _patched_blocks(op, originals, cuts, key, device, give_back_pages)
     finally:
         for h, once in filters:
             h.removeFilter(once)
 
 
-def _patched_blocks(op, originals, cuts, spec, key, device, give_back_pages):
-    n = originals[0].shape[0]
+def _patched_blocks(op, originals, cuts, key, device, give_back_pages):
+    spec, n = op.prequant_spec, originals[0].shape[0]
     new = None
     maps = pages.file_mappings() if give_back_pages else None
     for start, stop, block_patches in cuts:

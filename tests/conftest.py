@@ -60,12 +60,12 @@ def prequant_files(zimage_dense, tmp_path_factory):
         if key not in cache:
             path = str(folder / f"Z-Image-Turbo-{scheme.upper()}-{layout}.{container}")
             if layout == "diffusers":
-                build.build_from_tensors(path, zimage_dense, family=fam, scheme=scheme, base_model_id=BASE_ID,
-                                         container=container)
+                build.build_from_tensors(zimage_dense, build.Target(path, container=container),
+                                         build.Recipe(scheme, family=fam, base_model_id=BASE_ID))
             else:
                 tensors = tiny_models.zimage_comfy_layout(zimage_dense)
-                build.build_from_tensors(path, tensors, family=fam, scheme=scheme, base_model_id=BASE_ID,
-                                         container=container)
+                build.build_from_tensors(tensors, build.Target(path, container=container),
+                                         build.Recipe(scheme, family=fam, base_model_id=BASE_ID))
             cache[key] = path
         return cache[key]
 

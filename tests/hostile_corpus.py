@@ -75,9 +75,9 @@ def tiny_tensors(scheme: str = "fp8") -> dict:
 def tiny_metadata(tensors: dict, scheme: str = "fp8", **over) -> dict:
     from prequant_core import build, families, schemes
     fam = families.get("z-image")
-    md = build.make_metadata(family=fam, scheme=scheme, base_model_id=BASE_ID, min_features=32,
-                             exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra), tensors=tensors,
-                             skipped=[])
+    md = build.make_metadata(build.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=32,
+                                          exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)),
+                             tensors)
     md.update(over)
     return md
 

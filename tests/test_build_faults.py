@@ -64,8 +64,9 @@ def remount_ro(path) -> None:
 def quantized(zimage_dense):
     """The tiny Z-Image quantized once (int8; about 95 MB written), with the metadata build would write."""
     q, skipped = quantize.quantize_tensors(zimage_dense, "int8")
-    meta = build.make_metadata(family=FAM, scheme="int8", base_model_id=BASE_ID, min_features=512,
-                               exclude=build.schemes.exclude_tokens("int8"), tensors=q, skipped=skipped)
+    meta = build.make_metadata(build.Recipe("int8", family=FAM, base_model_id=BASE_ID, min_features=512,
+                                            exclude=build.schemes.exclude_tokens("int8")),
+                               q)
     return q, meta
 
 
@@ -140,7 +141,7 @@ def test_build_refuses_up_front_when_the_disk_is_too_small(dense_file, tmp_path)
         dest = os.path.join(mnt, "out.safetensors")
         t0 = time.time()
         with pytest.raises(errors.BuildError) as e:
-            build.build(dense_file, dest, scheme="int8")
+            build.build(dense_file, build.Target(dest), build.Recipe("int8"))
         assert "Not enough free disk space" in str(e.value) and time.time() - t0 < 30
         assert_untouched(mnt, dest, None)
         # the same through the command line: exit status 2, the message on stderr, nothing written
@@ -294,7 +295,8 @@ KILL_CHILD = textwrap.dedent("""
             open(ready, "w").close()
             time.sleep(600)  # parked mid-write until the parent kills us
 
-    build.build(dense, dest, scheme="int8", container=container, overwrite=overwrite == "1", progress=progress)
+    build.build(dense, build.Target(dest, container=container, overwrite=overwrite == "1"), build.Recipe("int8"),
+                progress=progress)
 """)
 
 

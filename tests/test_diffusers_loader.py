@@ -90,8 +90,8 @@ def flux_files(tmp_path_factory):
     out = {"dir": str(d)}
     for name, container in (("st", "safetensors"), ("pt", "pt")):
         out[name] = str(d / f"FLUX.1-dev-INT8.{container}")
-        build.build_from_tensors(out[name], dense, family=fam, scheme="int8", base_model_id="black-forest-labs/FLUX.1-dev",
-                                 container=container)
+        build.build_from_tensors(dense, build.Target(out[name], container=container),
+                                 build.Recipe("int8", family=fam, base_model_id="black-forest-labs/FLUX.1-dev"))
     base = d / "FLUX.1-dev"
     tf.diffusers_model("flux.1").save_config(str(base / "transformer"))
     out["base"] = str(base)
@@ -219,7 +219,8 @@ def test_nvfp4_file_dequantizes_at_matmul_in_the_diffusers_class(tmp_path):
     tf.any_diffusers_model(family).save_config(str(base_dir / "transformer"))
     dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
     path = str(tmp_path / "Qwen-Image-NVFP4.pt")
-    build.build_from_tensors(path, dense, family=fam, scheme="nvfp4", base_model_id=base_id, container="pt")
+    build.build_from_tensors(dense, build.Target(path, container="pt"),
+                             build.Recipe("nvfp4", family=fam, base_model_id=base_id))
     loaded = diffusers_loader.load(fam.arch.diffusers_class, str(base_dir), path, scheme="nvfp4", allow_dirs=[tmp_path])
     assert any("dequantize at matmul" in n for n in loaded.notes), loaded.notes
     q = formats.read(path).tensors

@@ -153,9 +153,9 @@ def env(tmp_path_factory, comfy):
             else:
                 dense = tiny_families.dense(fam, seed=seed)
             local = str(files_dir / named["checkpoint"])
-            build.build_from_tensors(local, dense, family=families.get(fam), scheme=c.scheme,
-                                     base_model_id=named["base_model_id"], component=named["component"],
-                                     container=os.path.splitext(local)[1][1:])
+            build.build_from_tensors(dense, build.Target(local, container=os.path.splitext(local)[1][1:]),
+                                     build.Recipe(c.scheme, family=families.get(fam),
+                                                  base_model_id=named["base_model_id"], component=named["component"]))
             by_repo.setdefault(c.repo, {})[named["checkpoint"]] = local  # one commit per repo holds all its files
             served.setdefault(os.path.basename(path), []).append((c.repo, named["checkpoint"], local,
                                                                    str(node["id"])))

@@ -108,8 +108,8 @@ def test_a_new_family_is_one_module_and_one_line(tmp_path, with_toy):
     assert layer_policy.policy_notes(_policy("toy_r8_v1")) == []
 
     # built (its int8 exclusions), read back, judged against its bases and described by Info
-    path = build.build_from_tensors(str(tmp_path / "Toy-DiT-INT8.safetensors"), dense, family=toy, scheme="int8",
-                                    base_model_id=BASE, min_features=32)
+    path = build.build_from_tensors(dense, build.Target(str(tmp_path / "Toy-DiT-INT8.safetensors")),
+                                    build.Recipe("int8", family=toy, base_model_id=BASE, min_features=32))
     ck = formats.read(path)
     assert ck.metadata["family"] == "toy-dit" and ck.metadata["transformer_class"] == "ToyDiTTransformer2DModel"
     assert "toy_in" in ck.metadata["exclude_name_tokens"]

@@ -170,9 +170,9 @@ def tiny_tensors(scheme: str) -> dict:
 
 def tiny_metadata(tensors: dict, scheme: str) -> dict:
     fam = families.get("z-image")
-    return build.make_metadata(family=fam, scheme=scheme, base_model_id=BASE_ID, min_features=32,
-                               exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra), tensors=tensors,
-                               skipped=[])
+    return build.make_metadata(build.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=32,
+                                            exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)),
+                               tensors)
 
 
 def with_pickle(entries: list[tuple[str, bytes]], pkl: bytes) -> bytes:

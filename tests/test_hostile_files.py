@@ -275,14 +275,16 @@ def test_overwrite_replaces_only_regular_files(tmp_path, zimage_dense):
     fifo = tmp_path / "out.safetensors"
     os.mkfifo(fifo)
     with pytest.raises(errors.BuildError, match="not a regular file"):
-        build.build(zimage_dense, str(fifo), scheme="fp8", family="z-image", base_model_id="x/y", overwrite=True)
+        build.build(zimage_dense, build.Target(str(fifo), overwrite=True),
+                    build.Recipe("fp8", family="z-image", base_model_id="x/y"))
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     link = tmp_path / "link.safetensors"
     target = tmp_path / "target.bin"
     target.write_bytes(b"keep")
     os.symlink(target, link)
     with pytest.raises(errors.BuildError, match="symbolic link"):
-        build.build(zimage_dense, str(link), scheme="fp8", family="z-image", base_model_id="x/y", overwrite=True)
+        build.build(zimage_dense, build.Target(str(link), overwrite=True),
+                    build.Recipe("fp8", family="z-image", base_model_id="x/y"))
     assert target.read_bytes() == b"keep" and os.path.islink(link)
 
 

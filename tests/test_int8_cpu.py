@@ -2,6 +2,8 @@
 its exact integer matmuls (torch._int_mm where it is exact on this CPU, float32 pieces everywhere)."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -34,8 +36,10 @@ def test_equals_torchaos_int8_linear_bit_for_bit(rows, cols, native):
     bias = torch.randn(rows, generator=g).to(spec.dtype)
     with torch.inference_mode():
         want, want_nb = _torchao(x, q, s, spec, bias), _torchao(x, q, s, spec, None)
-        assert torch.equal(int8_cpu.linear(x, q, s, spec, bias, native=native), want)
-        assert torch.equal(int8_cpu.linear(x, q, s, spec, None, rows=1000, native=native), want_nb)
+        mm = int8_cpu.int_mm_native if native else int8_cpu.int_mm_pieces
+        small = int8_cpu.int_mm_native if native else functools.partial(int8_cpu.int_mm_pieces, rows=1000)
+        assert torch.equal(int8_cpu.linear(x, q, s, spec, bias, mm=mm), want)
+        assert torch.equal(int8_cpu.linear(x, q, s, spec, None, mm=small), want_nb)
 
 
 def test_integer_sums_at_the_float32_limit_are_exact():
@@ -47,7 +51,7 @@ def test_integer_sums_at_the_float32_limit_are_exact():
     w = torch.full((5, 4096), -128, dtype=torch.int8)
     w[3] = 127
     want = (a.double() @ w.double().t()).to(torch.int32)
-    assert torch.equal(int8_cpu.int_mm(a, w, native=False), want)
+    assert torch.equal(int8_cpu.int_mm_pieces(a, w), want)
     assert int(want.abs().max()) == 128 * 128 * 4096
 
 
@@ -82,7 +86,7 @@ def test_this_cpus_int_mm_passes_the_check_and_is_the_default():
     """The CI CPU (AVX-512 VNNI) sums int8 exactly in torch._int_mm: the check passes and the linear takes it."""
     assert int8_cpu.native_exact()
     a, w = int8_cpu._worst_case(40, 3000, 24)
-    assert torch.equal(int8_cpu.int_mm(a, w), int8_cpu.int_mm(a, w, native=False))
+    assert torch.equal(int8_cpu.int_mm(a, w), int8_cpu.int_mm_pieces(a, w))
 
 
 def _saturating_int_mm(a, b):

@@ -144,8 +144,9 @@ def test_legacy_sampler_output(comfy, legacy, zimage_dense, prequant_files, allo
     spec = qtensor.split(schemes.quantize_weight(zimage_dense[legacy.keys[0]], "int8"))[2]
     same = {k: (qtensor.join(legacy.q[k], legacy.s[k].float().reshape(-1, 1), spec) if k in legacy.keys else v)
             for k, v in zimage_dense.items()}
-    meta = build.make_metadata(family=fam, scheme="int8", base_model_id=BASE_ID, min_features=512,
-                               exclude=schemes.exclude_tokens("int8"), tensors=same, skipped=[])
+    meta = build.make_metadata(build.Recipe("int8", family=fam, base_model_id=BASE_ID, min_features=512,
+                                            exclude=schemes.exclude_tokens("int8")),
+                               same)
     same_path = writers.write_checkpoint(str(folder / "same-codes-INT8.safetensors"), same, meta, overwrite=True)
     same_out = sample(load_path(comfy, same_path, base_model_id=BASE_ID, scheme="int8"))
     os.unlink(same_path)

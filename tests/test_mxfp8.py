@@ -23,6 +23,7 @@ from prequant_core.errors import CorruptCheckpointError
 from prequant_core.formats import comfy_layout, torchao_json
 from prequant_core.formats.validate_tensors import check_quantized
 from prequant_core.schemes import qtensor
+from prequant_core.schemes.native_layout import Stored
 from prequant_core.schemes.json_values import DecodeError
 
 KEY = "layers.0.attention.to_q.weight"
@@ -168,8 +169,8 @@ def test_comfyuis_mxfp8_layout_round_trips_and_matches_torchaos_quantizer():
     assert torch.equal(dense[""].view(torch.uint8), parts[""].view(torch.uint8))
     assert torch.equal(dense["_scale"], parts["_scale"])
     fmt = comfy_layout.layout("mxfp8")
-    back, _, _ = comfy_layout.to_weight(fmt, {"format": "mxfp8"}, parts[""], {"weight_scale": parts["_scale"]},
-                                        "l", "/f.safetensors")
+    back, _, _ = comfy_layout.to_weight(fmt, Stored("l", "/f.safetensors", {"format": "mxfp8"}, parts[""],
+                                                    {"weight_scale": parts["_scale"]}))
     assert torch.equal(back.dequantize(torch.float32), t.dequantize(torch.float32))
     # a weight whose scales are row-major (rows fused from weights of different scales) has no ComfyUI bytes as is
     with pytest.raises(ValueError, match="do not fit the layout as they are"):
@@ -187,6 +188,7 @@ def test_comfyuis_mxfp8_layer_with_other_bytes_is_corrupt_naming_the_layer(weigh
     _, t = _weight()
     parts = comfy_layout.from_weight("mxfp8", t)
     with pytest.raises(CorruptCheckpointError) as e:
-        comfy_layout.to_weight(comfy_layout.layout("mxfp8"), {"format": "mxfp8"}, weight(parts[""]),
-                               {"weight_scale": scale(parts["_scale"])}, "blocks.0.attn.qkv", "/f.safetensors")
+        comfy_layout.to_weight(comfy_layout.layout("mxfp8"),
+                               Stored("blocks.0.attn.qkv", "/f.safetensors", {"format": "mxfp8"}, weight(parts[""]),
+                                      {"weight_scale": scale(parts["_scale"])}))
     assert "ComfyUI-native layer 'blocks.0.attn.qkv'" in str(e.value) and found in str(e.value)

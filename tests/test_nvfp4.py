@@ -12,6 +12,7 @@ import torch
 from prequant_core import schemes
 from prequant_core.errors import CorruptCheckpointError
 from prequant_core.schemes import nvfp4, qtensor
+from prequant_core.schemes.native_layout import Stored
 
 CODEC = nvfp4.CODEC
 
@@ -100,11 +101,11 @@ def test_comfy_read_refuses_block_scales_that_do_not_fit_the_codes():
     parts = nvfp4.comfy_from_weight(layout, weight())
     side = {"weight_scale": parts["_scale"], "weight_scale_2": parts["_scale_2"]}
     spec = lambda: schemes.spec("nvfp4")  # noqa: E731
-    t, _, _ = nvfp4.comfy_read(layout, {}, parts[""], side, spec, "blocks.0.w", "/m.safetensors")
+    t, _, _ = nvfp4.comfy_read(layout, Stored("blocks.0.w", "/m.safetensors", {}, parts[""], side), spec)
     assert torch.equal(t.qdata, weight().qdata)
     side["weight_scale"] = parts["_scale"][:64]
     with pytest.raises(CorruptCheckpointError, match="do not fit its codes") as e:
-        nvfp4.comfy_read(layout, {}, parts[""], side, spec, "blocks.0.w", "/m.safetensors")
+        nvfp4.comfy_read(layout, Stored("blocks.0.w", "/m.safetensors", {}, parts[""], side), spec)
     # 32 rows of 4 blocks: one 128 x 4 tile, 512 scales; half a tile is given
     assert e.value.found == "256 for (32, 32)" and e.value.expected == "512 block scales"
 

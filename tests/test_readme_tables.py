@@ -52,3 +52,14 @@ def test_every_shipped_workflow_has_a_readable_card():
         d = workflow_cards.describe(wf)
         assert d["stages"][0] == ("Load Prequant\nTransformer", True) and d["checkpoint"] and d["repo"], (n, d)
     assert not [f for f in os.listdir(folder) if f.endswith(".jpg") and f[:-4] not in names], "a picture without a workflow"
+
+
+def test_readme_says_which_encoder_file_each_workflow_loads():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    block = families_table.readme_block(text, families_table.WF_START, families_table.WF_END)
+    assert block == families_table.workflow_encoder_table(), \
+        "README's workflow-encoder table is stale: run python -m tools.families_table --write"
+    rows = families_table.workflow_encoder_rows()[2:]
+    # every workflow is listed, each with the file its encoder node loads
+    assert len(rows) == len([f for f in os.listdir(os.path.join(ROOT, "example_workflows")) if f.endswith(".json")])
+    assert all(".safetensors`" in r for r in rows)

@@ -57,8 +57,9 @@ def test_a_scheme_is_unknown_without_its_registry_line(tmp_path):
     assert "int8 / fp8 / nvfp4 / mxfp8" in str(e.value)
     assert families.schemes_from_suffix(REPO) == () and sources.model_name(REPO) == "Z-Image-Turbo-Q8TOY"
     with pytest.raises(ValidationError):
-        build.build_from_tensors(str(tmp_path / "x.safetensors"), _dense(), family=families.get("z-image"),
-                                 scheme="q8toy", base_model_id=BASE, min_features=32)
+        build.build_from_tensors(_dense(), build.Target(str(tmp_path / "x.safetensors")),
+                                 build.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
+                                              min_features=32))
 
 
 def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
@@ -73,9 +74,9 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
 
     # built with its own rule: the 80-row layer does not divide by 32 and stays dense; int8 would quantize it
     dense = _dense()
-    path = build.build_from_tensors(str(tmp_path / "Z-Image-Turbo-Q8TOY.safetensors"), dense,
-                                    family=families.get("z-image"), scheme="q8toy", base_model_id=BASE,
-                                    min_features=32)
+    path = build.build_from_tensors(dense, build.Target(str(tmp_path / "Z-Image-Turbo-Q8TOY.safetensors")),
+                                    build.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
+                                                 min_features=32))
     ck = formats.read(path)
     assert ck.metadata["scheme"] == "q8toy" and ck.metadata["require_divisible"] == 32
     extra = families.get("z-image").arch.int8_exclude_extra
@@ -109,8 +110,9 @@ def with_toy_kind(monkeypatch):
 
 
 def _q4toy_file(tmp_path, name="Z-Image-Turbo-Q4TOY.safetensors"):
-    return build.build_from_tensors(str(tmp_path / name), _dense(), family=families.get("z-image"), scheme="q4toy",
-                                    base_model_id=BASE, min_features=32)
+    return build.build_from_tensors(_dense(), build.Target(str(tmp_path / name)),
+                                    build.Recipe("q4toy", family=families.get("z-image"), base_model_id=BASE,
+                                                 min_features=32))
 
 
 def test_a_new_weight_kind_is_unknown_without_its_registry_line():

@@ -26,11 +26,13 @@ def server(tmp_path_factory, zimage_dense, comfy):
     comfy_layout = tiny_models.zimage_comfy_layout(dense)
     fam = families.get("z-image")
     for scheme in ("int8", "fp8"):
-        build.build_from_tensors(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}.safetensors"), dense,
-                                 family=fam, scheme=scheme, base_model_id="Tongyi-MAI/Z-Image-Turbo")
-        build.build_from_tensors(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}-comfykeys.pt"),
-                                 comfy_layout, family=fam, scheme=scheme, base_model_id="Tongyi-MAI/Z-Image-Turbo",
-                                 container="pt")
+        build.build_from_tensors(dense,
+                                 build.Target(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}.safetensors")),
+                                 build.Recipe(scheme, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+        build.build_from_tensors(comfy_layout,
+                                 build.Target(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}-comfykeys.pt"),
+                                              container="pt"),
+                                 build.Recipe(scheme, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     outside = tmp_path_factory.mktemp("outside")
     shutil.copy(models / "prequant" / "Z-Image-Turbo-INT8.safetensors", outside / "elsewhere.safetensors")
     env = {"PREQUANT_ALLOW_LOCAL_PATH": "", "UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH": ""}

@@ -260,6 +260,7 @@ def test_the_builder_writes_what_unsloths_builder_writes_from_comfyuis_dense_fil
     """A dense ComfyUI encoder file in, the pack's builder out: the same tensors, bit for bit, and the same metadata
     as Unsloth's builder casting the same dense encoder; the node's reader accepts it."""
     from safetensors.torch import save_file
+    from prequant_core.build.recipe import Target
     from prequant_core.build.text_encoder import build_text_encoder
     from prequant_core import families as fams
     base = fams.get(family).hosting.base_repos[0]
@@ -267,7 +268,7 @@ def test_the_builder_writes_what_unsloths_builder_writes_from_comfyuis_dense_fil
     dense = str(tmp_path / "dense.safetensors")
     save_file(_comfy_layout(te_class, te_builder.state_dict(model)), dense)
     theirs = te_builder.state_dict(te_builder.cast_layerwise(model))
-    out = build_text_encoder(dense, str(tmp_path / "ours.safetensors"), family=family)
+    out = build_text_encoder(dense, Target(str(tmp_path / "ours.safetensors")), family=family)
     opened = judge(out, component=component, base_model_id=base, family=family)
     assert opened.verdict.ok, opened.verdict.reasons
     ours = opened.checkpoint.tensors
@@ -284,12 +285,13 @@ def test_the_builder_writes_what_unsloths_builder_writes_from_comfyuis_dense_fil
 
 def test_the_builder_refuses_an_untied_model_without_its_lm_head(tmp_path):
     from safetensors.torch import save_file
+    from prequant_core.build.recipe import Target
     from prequant_core.build.text_encoder import build_text_encoder
     from prequant_core.errors import BuildError
     dense = str(tmp_path / "llama.safetensors")
     save_file(_comfy_layout("LlamaForCausalLM", te_builder.state_dict(te_builder.encoder("LlamaForCausalLM"))), dense)
     with pytest.raises(BuildError) as e:
-        build_text_encoder(dense, str(tmp_path / "out.safetensors"), family="hidream-i1")
+        build_text_encoder(dense, Target(str(tmp_path / "out.safetensors")), family="hidream-i1")
     assert "lm_head.weight" in e.value.message
     assert not os.path.exists(tmp_path / "out.safetensors")
 
@@ -377,6 +379,7 @@ def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(
     import subprocess
     import sys
     from safetensors.torch import save_file
+    from prequant_core.build.recipe import Target
     from prequant_core.build.text_encoder import build_text_encoder
     from prequant_core.errors import BuildError
     from conftest import ROOT
@@ -385,7 +388,7 @@ def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(
     dense = str(tmp_path / "dense.safetensors")
     save_file(_comfy_layout(te_class, te_builder.state_dict(model)), dense)
     with pytest.raises(BuildError) as e:
-        build_text_encoder(dense, str(tmp_path / "out.safetensors"), family=family)
+        build_text_encoder(dense, Target(str(tmp_path / "out.safetensors")), family=family)
     assert "The input is not a" in e.value.message and not os.path.exists(tmp_path / "out.safetensors"), e.value
     # a file holding this encoder's cast tensors, labelled as the family's encoder class
     fam_class = fams.get(family).hosting.text_encoders[0].te_class
@@ -403,6 +406,7 @@ def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(
 def test_an_encoder_input_without_its_embedding_or_with_an_empty_weight_is_not_written(tmp_path):
     """Round 5: an input with no embedding, or with a 0-row weight, was written."""
     from safetensors.torch import save_file
+    from prequant_core.build.recipe import Target
     from prequant_core.build.text_encoder import build_text_encoder
     from prequant_core.errors import BuildError
     sd = _comfy_layout("Qwen3ForCausalLM", te_builder.state_dict(te_builder.encoder("Qwen3ForCausalLM")))
@@ -414,7 +418,7 @@ def test_an_encoder_input_without_its_embedding_or_with_an_empty_weight_is_not_w
         save_file(tensors, dense)
         out = tmp_path / f"{name}-out.safetensors"
         with pytest.raises(BuildError) as e:
-            build_text_encoder(dense, str(out), family="z-image")
+            build_text_encoder(dense, Target(str(out)), family="z-image")
         assert says in e.value.message and not out.exists(), (name, e.value)
 
 

@@ -162,8 +162,9 @@ def test_hub_names_and_preset_follow_unsloths_resolver():
 
 def test_the_builder_does_not_write_the_int8_form(tmp_path):
     from prequant_core.build import text_encoder
+    from prequant_core.build.recipe import Target
     with pytest.raises(BuildError) as e:
-        text_encoder.build_text_encoder(str(tmp_path / "dense.safetensors"), str(tmp_path / "out.safetensors"),
+        text_encoder.build_text_encoder(str(tmp_path / "dense.safetensors"), Target(str(tmp_path / "out.safetensors")),
                                         family="qwen-image-2.1")
     assert NAME in e.value.fix and not os.path.exists(tmp_path / "out.safetensors")
 

@@ -48,8 +48,9 @@ def experts(prequant_dir):
     for comp, seed in (("transformer", 0), ("transformer_2", 1)):
         stem = t.file_stem if comp == "transformer" else f"{t.file_stem}-{comp}"
         path = os.path.join(prequant_dir, f"{stem}-INT8.safetensors")
-        build.build_from_tensors(path, dense(A14B, seed), family=families.get(A14B), scheme="int8",
-                                 base_model_id=t.base_model_id, overwrite=True, component=comp)
+        build.build_from_tensors(dense(A14B, seed), build.Target(path, overwrite=True),
+                                 build.Recipe("int8", family=families.get(A14B), base_model_id=t.base_model_id,
+                                              component=comp))
         out[comp] = "video/" + os.path.basename(path)
     return out
 
@@ -141,16 +142,16 @@ def test_loader_component_input_is_last_with_a_tooltip(comfy):
 def test_builder_records_the_component(tmp_path):
     fam = families.get(A14B)
     name = build.default_filename(fam.hosting.base_repos[0], "fp8", "safetensors", "transformer_2")
-    res = build.build(dense(A14B, 1), str(tmp_path / name),
-                      scheme="fp8", family=fam, component="transformer_2")
+    res = build.build(dense(A14B, 1), build.Target(str(tmp_path / name)),
+                      build.Recipe("fp8", family=fam, component="transformer_2"))
     assert res.metadata["component"] == "transformer_2"
     assert os.path.basename(res.path) == "Wan2.2-T2V-A14B-Diffusers-transformer_2-FP8.safetensors"
     with pytest.raises(BuildError, match="has no component 'transformer_3'"):
-        build.build(dense(A14B, 1), str(tmp_path / "x.safetensors"), scheme="fp8", family=fam,
-                    component="transformer_3")
+        build.build(dense(A14B, 1), build.Target(str(tmp_path / "x.safetensors")),
+                    build.Recipe("fp8", family=fam, component="transformer_3"))
     with pytest.raises(BuildError, match="has no component"):  # single-transformer families have none other
-        build.build(dense(TI2V, 0), str(tmp_path / "y.safetensors"), scheme="fp8", family=families.get(TI2V),
-                    component="transformer_2")
+        build.build(dense(TI2V, 0), build.Target(str(tmp_path / "y.safetensors")),
+                    build.Recipe("fp8", family=families.get(TI2V), component="transformer_2"))
     # the command line: --component, and the default name it gives the second expert's file
     from prequant_core import cli, formats
     from safetensors.torch import save_file
@@ -215,8 +216,8 @@ def test_long_video_latent_on_the_low_vram_path_does_not_grow(comfy, prequant_di
     import comfy.model_management as mm
     t = tf.TINY[TI2V]
     path = os.path.join(prequant_dir, f"{t.file_stem}-INT8.safetensors")
-    build.build_from_tensors(path, dense(TI2V, 0), family=families.get(TI2V), scheme="int8",
-                             base_model_id=t.base_model_id, overwrite=True)
+    build.build_from_tensors(dense(TI2V, 0), build.Target(path, overwrite=True),
+                             build.Recipe("int8", family=families.get(TI2V), base_model_id=t.base_model_id))
     name = "video/" + os.path.basename(path)
     ctx, extra = tf.conditioning(TI2V)
     x = torch.randn(LONG_LATENT, generator=torch.Generator().manual_seed(3))
@@ -290,5 +291,6 @@ def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy,
         else:
             assert torch.equal(got, w.to(got.dtype)), k
     # a dense diffusers file without a family field: the family from its shapes too
-    out = build.build(d, os.path.join(prequant_dir, f"auto-{family}-FP8.safetensors"), scheme="fp8", overwrite=True)
+    out = build.build(d, build.Target(os.path.join(prequant_dir, f"auto-{family}-FP8.safetensors"), overwrite=True),
+                      build.Recipe("fp8"))
     assert out.family == family

@@ -10,6 +10,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- families-table:start -->", "<!-- families-table:end -->"
 TE_START, TE_END = "<!-- encoders-table:start -->", "<!-- encoders-table:end -->"
+WF_START, WF_END = "<!-- workflow-encoders:start -->", "<!-- workflow-encoders:end -->"
+# ComfyUI's text-encoder loaders: node type -> (the name a user sees, its widgets that name files)
+COMFY_TE_LOADERS = {"CLIPLoader": ("Load CLIP", 1), "DualCLIPLoader": ("DualCLIPLoader", 2),
+                    "TripleCLIPLoader": ("TripleCLIPLoader", 3), "QuadrupleCLIPLoader": ("QuadrupleCLIPLoader", 4),
+                    "LTXAVTextEncoderLoader": ("LTXAV Text Encoder Loader", 2)}
+PREQUANT_TE = "PrequantLoadTextEncoder"
 # What the suite proves per encoder model: ComfyUI builds each encoder at its real size, so only the smallest
 # (Gemma2-2B) runs through the node in the tests; the others are read, judged and renamed from tiny real configs.
 TE_NODE_TESTED = {"Gemma2-2B": "node on ComfyUI 0.3.75 and 0.12.1 (full size): conditioning equal to CLIPLoader",
@@ -102,6 +108,40 @@ def encoder_table() -> str:
     return "\n".join([TE_START, *encoder_rows(), TE_END])
 
 
+def workflow_encoder_rows() -> list[str]:
+    """Which text-encoder file each example workflow loads, read from the workflows themselves: Unsloth's pre-cast
+    file through Load Prequant Text Encoder (its preset's names, as the node tries them), or ComfyUI's own file
+    through ComfyUI's loader (with the host the workflow declares for it)."""
+    import glob
+    import json
+
+    from prequant_core.load import encoder_sources
+    out = ["| Workflow | Text encoder node | File(s) it loads | From |", "|---|---|---|---|"]
+    for path in sorted(glob.glob(os.path.join(ROOT, "example_workflows", "*.json"))):
+        nodes = json.load(open(path, encoding="utf-8"))["nodes"]
+        for n in nodes:
+            values = n.get("widgets_values") or []
+            if n["type"] == PREQUANT_TE:
+                preset = encoder_sources.get_preset(values[1])
+                names = encoder_sources.filenames(preset.repo, preset.label.rsplit(" / ", 1)[1])
+                extra = values[2] if values[2] not in ("", "none") else None
+                files = f"`{names[0]}` (Unsloth's pre-cast fp8)" + (f" + `{extra}`" if extra else "")
+                out.append(f"| `{os.path.basename(path)}` | Load Prequant Text Encoder | {files} | "
+                           f"{preset.repo}{' + ComfyUI (with_encoder)' if extra else ''} |")
+            elif n["type"] in COMFY_TE_LOADERS:
+                shown, count = COMFY_TE_LOADERS[n["type"]]
+                urls = {m["name"]: m.get("url", "") for m in (n.get("properties") or {}).get("models") or []}
+                files = [v for v in values[:count]]
+                hosts = dict.fromkeys("/".join(urls[f].split("/")[3:5]) for f in files if urls.get(f))
+                out.append(f"| `{os.path.basename(path)}` | {shown} | "
+                           + " + ".join(f"`{f}`" for f in files) + f" (ComfyUI's own) | {', '.join(hosts)} |")
+    return out
+
+
+def workflow_encoder_table() -> str:
+    return "\n".join([WF_START, *workflow_encoder_rows(), WF_END])
+
+
 def readme_block(text: str, start: str = START, end: str = END) -> str:
     a, b = text.index(start), text.index(end) + len(end)
     return text[a:b]
@@ -112,11 +152,13 @@ def main(argv: list[str]) -> int:
     if "--write" in argv:
         text = text.replace(readme_block(text), table())
         text = text.replace(readme_block(text, TE_START, TE_END), encoder_table())
+        text = text.replace(readme_block(text, WF_START, WF_END), workflow_encoder_table())
         with open(os.path.join(ROOT, "README.md"), "w", encoding="utf-8") as f:
             f.write(text)
     else:
         print(table())
         print(encoder_table())
+        print(workflow_encoder_table())
     return 0
 
 

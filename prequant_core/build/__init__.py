@@ -45,6 +45,7 @@ from .output_file import (FreeSpaceFn, _refuse_existing, atomic_output, check_fr
                           estimate_output_bytes, human_bytes)  # noqa: E402
 from ..schemes.quantize import ProgressFn, quantize_items, quantize_tensors  # noqa: E402
 from .writers import BuildProgress, write_checkpoint, write_error  # noqa: E402
+from .recipe import Recipe, Target  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------------------
 # Metadata
@@ -62,16 +63,17 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def make_metadata(*, family: Family, scheme: str, base_model_id: str, min_features: int, exclude: list[str],
-                  tensors: Mapping, skipped: list[str], component: str = "transformer") -> dict:
+def make_metadata(recipe: Recipe, tensors: Mapping) -> dict:
     """Every docs/FORMAT.md metadata field, in the order Unsloth's current builder writes them (``fp8_granularity``
-    only for fp8, last). Version fields are plain ``str`` (``torch.__version__`` would pickle as ``TorchVersion``,
-    which strict ``weights_only`` readers may refuse)."""
+    only for fp8, last), for ``recipe`` (its family a ``Family``). Version fields are plain ``str``
+    (``torch.__version__`` would pickle as ``TorchVersion``, which strict ``weights_only`` readers may refuse)."""
     import torchao
-    rule = schemes.rules(scheme)
+    family = recipe.family
+    rule = schemes.rules(recipe.scheme)
     values = {
-        "base_model_id": str(base_model_id), "family": family.name, "scheme": rule.name, "component": str(component),
-        "min_features": int(min_features), "exclude_name_tokens": list(exclude),
+        "base_model_id": str(recipe.base(family)), "family": family.name, "scheme": rule.name,
+        "component": str(recipe.component), "min_features": int(recipe.min_features),
+        "exclude_name_tokens": recipe.excluded(family),
         "require_bf16": rule.require_bf16, "require_divisible": rule.require_divisible,
         "fingerprint": fingerprint.compute(tensors), "fast_accum": rule.fast_accum,
         "torch_dtype": "bfloat16", "quant_backend": "torchao", "transformer_class": family.arch.diffusers_class,
@@ -170,40 +172,40 @@ def default_filename(base_model_id: str, scheme: str, container: str, component:
                              origin=f"base_model_id '{str(base_model_id)[:80]}'")
 
 
-def build(input, dest: str, *, scheme: str, family: str | Family | None = None, base_model_id: str | None = None,
-          min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str | None = None, overwrite: bool = False,
-          key_map: KeyMapArg = None, layout: str | None = None, progress: BuildProgress | None = None,
-          free_space: FreeSpaceFn | None = None, component: str = "transformer") -> BuildResult:
-    """Dense model -> pre-quantized checkpoint at ``dest`` (diffusers key names, every docs/FORMAT.md metadata field).
+def build(input, target: Target, recipe: Recipe, *, key_map: KeyMapArg = None, layout: str | None = None,
+          progress: BuildProgress | None = None, free_space: FreeSpaceFn | None = None) -> BuildResult:
+    """Dense model -> pre-quantized checkpoint at ``target`` (diffusers key names, every docs/FORMAT.md metadata
+    field), made as ``recipe`` says (its component recorded in the metadata and checked by loaders).
 
+    The builder's one entry for every client (the node, the command line, a script): seven parameters, the input,
+    where and what, then how the input is read (``key_map``: ComfyUI's diffusers -> ComfyUI map, or ``fn(family,
+    shapes) -> map``, for ComfyUI-layout input only; ``layout`` forces one) and the host's two services (``progress``;
+    ``free_space(folder) -> bytes``, default ``shutil.disk_usage``).
     ``input``: a state dict, a ``Source``, a dense ``.safetensors`` path or a diffusers folder.
-    ``key_map``: ComfyUI's diffusers -> ComfyUI map (or ``fn(family, shapes) -> map``), needed for ComfyUI-layout
-    input only. ``free_space(folder) -> bytes`` defaults to ``shutil.disk_usage``. ``component``: which transformer
-    of the model this is (``transformer``; ``transformer_2`` for the second expert of Wan 2.2 A14B), recorded in the
-    metadata and checked by loaders.
     Refuses (``BuildError``) before reading any weight: existing output, unknown family, too little disk space.
     """
     t0 = time.time()
-    scheme = schemes.normalize(scheme)
-    component = check_component(component, family)
-    dest = os.path.abspath(os.fspath(dest))
-    container = container_for(dest, container, scheme)
+    scheme = schemes.normalize(recipe.scheme)
+    component = check_component(recipe.component, recipe.family)
+    dest = os.path.abspath(os.fspath(target.dest))
+    container = container_for(dest, target.container, scheme)
     try:
-        min_features = int(min_features)
+        min_features = int(recipe.min_features)
     except (TypeError, ValueError):
-        raise BuildError("min_features must be an integer.", found=repr(min_features)) from None
+        raise BuildError("min_features must be an integer.", found=repr(recipe.min_features)) from None
     if min_features < 1:
         raise BuildError("min_features must be at least 1.", found=str(min_features))
-    _refuse_existing(dest, overwrite)
+    _refuse_existing(dest, target.overwrite)
     folder = os.path.dirname(dest)
     if not os.path.isdir(folder):
         raise BuildError("The output folder does not exist.", path=folder, fix="Create it or pick another folder.")
 
-    prep = open_input(input, family=family, key_map=key_map, layout=layout)
+    prep = open_input(input, family=recipe.family, key_map=key_map, layout=layout)
     fam, src = prep.family, prep.source
     component = check_component(component, fam)
-    base_model_id = (base_model_id or "").strip() or fam.hosting.base_repos[0]
-    exclude = schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)
+    made = dataclasses.replace(recipe, scheme=scheme, family=fam, base_model_id=recipe.base(fam),
+                               min_features=min_features, component=component, exclude=recipe.excluded(fam))
+    base_model_id, exclude = made.base_model_id, list(made.exclude)
     flt = schemes.LayerFilter(scheme, min_features, tuple(exclude))
     infos = src.infos()
     estimate, n_q = estimate_output_bytes(infos, flt)
@@ -216,9 +218,8 @@ def build(input, dest: str, *, scheme: str, family: str | Family | None = None, 
     total = len(infos)
     qprog = (lambda done, tot: progress("quantize", done, tot, "")) if progress else None
     q, skipped = quantize_items(src.items(), flt, total=total, progress=qprog)
-    meta = make_metadata(family=fam, scheme=scheme, base_model_id=base_model_id, min_features=min_features,
-                         exclude=exclude, tensors=q, skipped=skipped, component=component)
-    path = write_checkpoint(dest, q, meta, container=container, overwrite=overwrite, progress=progress)
+    meta = make_metadata(made, q)
+    path = write_checkpoint(dest, q, meta, container=container, overwrite=target.overwrite, progress=progress)
     return BuildResult(path=path, container=container, family=fam.name, scheme=scheme, base_model_id=base_model_id,
                        input_layout=prep.input_layout, tensors=len(q),
                        quantized=sum(1 for v in q.values() if qtensor.is_quantized(v)), skipped=sorted(skipped),
@@ -243,9 +244,8 @@ def read_native_input(path: str) -> tuple[dict, dict, str | None]:
     return ck.tensors, ck.metadata, ck.metadata.get("scheme")
 
 
-def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Family, base_model_id: str | None = None,
-                       min_features: int = schemes.DEFAULT_MIN_FEATURES, overwrite: bool = False,
-                       progress: BuildProgress | None = None, input_layout: str = "comfyui") -> BuildResult:
+def build_comfy_native(tensors: Mapping, target: Target, recipe: Recipe, *, progress: BuildProgress | None = None,
+                       input_layout: str = "comfyui") -> BuildResult:
     """ComfyUI-layout tensors (dense, or already quantized: an Unsloth file's weights mapped to ComfyUI names) ->
     a ComfyUI-native file (docs/FORMAT.md section 6) that ComfyUI's own Load Diffusion Model reads where that ComfyUI
     knows the format (float8_e4m3fn: 0.3.68+, nvfp4: 0.8.0+, mxfp8: 0.18.0+, int8_tensorwise: 0.27.0+). Written
@@ -253,12 +253,13 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
     read: read_native_input for a file, check_dense_input for a model already in memory."""
     from ..formats.containers import comfy_native
     t0 = time.time()
-    scheme = schemes.normalize(scheme)
-    dest = os.path.abspath(os.fspath(dest))
+    scheme, family, overwrite = schemes.normalize(recipe.scheme), recipe.family, target.overwrite
+    dest = os.path.abspath(os.fspath(target.dest))
     container_for(dest, NATIVE, scheme)
     _refuse_existing(dest, overwrite)
-    base_model_id = (base_model_id or "").strip() or family.hosting.base_repos[0]
-    out, layers, skipped = comfy_native.native_tensors(tensors, scheme, min_features=min_features, progress=progress)
+    base_model_id = recipe.base(family)
+    out, layers, skipped = comfy_native.native_tensors(tensors, scheme, min_features=recipe.min_features,
+                                                       progress=progress)
     if not layers:
         raise BuildError("No Linear layer of the transformer's blocks passes the filter, so nothing would be "
                          "quantized.", path=dest, fix="Lower min_features.")
@@ -285,20 +286,17 @@ def build_comfy_native(tensors: Mapping, dest: str, *, scheme: str, family: Fami
                        seconds=time.time() - t0)
 
 
-def build_from_tensors(dest: str, dense: Mapping, *, family: Family, scheme: str, base_model_id: str,
-                       min_features: int = schemes.DEFAULT_MIN_FEATURES, container: str | None = None,
-                       overwrite: bool = False, progress: ProgressFn | None = None,
-                       component: str = "transformer") -> str:
+def build_from_tensors(dense: Mapping, target: Target, recipe: Recipe, *, progress: ProgressFn | None = None) -> str:
     """Dense state dict -> checkpoint file with the keys exactly as given (either layout; tests build ComfyUI-layout
-    files this way). ``build`` is the user-facing entry that always writes diffusers names. ``container`` None:
-    from the file name (``container_for``), refused where the scheme does not fit the container."""
-    scheme = schemes.normalize(scheme)
-    container = container_for(os.path.abspath(os.fspath(dest)), container, scheme)
-    exclude = schemes.exclude_tokens(scheme, family.arch.int8_exclude_extra)
-    q, skipped = quantize_tensors(dense, scheme, min_features=min_features, exclude=exclude, progress=progress)
-    meta = make_metadata(family=family, scheme=scheme, base_model_id=base_model_id, min_features=min_features,
-                         exclude=exclude, tensors=q, skipped=skipped, component=component)
-    return write_checkpoint(dest, q, meta, container=container, overwrite=overwrite)
+    files this way), ``recipe``'s family a ``Family``. ``build`` is the user-facing entry that always writes
+    diffusers names. The target's container None: from the file name (``container_for``), refused where the scheme
+    does not fit the container."""
+    scheme = schemes.normalize(recipe.scheme)
+    container = container_for(os.path.abspath(os.fspath(target.dest)), target.container, scheme)
+    made = dataclasses.replace(recipe, scheme=scheme, exclude=recipe.excluded(recipe.family))
+    q, _ = quantize_tensors(dense, scheme, min_features=made.min_features, exclude=list(made.exclude),
+                            progress=progress)
+    return write_checkpoint(target.dest, q, make_metadata(made, q), container=container, overwrite=target.overwrite)
 
 
 # ----------------------------------------------------------------------------------------------------------------

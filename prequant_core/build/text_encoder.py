@@ -19,6 +19,7 @@ from ..formats.checkpoint import LAYERWISE_CAST
 from ..load.dense_sources import SafetensorsSource
 from ..load.encoder_checks import STORAGE_DTYPE
 from . import writers
+from .recipe import Target
 
 SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
 
@@ -73,14 +74,13 @@ def _writable(family: str, component: str | None, input_path: str | None):
     return fam, hosted, kind
 
 
-def build_text_encoder(input_path: str, dest: str, *, family: str, component: str | None = None,
-                       base_model_id: str | None = None, container: str = "safetensors", overwrite: bool = False,
-                       progress=None) -> str:
-    """From a dense encoder file (ComfyUI's own, or one with the transformers class's names)."""
+def build_text_encoder(input_path: str, target: Target, *, family: str, component: str | None = None,
+                       base_model_id: str | None = None, progress=None) -> str:
+    """From a dense encoder file (ComfyUI's own, or one with the transformers class's names); the target's container
+    None: safetensors."""
     _writable(family, component, input_path)  # before the input is opened
-    return build_text_encoder_from(SafetensorsSource([os.path.abspath(input_path)]), dest, family=family,
-                                   component=component, base_model_id=base_model_id, container=container,
-                                   overwrite=overwrite, progress=progress, input_path=input_path)
+    return build_text_encoder_from(SafetensorsSource([os.path.abspath(input_path)], path=input_path), target,
+                                   family=family, component=component, base_model_id=base_model_id, progress=progress)
 
 
 def detect_comfy_encoder(keys) -> tuple[encoders.EncoderKind, str] | None:
@@ -108,11 +108,11 @@ def family_for_kind(kind: encoders.EncoderKind) -> str | None:
     return None
 
 
-def build_text_encoder_from(src, dest: str, *, family: str, component: str | None = None,
-                            base_model_id: str | None = None, container: str = "safetensors", overwrite: bool = False,
-                            progress=None, input_path: str | None = None) -> str:
-    """From a dense source (``load.dense_sources``: a file, or a ``CLIP``'s weights in memory) holding ComfyUI's
-    names or the transformers class's."""
+def build_text_encoder_from(src, target: Target, *, family: str, component: str | None = None,
+                            base_model_id: str | None = None, progress=None) -> str:
+    """From a dense source (``load.dense_sources``: a file, or a ``CLIP``'s weights in memory; its ``path`` names it
+    in errors) holding ComfyUI's names or the transformers class's; the target's container None: safetensors."""
+    input_path = getattr(src, "path", None)
     fam, hosted, kind = _writable(family, component, input_path)
     infos = src.infos()
     wrong = kind.mismatches(infos)
@@ -167,7 +167,8 @@ def build_text_encoder_from(src, dest: str, *, family: str, component: str | Non
         meta["transformers_version"] = str(transformers.__version__)
     except ImportError:
         pass
-    return writers.write_checkpoint(dest, out, meta, container=container, overwrite=overwrite, progress=progress)
+    return writers.write_checkpoint(target.dest, out, meta, container=target.container or "safetensors",
+                                    overwrite=target.overwrite, progress=progress)
 
 
 def default_filename(family: str, component: str | None, container: str) -> str:

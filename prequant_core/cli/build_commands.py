@@ -92,9 +92,12 @@ def run_build(args) -> int:
                 c = build.container_for(os.path.join(folder, "x"), container, schemes.normalize(scheme))
                 base = args.base_model_id or fam.hosting.base_repos[0]
                 output = os.path.join(folder, build.default_filename(base, scheme, c, args.component))
-            res = build.build(args.input, output, scheme=scheme, family=family, base_model_id=args.base_model_id,
-                              min_features=args.min_features, container=None if container == "auto" else container,
-                              overwrite=args.overwrite, key_map=key_map, progress=bar, component=args.component)
+            res = build.build(args.input,
+                              build.Target(output, container=None if container == "auto" else container,
+                                           overwrite=args.overwrite),
+                              build.Recipe(scheme, family=family, base_model_id=args.base_model_id,
+                                           min_features=args.min_features, component=args.component),
+                              key_map=key_map, progress=bar)
     print(res.summary())
     print(res.path)
     return 0
@@ -127,21 +130,22 @@ def _native(args, family: str | None, bar):
     if output is None or os.path.isdir(output):
         output = os.path.join(output or os.getcwd(), build.default_filename(
             args.base_model_id or md.get("base_model_id") or fam.hosting.base_repos[0], scheme, NATIVE, args.component))
-    return build.build_comfy_native(tensors, output, scheme=scheme, family=fam,
-                                    base_model_id=args.base_model_id or md.get("base_model_id"),
-                                    min_features=args.min_features, overwrite=args.overwrite, progress=bar,
-                                    input_layout=layout)
+    return build.build_comfy_native(tensors, build.Target(output, overwrite=args.overwrite),
+                                    build.Recipe(scheme, family=fam,
+                                                 base_model_id=args.base_model_id or md.get("base_model_id"),
+                                                 min_features=args.min_features),
+                                    progress=bar, input_layout=layout)
 
 
 def run_build_text_encoder(args) -> int:
+    from ..build.recipe import Target
     from ..build.text_encoder import build_text_encoder, default_filename
     container = args.container
     dest = args.output or default_filename(args.family, args.component, container)
     if os.path.isdir(dest):
         dest = os.path.join(dest, default_filename(args.family, args.component, container))
     with BuildBar(quiet=args.quiet) as bar:
-        path = build_text_encoder(args.input, dest, family=args.family, component=args.component,
-                                  base_model_id=args.base_model_id, container=container, overwrite=args.overwrite,
-                                  progress=bar)
+        path = build_text_encoder(args.input, Target(dest, container, args.overwrite), family=args.family,
+                                  component=args.component, base_model_id=args.base_model_id, progress=bar)
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.0f} MiB)")
     return 0

@@ -16,7 +16,7 @@ import torch
 
 from .. import schemes
 from ..schemes import registry
-from ..schemes.native_layout import LOGICAL_DTYPE, ComfyLayout, bad
+from ..schemes.native_layout import LOGICAL_DTYPE, ComfyLayout, Stored
 
 CONVROT_SINCE = "0.27.0"
 # Side tensors ComfyUI 0.33 loads for some formats only (``QUANT_ALGOS[fmt]["parameters"]`` in comfy/quant_ops.py:
@@ -53,12 +53,13 @@ def dropped_side(fmt: ComfyLayout) -> tuple[str, ...]:
     return tuple(n for n in DROPPED_UNLESS_USED if n not in fmt.side and n not in fmt.unread_side)
 
 
-def to_weight(fmt: ComfyLayout, cfg: dict, weight: torch.Tensor, side: dict, layer: str, path: str):
+def to_weight(fmt: ComfyLayout, stored: Stored):
     """(this pack's weight for the layer, 'per_tensor' | 'per_row' | None, rotation group or None). The weight is
     not yet checked (the reader passes it through the tensor boundary) and carries no rotation yet."""
-    if weight.ndim != 2 or 0 in weight.shape:
-        raise bad(layer, path, "its weight is not a 2-D Linear weight", found=f"{weight.dtype} {tuple(weight.shape)}")
-    return fmt.read(fmt, cfg, weight, side, lambda: schemes.spec(fmt.scheme, LOGICAL_DTYPE), layer, path)
+    w = stored.weight
+    if w.ndim != 2 or 0 in w.shape:
+        raise stored.bad("its weight is not a 2-D Linear weight", found=f"{w.dtype} {tuple(w.shape)}")
+    return fmt.read(fmt, stored, lambda: schemes.spec(fmt.scheme, LOGICAL_DTYPE))
 
 
 # --- writing (Build Prequant Checkpoint's "comfyui-native" output) ---------------------------------------------

@@ -181,6 +181,7 @@ def int8_convrot_reasons(ckpt) -> list[str]:
     verification: the tensors are on ``meta``) the layers' blobs are the metadata's ``quant`` record and only shapes
     and dtypes are checked; the values are checked where the bytes are read (the load, ``verify``)."""
     from ..formats import comfy_layout as cf
+    from ..schemes.native_layout import Stored
     from ..formats.containers.comfy_native import layer_config
     from ..formats.validate_tensors import check_quantized
     t, path, m = ckpt.tensors, ckpt.path, ckpt.metadata
@@ -210,8 +211,8 @@ def int8_convrot_reasons(ckpt) -> list[str]:
         if not isinstance(w, torch.Tensor):
             reasons.append(f"layer '{_text(layer)}' has a .comfy_quant entry but no weight")
             continue
-        q, _, group = cf.to_weight(cf.layout(INT8_FORMAT), cfg, w, {"weight_scale": t.get(layer + SCALE_SUFFIX)},
-                                   layer, path)
+        q, _, group = cf.to_weight(cf.layout(INT8_FORMAT),
+                                   Stored(layer, path, cfg, w, {"weight_scale": t.get(layer + SCALE_SUFFIX)}))
         check_quantized(layer + ".weight", q, path, read_data=not (header_only or w.is_meta))
         groups.add(group)
     declared = quant.get("convrot_groupsize")

@@ -261,9 +261,9 @@ def pin_loaded(tensors: dict) -> int:
 # ``weight`` fp8 [N, K], ``weight_scale`` float32 (one per tensor, or [N, 1]): W = fp8 * scale. A ``convrot`` setting
 # is not ComfyUI's for these formats and is not read.
 
-def comfy_read(layout, cfg, weight, side, spec, layer, path):
-    scale, gran = nl.row_scale(layout, weight, side, layer, path)
-    return CODEC.assemble((weight, scale), spec()), gran, None
+def comfy_read(layout, stored, spec):
+    scale, gran = nl.row_scale(layout, stored)
+    return CODEC.assemble((stored.weight, scale), spec()), gran, None
 
 
 def comfy_from_dense(layout, w):

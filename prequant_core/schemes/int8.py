@@ -130,16 +130,16 @@ CODEC = Int8Codec()
 # is W H (the regular-H4 block Hadamard of ``convrot_groupsize``, the same matrix Unsloth's v2 files use) and the
 # input is rotated at run time.
 
-def comfy_read(layout, cfg, weight, side, spec, layer, path):
-    scale, gran = nl.row_scale(layout, weight, side, layer, path)
-    group = None
-    if cfg.get("convrot"):
-        group = cfg.get("convrot_groupsize", 256)
+def comfy_read(layout, stored, spec):
+    scale, gran = nl.row_scale(layout, stored)
+    group, weight = None, stored.weight
+    if stored.cfg.get("convrot"):
+        group = stored.cfg.get("convrot_groupsize", 256)
         if not rotation.is_power_of_4(group) or group > rotation.MAX_GROUP or weight.shape[1] % group:
-            raise nl.bad(layer, path, "its convrot_groupsize is not a power of 4 dividing the input width",
+            raise stored.bad("its convrot_groupsize is not a power of 4 dividing the input width",
                          expected=f"4 .. {rotation.MAX_GROUP}, dividing {weight.shape[1]}", found=repr(group)[:40])
         if gran != "per_row":
-            raise nl.bad(layer, path, "a ConvRot layer needs per-row scales", found=gran)
+            raise stored.bad("a ConvRot layer needs per-row scales", found=gran)
     return CODEC.assemble((weight, scale), spec()), gran, group
 
 

@@ -106,18 +106,27 @@ def native_chosen(kernel=None) -> bool:
             m, k, n = _PROBE
             a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
             w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-            ok = _best_of(lambda: kernel(a, w.t())) <= _best_of(lambda: int_mm(a, w, native=False))
+            ok = _best_of(lambda: kernel(a, w.t())) <= _best_of(lambda: int_mm_pieces(a, w))
         _chosen[kernel] = ok
     return _chosen[kernel]
 
 
-def int_mm(a: torch.Tensor, w: torch.Tensor, rows: int = ROW_BLOCK, native: bool | None = None) -> torch.Tensor:
-    """``a [M, K] int8 @ w [N, K].T int8`` as int32 [M, N], the exact integer sums (``torch._int_mm(a, w.t())``
-    where ``native_chosen``, else float32 pieces; ``native`` forces one way, for tests and benchmarks)."""
-    if native is None:
-        native = a.device.type == "cpu" and native_chosen()
-    if native:
-        return torch._int_mm(a.contiguous(), w.t())
+def int_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``a [M, K] int8 @ w [N, K].T int8`` as int32 [M, N], the exact integer sums: ``int_mm_native`` where
+    ``native_chosen``, else ``int_mm_pieces``."""
+    if a.device.type == "cpu" and native_chosen():
+        return int_mm_native(a, w)
+    return int_mm_pieces(a, w)
+
+
+def int_mm_native(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The sums by ``torch._int_mm`` (exact only where ``native_exact`` says so)."""
+    return torch._int_mm(a.contiguous(), w.t())
+
+
+def int_mm_pieces(a: torch.Tensor, w: torch.Tensor, rows: int = ROW_BLOCK) -> torch.Tensor:
+    """The sums by float32 matmuls over ``K_BLOCK`` columns and ``rows`` weight rows at a time (float64 where float32
+    matmuls are not exact): exact on any BLAS."""
     m, k = a.shape
     n = w.shape[0]
     wide = torch.float32 if exact_float32() else torch.float64  # float64 holds every int8 dot product exactly
@@ -136,9 +145,9 @@ def _symmetric_dynamic(kw) -> bool:
 
 
 def linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, spec: QSpec, bias=None,
-           rows: int = ROW_BLOCK, native: bool | None = None) -> torch.Tensor:
+           mm=int_mm) -> torch.Tensor:
     """``torch.nn.functional.linear(input, <the Int8Tensor of qdata, scale, spec>, bias)`` for a CPU int8 weight with
-    dynamic activation quantization: the same tensor, bit for bit."""
+    dynamic activation quantization: the same tensor, bit for bit, whichever exact integer matmul ``mm`` is."""
     kw = spec.as_kwargs().get("act_quant_kwargs")
     if not _symmetric_dynamic(kw):  # torchao itself, on the tensor the int8 codec would assemble
         from torchao.quantization.quantize_.workflows import Int8Tensor
@@ -150,7 +159,7 @@ def linear(input: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor, spec: 
     x, xs = act.qdata, act.scale
     # torchao: fp16 activation scales are widened to float32 so the int32 sums cannot overflow them
     mid = torch.float if xs.dtype == torch.half else xs.dtype
-    c = int_mm(x.reshape(-1, x.shape[-1]), qdata, rows, native)
+    c = mm(x.reshape(-1, x.shape[-1]), qdata)
     y = (c.to(mid) * xs.reshape(-1, 1).to(mid)).to(out_dtype)
     y = (y * scale.flatten()).reshape(*x.shape[:-1], qdata.shape[0])
     if bias is not None:

@@ -191,17 +191,19 @@ CODEC = MXFP8Codec()
 # ``weight`` e4m3 [N, K], ``weight_scale`` e8m0 exponents (one per 32 inputs, as uint8 or float8_e8m0fnu) in cuBLAS
 # 128x4 tiles: W = e4m3 * 2^(e - 127).
 
-def comfy_read(layout, cfg, weight, side, spec, layer, path):
+def comfy_read(layout, stored, spec):
     from torchao.quantization.quantize_.common import KernelPreference
+    weight, side = stored.weight, stored.side
     bs = side.get("weight_scale")
     if weight.dtype != torch.float8_e4m3fn or bs is None or bs.dtype not in (torch.uint8, torch.float8_e8m0fnu):
-        raise nl.bad(layer, path, "an mxfp8 layer needs e4m3 codes and uint8 / e8m0 block exponents",
-                     found=f"{weight.dtype}, {None if bs is None else bs.dtype}")
+        raise stored.bad("an mxfp8 layer needs e4m3 codes and uint8 / e8m0 block exponents",
+                         found=f"{weight.dtype}, {None if bs is None else bs.dtype}")
     rows, blocks = weight.shape[0], weight.shape[1] // BLOCK
     want = nl.swizzled_shape(rows, blocks)
     if bs.numel() != want[0] * want[1] or weight.shape[1] % BLOCK:
-        raise nl.bad(layer, path, "its block exponents do not fit its codes (a padded layer?)",
-                     expected=f"{want[0] * want[1]} block exponents", found=f"{bs.numel()} for {tuple(weight.shape)}")
+        raise stored.bad("its block exponents do not fit its codes (a padded layer?)",
+                         expected=f"{want[0] * want[1]} block exponents",
+                         found=f"{bs.numel()} for {tuple(weight.shape)}")
     kw = spec().as_kwargs()
     t = CODEC.tensor_type()(weight, bs.contiguous().view(torch.float8_e8m0fnu).reshape(want), torch.float8_e4m3fn,
                             BLOCK, nl.LOGICAL_DTYPE, kw.get("kernel_preference", KernelPreference.AUTO),

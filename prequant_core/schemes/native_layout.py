@@ -27,10 +27,10 @@ class ComfyLayout:
     storage: Any  # the torch dtype of ``<layer>.weight``
     side: tuple[str, ...]  # the side tensors it needs, e.g. ("weight_scale", "weight_scale_2")
     since: str  # the first ComfyUI release that loads it with its own Load Diffusion Model
-    # (layout, the layer's JSON config, weight, {side name: tensor or None}, spec() -> the scheme's QSpec, layer,
-    # path) -> (this pack's weight, 'per_tensor' | 'per_row' | None, ConvRot group or None). The weight is 2-D
-    # (checked before), not yet checked otherwise (the reader passes it through the tensor boundary) and carries no
-    # rotation yet (the reader sets the group after that boundary: a file never supplies that attribute)
+    # (layout, Stored, spec() -> the scheme's QSpec) -> (this pack's weight, 'per_tensor' | 'per_row' | None,
+    # ConvRot group or None). The weight is 2-D (checked before), not yet checked otherwise (the reader passes it
+    # through the tensor boundary) and carries no rotation yet (the reader sets the group after that boundary: a file
+    # never supplies that attribute)
     read: Callable
     # (layout, dense weight) -> {suffix: tensor}, suffixes "" (the weight), "_scale", "_scale_2": quantized the way
     # ComfyUI's own quantizer does
@@ -44,6 +44,19 @@ class ComfyLayout:
     # ComfyUI's oldest marking, a ``scaled_fp8`` tensor whose dtype is the storage, names this format
     marker_dtype: bool = False
     scheme: str = ""  # the scheme holding it: filled in by formats/comfy_layout.formats() from the record
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """One quantized layer as a ComfyUI-native file stores it: what a layout's ``read`` gets."""
+    layer: str  # the layer's name in the file (errors name it)
+    path: str  # the file (errors name it)
+    cfg: dict  # the layer's ``.comfy_quant`` JSON
+    weight: torch.Tensor
+    side: dict  # {side tensor name: tensor or None}
+
+    def bad(self, what: str, expected=None, found=None) -> CorruptCheckpointError:
+        return bad(self.layer, self.path, what, expected=expected, found=found)
 
 
 def bad(layer: str, path: str, what: str, expected=None, found=None) -> CorruptCheckpointError:
@@ -64,11 +77,11 @@ def per_row(scale, rows: int, layer: str, path: str) -> tuple[torch.Tensor, str]
                                  "per-tensor and per-row scales are read for this format.", path=path)
 
 
-def row_scale(layout: ComfyLayout, weight: torch.Tensor, side: dict, layer: str, path: str):
+def row_scale(layout: ComfyLayout, stored: Stored):
     """Per-row formats (``W = codes * weight_scale``): the codes' dtype checked, the scale as ``[rows, 1]``."""
-    if weight.dtype != layout.storage:
-        raise bad(layer, path, f"marked {layout.name} but its weight is {weight.dtype}", expected=str(layout.storage))
-    return per_row(side.get("weight_scale"), weight.shape[0], layer, path)
+    if stored.weight.dtype != layout.storage:
+        raise stored.bad(f"marked {layout.name} but its weight is {stored.weight.dtype}", expected=str(layout.storage))
+    return per_row(stored.side.get("weight_scale"), stored.weight.shape[0], stored.layer, stored.path)
 
 
 def swizzled_shape(rows: int, blocks: int) -> tuple[int, int]:

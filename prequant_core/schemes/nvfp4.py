@@ -225,18 +225,19 @@ CODEC = NVFP4Codec()
 # inputs) in cuBLAS 128x4 tiles, the layout torchao's swizzled scales use; ``weight_scale_2`` the float32 per-tensor
 # scale: W = e2m1 * (weight_scale_2 * block_scale).
 
-def comfy_read(layout, cfg, weight, side, spec, layer, path):
+def comfy_read(layout, stored, spec):
+    weight, side = stored.weight, stored.side
     bs, s2 = side.get("weight_scale"), side.get("weight_scale_2")
     if weight.dtype != torch.uint8 or bs is None or s2 is None or s2.numel() != 1 or \
             s2.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise nl.bad(layer, path, "an nvfp4 layer needs uint8 codes, block scales and one float weight_scale_2",
-                     found=f"{weight.dtype}, {None if bs is None else tuple(bs.shape)}, "
-                           f"{None if s2 is None else f'{s2.dtype} {tuple(s2.shape)}'}")
+        raise stored.bad("an nvfp4 layer needs uint8 codes, block scales and one float weight_scale_2",
+                         found=f"{weight.dtype}, {None if bs is None else tuple(bs.shape)}, "
+                               f"{None if s2 is None else f'{s2.dtype} {tuple(s2.shape)}'}")
     rows, blocks = weight.shape[0], weight.shape[1] * 2 // BLOCK
     want = nl.swizzled_shape(rows, blocks)
     if bs.numel() != want[0] * want[1] or weight.shape[1] * 2 % BLOCK:
-        raise nl.bad(layer, path, "its block scales do not fit its codes (a padded layer?)",
-                     expected=f"{want[0] * want[1]} block scales", found=f"{bs.numel()} for {tuple(weight.shape)}")
+        raise stored.bad("its block scales do not fit its codes (a padded layer?)",
+                         expected=f"{want[0] * want[1]} block scales", found=f"{bs.numel()} for {tuple(weight.shape)}")
     kw = spec().as_kwargs()
     t = CODEC.tensor_type()(nl.swap_nibbles(weight), bs.contiguous().view(torch.float8_e4m3fn).reshape(want), BLOCK,
                             nl.LOGICAL_DTYPE, per_tensor_scale=s2.to(torch.float32).reshape(()),

@@ -124,9 +124,9 @@ CODEC = ToyInt4Codec()
 
 # --- its ComfyUI-native layout: ``weight`` int8 codes in -7..7 [N, K], ``weight_scale`` float32 [N, 1] -------------
 
-def comfy_read(layout, cfg, weight, side, spec, layer, path):
-    scale, gran = nl.row_scale(layout, weight, side, layer, path)
-    return CODEC.assemble((weight, scale), spec()), gran, None
+def comfy_read(layout, stored, spec):
+    scale, gran = nl.row_scale(layout, stored)
+    return CODEC.assemble((stored.weight, scale), spec()), gran, None
 
 
 def comfy_from_weight(layout, t):

@@ -37,6 +37,7 @@ from ..file_handle import OpenedFile
 from ..safetensors_layout import DTYPE_NAMES
 from ..validate_tensors import check_quantized
 from ...schemes import qtensor
+from ...schemes.native_layout import Stored
 
 PREFIX = COMFY_PREFIX
 QUANT_SUFFIX = ".comfy_quant"
@@ -183,7 +184,7 @@ def read_comfy_native(fh: OpenedFile, index: dict, meta: dict) -> Checkpoint:
                 if key is None and name == "weight_scale":
                     key = by_stripped.get(layer + ".weight_scale")
                 side[name] = get(key) if key else (torch.ones(()) if style == "scaled_fp8" else None)
-            t, gran, group = cf.to_weight(fmt, cfg, get(wkey), side, layer, path)
+            t, gran, group = cf.to_weight(fmt, Stored(layer, path, cfg, get(wkey), side))
             # the boundary every reader's quantized tensors pass: finite, non-negative, bounded scales included
             check_quantized(layer + ".weight", t, path)
             if group:
