@@ -136,7 +136,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
                     from prequant_core.load.dense_sources import open_dense, stream_quantized
                     q, _ = stream_quantized(open_dense(dense_path), scheme, min_features=512,
                                             exclude=schemes.exclude_tokens(scheme))
-                model = pack.nodes.comfy_model.build_patcher(fam, "comfyui", q, {})
+                model = pack.nodes.comfy_model.build_patcher(fam, "comfyui", q)
     load_s = time.perf_counter() - t
     load_rss = meter.mb()
     g = torch.Generator().manual_seed(1)

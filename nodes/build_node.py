@@ -87,7 +87,7 @@ def refuse_shadowing(kind: str, name: str, dest: str) -> None:
 def build_native(model, dense_file, target, recipe, progress):
     """A ComfyUI-native file from a MODEL (its state dict is ComfyUI's layout already) or a dense file (mapped to
     ComfyUI's names where it is in diffusers' layout); ``recipe.family``: the node's family input (``auto``)."""
-    from .comfy_model import to_comfy_layout
+    from .comfy_model import diffusers_to_comfy
     family = recipe.family
     if model is not None:
         fam = model_family(model, family)
@@ -100,7 +100,7 @@ def build_native(model, dense_file, target, recipe, progress):
         (families.get(family), families.get(family).layout_of(tensors))
     if layout != "comfyui":
         shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-        tensors = to_comfy_layout(fam, "diffusers", tensors, fam.config_from_shapes(shapes, src), src)
+        tensors = diffusers_to_comfy(fam, tensors, fam.config_from_shapes(shapes, src), src)
     return core.build_comfy_native(tensors, target, dataclasses.replace(recipe, family=fam), progress=progress,
                                    input_layout=layout or "diffusers")
 

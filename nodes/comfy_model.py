@@ -70,7 +70,7 @@ def check_loadable(family: Family) -> None:
     """Refuse, before anything is downloaded or read, a family this ComfyUI (or this pack) cannot build."""
     _check_version(family)
     if family.arch.unet_config is None:
-        model_config_for(family, {}, {})
+        model_config_for(family, {})
     model_class_for(family, {})
 
 
@@ -105,7 +105,7 @@ def complete_for_this_comfyui(family: Family, unet_config: dict) -> dict:
     return cfg
 
 
-def model_config_for(family: Family, tensors: dict, metadata: dict, dtype=torch.bfloat16, path: str | None = None):
+def model_config_for(family: Family, tensors: dict, path: str | None = None):
     _check_version(family, path)
     if family.arch.unet_config is None:  # registered for Info / build / Hub / diffusers, not yet mapped into ComfyUI
         model_class_for(family, {})  # this ComfyUI lacks the class: "needs ComfyUI <min_comfy> or newer"
@@ -152,13 +152,10 @@ def _in_this_comfyuis_names(key_map: dict, model_config) -> dict:
     return {dk: dataclasses.replace(t, name=rename.get(t.name, t.name)) for dk, t in parsed.items()}
 
 
-def to_comfy_layout(family: Family, layout: str, tensors: dict, unet_config: dict, path: str | None = None,
-                    model_config=None, sources: dict | None = None) -> dict:
-    if layout == "comfyui":
-        tensors = dict(tensors)
-        if model_config is not None:  # ComfyUI's own renames for original-release names (key moves only)
-            tensors = model_config.process_unet_state_dict(tensors)
-        return tensors
+def diffusers_to_comfy(family: Family, tensors: dict, unet_config: dict, path: str | None = None, model_config=None,
+                       sources: dict | None = None) -> dict:
+    """Diffusers-layout tensors under ComfyUI's names (this ComfyUI's, with its ``model_config``); ``sources``
+    collects which file tensors each fused weight was made from (a LoRA's backup of them, nodes/patcher.py)."""
     key_map = key_map_for(family, unet_config, path, model_config)
     if key_map is None:
         return dict(tensors)
@@ -218,12 +215,15 @@ def check_names_match(model, tensors: dict, family: Family, path: str | None = N
         path=path, expected=f"ComfyUI {comfy_version()}'s names ('.{want}')", found=f"'.{given}'", fix=fix)
 
 
-def build_patcher(family: Family, layout: str, tensors: dict, metadata: dict, *, path: str | None = None,
-                  dtype=torch.bfloat16, plain: bool = False):
+def build_patcher(family: Family, layout: str, tensors: dict, *, path: str | None = None, dtype=torch.bfloat16,
+                  plain: bool = False):
     """Checkpoint tensors (either layout, quantized or a mix) -> a ModelPatcher around ComfyUI's model class."""
-    model_config, unet_config = model_config_for(family, tensors, metadata, dtype, path)
+    model_config, unet_config = model_config_for(family, tensors, path)
     fused_from_file: dict = {}
-    tensors = to_comfy_layout(family, layout, tensors, unet_config, path, model_config, fused_from_file)
+    if layout == "comfyui":  # ComfyUI's own renames for original-release names (key moves only)
+        tensors = model_config.process_unet_state_dict(dict(tensors))
+    else:
+        tensors = diffusers_to_comfy(family, tensors, unet_config, path, model_config, fused_from_file)
     load_device = mm.get_torch_device()
     offload_device = mm.unet_offload_device()
     manual_cast = mm.unet_manual_cast(dtype, load_device, model_config.supported_inference_dtypes)
@@ -261,7 +261,7 @@ def load_checkpoint_as_model(ckpt: Checkpoint, family: Family, layout: str, *, r
     the file again itself (``cached_patcher_init``, as its own loaders register): the non-dynamic copy a sampler needs
     for hooked conds under DynamicVRAM, the per-device copies of its multi-GPU nodes."""
     tensors = {**ckpt.tensors, **companion.tensors} if companion is not None else ckpt.tensors
-    patcher = build_patcher(family, layout, tensors, ckpt.metadata, path=ckpt.path)
+    patcher = build_patcher(family, layout, tensors, path=ckpt.path)
     if request is not None:
         patcher.cached_patcher_init = (reload_patcher, (ckpt.path, request, companion and companion.path))
     return patcher
@@ -281,7 +281,7 @@ def reload_patcher(path: str, request, companion_path: str | None = None, disabl
         if companion_path:
             tensors = {**tensors, **companion_source.read(opened.family, companion_path)}
         with reading(opened.checkpoint.path, "loaded", parsing=False):
-            patcher = build_patcher(opened.family, opened.layout, tensors, opened.checkpoint.metadata,
-                                    path=opened.checkpoint.path, plain=disable_dynamic)
+            patcher = build_patcher(opened.family, opened.layout, tensors, path=opened.checkpoint.path,
+                                    plain=disable_dynamic)
     patcher.cached_patcher_init = (reload_patcher, (path, request, companion_path))
     return patcher

@@ -227,8 +227,8 @@ class PrequantLoadTransformer:
         status = NodeStatus(unique_id)
         local, missing = _find_local(checkpoint, path)
         component = (component or "").strip() or "transformer"
-        src = sources.plan(local, hub_repo, family, scheme, base_model_id=base_model_id, revision=revision,
-                           preset=preset, component=component)
+        src = sources.plan(sources.Wanted(local, hub_repo, family, scheme, base_model_id=base_model_id,
+                                          revision=revision, preset=preset, component=component))
         if src.family and policy != route.DENSE_ONLY:  # a family this ComfyUI cannot build: say so before a download
             check_loadable(families.get(src.family))
         unavailable = None
@@ -244,7 +244,7 @@ class PrequantLoadTransformer:
             # Order: typed path, listed file, hub_repo / preset, the family's hosted repo.
             ctx = load_context(status, paths.model_dirs(),
                                paths.download_dir() if download_to != DOWNLOAD_TO_HF_CACHE else None)
-            routed = pipeline.run(src, req, ctx, policy=policy, dense_path=paths.resolve_dense(dense_fallback),
+            routed = pipeline.run(src, req, ctx, fallback=route.Fallback(policy, paths.resolve_dense(dense_fallback)),
                                   unavailable=unavailable)
             p, located = routed.route, routed.located
             if p.path == "pre-quantized":

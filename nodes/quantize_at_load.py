@@ -27,4 +27,4 @@ def load_quantized_at_load(plan: LoadRoute, progress=None, ctx: LoadContext | No
                                 progress=progress)
         if companion is not None:
             q.update(companion.tensors)
-        return build_patcher(plan.family, layout, q, {}, path=plan.dense_path)
+        return build_patcher(plan.family, layout, q, path=plan.dense_path)

@@ -133,8 +133,9 @@ def _candidates(source: str | None, fam: families.Family, *, scheme, base_id, va
     src = None if source is None else os.fspath(source)
     is_file = src is not None and (os.path.exists(os.path.expanduser(src)) or src.endswith((".safetensors", ".pt"))
                                    or not _looks_like_repo(src))
-    return sources.plan(path=src if is_file else None, hub_repo=None if is_file else src, family=fam.name,
-                        scheme=scheme, variant=variant, base_model_id=base_id, revision=revision)
+    return sources.plan(sources.Wanted(path=src if is_file else None, hub_repo=None if is_file else src,
+                                       family=fam.name, scheme=scheme, variant=variant, base_model_id=base_id,
+                                       revision=revision))
 
 
 def _rebuild_non_persistent_buffers(model: torch.nn.Module, path: str) -> None:
@@ -158,6 +159,10 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
          token: str | None = None, allow_dirs: Iterable[str] = (), memory_guard: bool = True,
          progress: Any = None) -> Loaded:
     """Load a pre-quantized transformer into ``transformer_class`` (the class or its name in ``diffusers``).
+
+    A library's public entry, in the manner of diffusers' ``from_pretrained``: two required arguments and one
+    keyword per option a caller may set (the options the node takes as inputs); inside, they become one request, one
+    load context and one plan.
 
     ``base``: the base model (Hub repo id or local folder) whose transformer config builds the skeleton; its id (or
     the folder's last part) is the base the file must record, unless ``base_model_id`` names it. ``source``: a local

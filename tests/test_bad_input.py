@@ -230,7 +230,7 @@ def test_a_repo_id_the_hub_would_refuse_is_refused_typed_before_any_request(repo
     # issue 39 #7: these reached huggingface_hub's own HFValidationError raw
     from prequant_core.load import sources
     with pytest.raises(errors.HubError) as e:
-        sources.plan(hub_repo=repo, family="z-image")
+        sources.plan(sources.Wanted(hub_repo=repo, family="z-image"))
     assert "is not a Hugging Face repo id" in str(e.value) and "at most 96 characters" in str(e.value)
     assert "\n/y" not in str(e.value).split("\n")[0]  # one line stays one line
 

@@ -274,9 +274,9 @@ def test_block_schemes_never_land_in_a_container_that_cannot_hold_them(tmp_path)
                                          ("qwen-image-2.1", "unsloth/Qwen-Image-2.1-NVFP4")])
 def test_family_plus_nvfp4_plans_the_nvfp4_repo_and_fp8_keeps_its_own(family, repo):
     from prequant_core.load import sources
-    nv = sources.plan(family=family, scheme="nvfp4")
+    nv = sources.plan(sources.Wanted(family=family, scheme="nvfp4"))
     assert [c.repo for c in nv.candidates] == [repo] and f"{repo.split('/')[1]}.pt" in nv.candidates[0].filenames
-    fp8 = sources.plan(family=family, scheme="fp8")
+    fp8 = sources.plan(sources.Wanted(family=family, scheme="fp8"))
     assert all(c.repo.endswith("-FP8") for c in fp8.candidates)
     assert sources.repo_schemes(repo) == ("nvfp4",)
     assert any(p.repo == repo and p.scheme == "nvfp4" for p in sources.presets())

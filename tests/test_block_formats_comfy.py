@@ -52,7 +52,7 @@ def load(comfy, name, **kw):
 
 def load_time(comfy, tensors):
     """The reference: the same dense weights quantized in memory, placed by the same ComfyUI model builder."""
-    return comfy[1].nodes.comfy_model.build_patcher(families.get(FAMILY), "diffusers", tensors, {})
+    return comfy[1].nodes.comfy_model.build_patcher(families.get(FAMILY), "diffusers", tensors)
 
 
 def built(folder, scheme) -> str:

@@ -125,7 +125,7 @@ def reference(comfy, zimage_dense):
             meta = build.make_metadata(build.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=512,
                                                     exclude=schemes.exclude_tokens(scheme)),
                                        q)
-            cache[scheme] = (sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, meta)), meta)
+            cache[scheme] = (sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q)), meta)
         return cache[scheme]
     return ref
 

@@ -38,8 +38,8 @@ def _tiny(comfy, family):
     fam = families.get(family)
     dense = tf.dense(family, seed=0)
     shapes = {k: tuple(v.shape) for k, v in dense.items()}
-    comfy_sd = pack.nodes.comfy_model.to_comfy_layout(fam, "diffusers", dense, fam.config_from_shapes(shapes))
-    ref = tf.sample(pack.nodes.comfy_model.build_patcher(fam, "comfyui", dict(comfy_sd), {}), family)
+    comfy_sd = pack.nodes.comfy_model.diffusers_to_comfy(fam, dense, fam.config_from_shapes(shapes))
+    ref = tf.sample(pack.nodes.comfy_model.build_patcher(fam, "comfyui", dict(comfy_sd)), family)
     return comfy_sd, ref
 
 
@@ -168,7 +168,7 @@ def test_a_rename_a_comfyui_release_made_stays_a_version_mismatch(comfy, flux):
     cm = pack.nodes.comfy_model
     fam = families.get(FAMILY)
     comfy_sd, _ = flux
-    model_config, _ = cm.model_config_for(fam, comfy_sd, {})
+    model_config, _ = cm.model_config_for(fam, comfy_sd)
     ours = model_config.process_unet_state_dict(dict(comfy_sd))  # this ComfyUI's names
     model = model_config.get_model({}, "", device=torch.device("meta")).diffusion_model
     assert set(ours) == set(model.state_dict())

@@ -105,7 +105,8 @@ def hub(hub, monkeypatch):
 def _load(tmp_path, scheme: str, base: str = BASE, preset: str | None = None):
     dest = tmp_path / "prequant"
     dest.mkdir(exist_ok=True)
-    plan = sources.plan(preset=preset) if preset else sources.plan(hub_repo=REPO, scheme=scheme)
+    wanted = sources.Wanted(preset=preset) if preset else sources.Wanted(hub_repo=REPO, scheme=scheme)
+    plan = sources.plan(wanted)
     return pipeline.run(plan, Request(scheme=scheme, base_model_id=base), LoadContext.of(download_dir=str(dest), model_dirs=[str(dest)]))
 
 

@@ -111,9 +111,9 @@ def loader_values(wf, loader_info) -> dict:
 
 def hosted_target(named) -> sources.Candidate:
     """The Hub candidate that serves the file the workflow names (what the node will download)."""
-    plan = sources.plan(None, named["hub_repo"], named["family"], named["scheme"],
-                        base_model_id=named["base_model_id"], revision=named["revision"], preset=named["preset"],
-                        component=named["component"])
+    plan = sources.plan(sources.Wanted(None, named["hub_repo"], named["family"], named["scheme"],
+                                       base_model_id=named["base_model_id"], revision=named["revision"],
+                                       preset=named["preset"], component=named["component"]))
     c = sources.provider(plan, named["checkpoint"])
     assert c is not None, f"nothing in the workflow's preset / hub_repo / family serves {named['checkpoint']}"
     return c

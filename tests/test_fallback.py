@@ -78,9 +78,12 @@ def test_prequant_only_bad_file_lists_reasons_and_evicts_nothing(comfy, prequant
 def test_plan_is_decided_before_loading(comfy, prequant_files, allow_dir, dense_file, models_dir):
     allow_dir(os.path.dirname(prequant_files("int8")))
     dirs = [os.path.join(models_dir, "diffusion_models")]
-    p = route.choose(prequant_files("int8"), Request(scheme="int8", base_model_id="nope/other"), LoadContext.of(model_dirs=dirs), policy=route.PREQUANT_ELSE_DENSE, dense_path=dense_file)
+    p = route.choose(prequant_files("int8"), Request(scheme="int8", base_model_id="nope/other"),
+                     LoadContext.of(model_dirs=dirs), fallback=route.Fallback(route.PREQUANT_ELSE_DENSE, dense_file))
     assert p.path == "quantized at load" and p.skipped_because and p.family.name == "z-image"
     with pytest.raises(errors.PathNotAllowedError):
-        route.choose(None, Request(scheme="int8"), LoadContext.of(model_dirs=dirs), policy=route.DENSE_ONLY, dense_path="/etc/hostname")
+        route.choose(None, Request(scheme="int8"), LoadContext.of(model_dirs=dirs),
+                     fallback=route.Fallback(route.DENSE_ONLY, "/etc/hostname"))
     with pytest.raises(errors.ValidationError):
-        route.choose(None, Request(), LoadContext.of(model_dirs=dirs), policy=route.DENSE_ONLY, dense_path=dense_file)
+        route.choose(None, Request(), LoadContext.of(model_dirs=dirs),
+                     fallback=route.Fallback(route.DENSE_ONLY, dense_file))

@@ -84,7 +84,7 @@ _dense_out: dict = {}
 
 def dense_out(comfy, family):
     if family not in _dense_out:
-        m = comfy_model(comfy).build_patcher(families.get(family), "diffusers", dict(dense(family)), {})
+        m = comfy_model(comfy).build_patcher(families.get(family), "diffusers", dict(dense(family)))
         _dense_out[family] = sample(m, family)
     return _dense_out[family]
 
@@ -107,7 +107,7 @@ def test_comfy_model_equals_diffusers_forward(comfy, family):
     ref_model = tf.diffusers_model(family, seed=0, dtype=torch.float32)
     sd = {k: v.clone() for k, v in ref_model.state_dict().items()}
     fam = families.get(family)
-    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", sd, {}, dtype=torch.float32)
+    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", sd, dtype=torch.float32)
     assert type(patcher.model.model_config).__name__ in fam.comfy_models
     x = torch.randn(*t.latent, generator=torch.Generator().manual_seed(1))
     ctx, extra = tf.conditioning(family)
@@ -151,7 +151,7 @@ def test_prequant_equals_load_time_quantization(comfy, prequant_dir, family, sch
     out = sample(model, family)
     q, _ = quantize.quantize_tensors(dense(family), scheme,
                                   exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra))
-    ref = sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {}), family)
+    ref = sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q), family)
     assert torch.isfinite(out).all()
     diff = (out - ref).abs().max().item()
     d = dense_out(comfy, family)
@@ -203,8 +203,8 @@ def test_unknown_checkpoint_lists_the_families():
 def test_flux1_schnell_and_dev_pick_comfys_own_classes(comfy):
     cm = comfy_model(comfy)
     fam = families.get("flux.1")
-    dev, _ = cm.model_config_for(fam, tf.meta_state_dict("flux.1", guidance_embeds=True), {})
-    schnell, _ = cm.model_config_for(fam, tf.meta_state_dict("flux.1", guidance_embeds=False), {})
+    dev, _ = cm.model_config_for(fam, tf.meta_state_dict("flux.1", guidance_embeds=True))
+    schnell, _ = cm.model_config_for(fam, tf.meta_state_dict("flux.1", guidance_embeds=False))
     assert type(dev).__name__ == "Flux" and type(schnell).__name__ == "FluxSchnell"
     assert schnell.sampling_settings.get("shift") == 1.0  # schnell's own sampling settings come with its class
 
@@ -219,8 +219,8 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
     cm = comfy_model(comfy)
     fam = families.get(family)
     sd = tf.meta_state_dict(family)
-    model_config, cfg = cm.model_config_for(fam, sd, {})
-    converted = cm.to_comfy_layout(fam, "diffusers", sd, cfg, model_config=model_config)
+    model_config, cfg = cm.model_config_for(fam, sd)
+    converted = cm.diffusers_to_comfy(fam, sd, cfg, model_config=model_config)
     model_config.set_inference_dtype(torch.bfloat16, None)
     model_config.custom_operations = ops.disable_weight_init
     skeleton = {k: tuple(v.shape) for k, v in
@@ -257,7 +257,7 @@ def test_missing_comfy_class_names_the_version_needed(comfy):
     fam = dataclasses.replace(flux, arch=dataclasses.replace(flux.arch, comfy_model="FluxFromTheFuture",
                                                              min_comfy="9.1.0"))
     with pytest.raises(ComfyVersionError) as e:
-        comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")), {})
+        comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")))
     msg = str(e.value)
     assert "9.1.0" in msg and "FLUX.1" in msg and comfy_model(comfy).comfy_version() in msg
 
@@ -302,7 +302,7 @@ def test_missing_comfy_key_map_names_the_version_needed(comfy):
     fam = dataclasses.replace(flux, arch=dataclasses.replace(flux.arch, comfy_key_map="flux_to_diffusers_v9",
                                                              min_comfy="9.1.0"))
     with pytest.raises(ComfyVersionError) as e:
-        comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")), {})
+        comfy_model(comfy).build_patcher(fam, "diffusers", dict(dense("flux.1")))
     assert "9.1.0" in str(e.value)
 
 
@@ -482,8 +482,8 @@ def test_newer_families_info_verify_and_the_node_names_the_comfyui_needed(comfy,
     assert type(model.model.model_config).__name__ == fam.comfy_models[0]
     q, _ = quantize.quantize_tensors({k: v for k, v in dense_sd.items() if k not in extra}, "int8",
                                      exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra))
-    ref = comfy_model(comfy).build_patcher(fam, "diffusers", {**q, **extra}, {})
-    dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {})
+    ref = comfy_model(comfy).build_patcher(fam, "diffusers", {**q, **extra})
+    dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd)
     got, want, d = (_recorded_velocity(m, rec)[0] for m in (model, ref, dense_model))
     assert torch.isfinite(got).all() and torch.equal(got, want)
     assert 0 < ((got - d).norm() / d.norm()).item() < 0.1
@@ -543,14 +543,14 @@ def test_unsloths_video_family_files_load_through_the_node(comfy, prequant_dir, 
     assert type(model.model.model_config).__name__ == fam.comfy_models[0]
     assert res["ui"]["prequant"][0]["family"] == family
     got = _recorded_velocity(model, rec)[0]
-    dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {})
+    dense_model = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd)
     d = _recorded_velocity(dense_model, rec)[0]
     rel = _relative(got, d)
     if kind == "fp8":
         # fp8 takes no family tokens (docs/FORMAT.md section 4: they are int8's)
         q, _ = quantize.quantize_tensors({k: v for k, v in dense_sd.items() if k not in extra}, "fp8",
                                          exclude=schemes.exclude_tokens("fp8"))
-        ref = comfy_model(comfy).build_patcher(fam, "diffusers", {**q, **extra}, {})
+        ref = comfy_model(comfy).build_patcher(fam, "diffusers", {**q, **extra})
         assert torch.equal(got, _recorded_velocity(ref, rec)[0])
     print(f"[{family} {kind} {container}] node vs dense ComfyUI model: relative difference {rel:.3f}")
     assert torch.isfinite(got).all() and 0 < rel < 0.1
@@ -690,7 +690,7 @@ def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family
         return
     rec = _record(family)
     dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
-    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, dtype=torch.float32)
     assert type(patcher.model.model_config).__name__ == fam.comfy_models[0]
     got = _recorded_velocity(patcher, rec)
     rel = _relative(got[0], rec["output"])
@@ -706,7 +706,7 @@ def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family
                 v.zero_()
             elif k.endswith(tf.LTX2_A2V_GATE_ROW):
                 v[-1] = 0
-        gated = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+        gated = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, dtype=torch.float32)
         rel = _relative(_recorded_velocity(gated, rec)[1], rec["audio_output_without_a2v"])
         print(f"[{family}] audio stream, audio-to-video gate zeroed: relative difference {rel:.2e}")
         assert rel < 1e-4, f"{family}: ComfyUI's audio stream differs from diffusers by {rel}"
@@ -726,7 +726,7 @@ def test_minimax_h3_dense_adaln_form_in_comfyuis_class_equals_diffusers_forward(
     rec = _record("minimax-h3", dense_form=True)
     dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
     assert "time_embedder.linear_1.weight" in dense_sd and minimax_h3.TABLE not in dense_sd
-    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, {}, dtype=torch.float32)
+    patcher = comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd, dtype=torch.float32)
     assert not patcher.model.diffusion_model.use_adaln_curves
     for got, want in zip(_recorded_velocity(patcher, rec), (rec["output"], rec["audio_output"])):
         rel = _relative(got, want)

@@ -91,7 +91,7 @@ def test_a_new_family_is_one_module_and_one_line(tmp_path, with_toy):
         "Toy-DiT-INT8-ConvRot.safetensors", "toy_dit_int8.safetensors", "Toy-DiT-INT8.safetensors")
     assert not any("-ComfyUI" in n for n in sources.filenames("unsloth/Toy-DiT-FP8", "int8"))
     assert sources.hosted_repo("toy-dit", scheme="nvfp4") == "unsloth/Toy-DiT-NVFP4"
-    assert sources.plan(None, None, "toy-dit", "int8").candidates[0].repo == "unsloth/Toy-DiT-FP8"
+    assert sources.plan(sources.Wanted(None, None, "toy-dit", "int8")).candidates[0].repo == "unsloth/Toy-DiT-FP8"
     with pytest.raises(HubError, match="excluded"):
         sources.hosted_repo("toy-dit", scheme="int8", base_model_id="Toy-Org/Toy-DiT-Raw")
 

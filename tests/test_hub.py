@@ -43,31 +43,34 @@ def test_filename_chain_and_model_name(monkeypatch):
 def test_plan_order_and_inputs():
     from prequant_core.load import sources
     from prequant_core.errors import HubError
-    p = sources.plan("/m/x.safetensors", "https://huggingface.co/" + REPO + "/", "z-image", "int8", revision=" v1 ")
+    p = sources.plan(sources.Wanted("/m/x.safetensors", "https://huggingface.co/" + REPO + "/", "z-image", "int8",
+                                    revision=" v1 "))
     assert [(c.kind, c.origin) for c in p] == [("local", "path"), ("hub", "hub_repo")]
     assert p.candidates[1].repo == REPO and p.candidates[1].revision == "v1"  # the family repo is the same: not twice
-    assert [c.origin for c in sources.plan(None, "me/Other-FP8", "z-image", "fp8")] == ["hub_repo", "family"]
-    assert list(sources.plan(None, None, "auto", "auto")) == []
-    fam_only = sources.plan(None, None, "z-image", None)
+    origins = [c.origin for c in sources.plan(sources.Wanted(None, "me/Other-FP8", "z-image", "fp8"))]
+    assert origins == ["hub_repo", "family"]
+    assert list(sources.plan(sources.Wanted(None, None, "auto", "auto"))) == []
+    fam_only = sources.plan(sources.Wanted(None, None, "z-image", None))
     assert list(fam_only) == [] and "no scheme chosen" in fam_only.notes[0]
-    assert list(sources.plan(None, None, "z-image", "int8-weight-only")) == []
-    auto = sources.plan(None, REPO, None, None).candidates[0]  # the repo holds fp8 and int8: both, fp8 first
+    assert list(sources.plan(sources.Wanted(None, None, "z-image", "int8-weight-only"))) == []
+    # the repo holds fp8 and int8: both, fp8 first
+    auto = sources.plan(sources.Wanted(None, REPO, None, None)).candidates[0]
     assert auto.scheme is None and auto.filenames == sources.filenames(REPO, "fp8") + sources.filenames(REPO, "int8")
     with pytest.raises(HubError, match="scheme"):
-        sources.plan(None, "me/NoSuffix", None, "auto")
+        sources.plan(sources.Wanted(None, "me/NoSuffix", None, "auto"))
     with pytest.raises(HubError, match="not a Hugging Face repo id"):
-        sources.plan(None, "../etc/passwd", None, "int8")
+        sources.plan(sources.Wanted(None, "../etc/passwd", None, "int8"))
     # presets come from the family registry; a preset fills repo, scheme and family, and refuses a contradiction
     labels = sources.preset_labels()
     assert labels[0] == "none" and "Z-Image-Turbo / int8" in labels and "Z-Image-Turbo / fp8" in labels
-    pp = sources.plan(None, None, None, None, preset="Z-Image-Turbo / fp8")
+    pp = sources.plan(sources.Wanted(None, None, None, None, preset="Z-Image-Turbo / fp8"))
     assert (pp.candidates[0].repo, pp.candidates[0].origin, pp.scheme, pp.family) == (REPO, "preset", "fp8", "z-image")
     with pytest.raises(HubError, match="preset"):
-        sources.plan(None, None, None, "int8", preset="Z-Image-Turbo / fp8")
+        sources.plan(sources.Wanted(None, None, None, "int8", preset="Z-Image-Turbo / fp8"))
     # what the user names explicitly wins over the preset (which is only a default source)
-    local = sources.plan("/some/file.safetensors", None, None, "int8", preset="Z-Image-Turbo / fp8")
+    local = sources.plan(sources.Wanted("/some/file.safetensors", None, None, "int8", preset="Z-Image-Turbo / fp8"))
     assert [c.kind for c in local.candidates] == ["local"] and local.candidates[0].scheme == "int8"
-    named = sources.plan(None, "someone/Other-INT8", None, None, preset="Z-Image-Turbo / fp8")
+    named = sources.plan(sources.Wanted(None, "someone/Other-INT8", None, None, preset="Z-Image-Turbo / fp8"))
     assert named.candidates[0].repo == "someone/Other-INT8" and named.candidates[0].scheme == "int8"
 
 
@@ -81,14 +84,15 @@ def test_family_with_several_hosted_repos_picks_by_variant_or_base(monkeypatch):
         zimg.hosting, base_repos=("org/Thing-schnell", "org/Thing-dev"),
         repos=("u/Thing-schnell-FP8", "u/Thing-dev-FP8", "u/Thing-Krea-dev-FP8")))
     monkeypatch.setitem(families.FAMILIES, "multi", fam)
-    pick = lambda **kw: sources.plan(None, None, "multi", "fp8", **kw).candidates[0].repo  # noqa: E731
+    pick = lambda **kw: sources.plan(sources.Wanted(None, None, "multi", "fp8", **kw)).candidates[0].repo  # noqa: E731
     assert pick() == "u/Thing-schnell-FP8"  # the family's first base repo
     assert pick(base_model_id="org/Thing-dev") == "u/Thing-dev-FP8"
     assert pick(base_model_id="someone/thing-krea-dev") == "u/Thing-Krea-dev-FP8"  # tail, case-insensitive
     assert pick(variant="Krea-dev") == "u/Thing-Krea-dev-FP8"
     with pytest.raises(HubError, match="variant"):
         pick(variant="pro")
-    assert sources.plan(None, None, "multi", "int8").candidates[0].filenames[0] == "Thing-schnell-INT8.safetensors"
+    first = sources.plan(sources.Wanted(None, None, "multi", "int8")).candidates[0].filenames[0]
+    assert first == "Thing-schnell-INT8.safetensors"
     assert "Thing-dev / int8" in sources.preset_labels()
 
 
@@ -101,12 +105,12 @@ def test_a_repos_schemes_come_from_unsloths_table_not_its_suffix(monkeypatch):
     assert sources.repo_schemes("unsloth/Qwen-Image-FP8") == ("int8", "fp8")
     assert sources.repo_schemes("unsloth/Z-Image-Turbo-NVFP4") == ("nvfp4",)
     assert "Qwen-Image / int8" in sources.preset_labels() and "Wan2.2-TI2V-5B / nvfp4" in sources.preset_labels()
-    q = sources.plan(None, "unsloth/Qwen-Image-FP8", None, None).candidates[0]
+    q = sources.plan(sources.Wanted(None, "unsloth/Qwen-Image-FP8", None, None)).candidates[0]
     assert q.scheme is None and "Qwen-Image-INT8.safetensors" in q.filenames and "transformer_int8.pt" in q.filenames
     for repo, scheme, first in [("someone/Thing-MXFP8", "mxfp8", "Thing-MXFP8.safetensors"),
                                 ("unsloth/Wan2.2-TI2V-5B-NVFP4", "nvfp4", "Wan2.2-TI2V-5B-NVFP4.pt"),
                                 ("someone/Thing-NVFP4", "nvfp4", "Thing-NVFP4.safetensors")]:
-        c = sources.plan(None, repo, None, "auto").candidates[0]
+        c = sources.plan(sources.Wanted(None, repo, None, "auto")).candidates[0]
         assert (c.scheme, c.filenames[0]) == (scheme, first), repo
     # a family plans only the repos that really hold the scheme
     assert sources.hosted_repo("qwen-image", scheme="int8") == "unsloth/Qwen-Image-FP8"
@@ -133,7 +137,7 @@ def test_usable_sources(tmp_path, monkeypatch):
     c_in = sources.Candidate("local", "path", path=str(inside))
     c_missing = sources.Candidate("local", "path", path=str(inside.parent / "missing.pt"))
     c_out = sources.Candidate("local", "path", path=str(outside))
-    c_hub = sources.plan(None, REPO, None, "int8").candidates[0]
+    c_hub = sources.plan(sources.Wanted(None, REPO, None, "int8")).candidates[0]
     dirs = [str(inside.parent)]
     u = sources.usable([c_out, c_missing, c_in, c_hub], model_dirs=dirs)
     assert u.usable == (c_in, c_hub)
@@ -272,7 +276,7 @@ def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, hub_file
     for needle in (PRIMARY, PT, LEGACY, "HF_HUB_OFFLINE", str(hf_env / "hub")):
         assert needle in str(ei.value), needle
     assert hub.log == []
-    cand = sources.plan(None, REPO, None, "int8").candidates[0]
+    cand = sources.plan(sources.Wanted(None, REPO, None, "int8")).candidates[0]
     assert h.is_cached(cand) is False
     monkeypatch.delenv("HF_HUB_OFFLINE")
     online = h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -289,7 +293,7 @@ def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, hub
     from prequant_core.load import hub as h, sources
     repo = "unsloth/Qwen-Image-FP8"
     hub.commit(repo, {"Qwen-Image-INT8.safetensors": hub_files["int8.safetensors"]})
-    c = sources.plan(None, repo, None, None).candidates[0]
+    c = sources.plan(sources.Wanted(None, repo, None, None)).candidates[0]
     f = h.download(c.repo, c.filenames)
     assert f.filename == "Qwen-Image-INT8.safetensors"
     assert [t[0] for t in f.tried] == list(sources.filenames(repo, "fp8"))  # every fp8 name answered 404 first
@@ -309,7 +313,7 @@ def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, hub_files, monk
     assert any(".no_exist" in f for f in cache_files(hf_env))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     n = len(hub.log)
-    cand = sources.plan(None, REPO, None, "int8").candidates[0]
+    cand = sources.plan(sources.Wanted(None, REPO, None, "int8")).candidates[0]
     assert h.is_cached(cand)
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert f.filename == LEGACY and not f.downloaded and len(hub.log) == n

@@ -99,7 +99,7 @@ def test_a_missing_xet_client_and_a_failed_transfer_are_download_errors_naming_t
     assert kind == "xet"
     tried = [("model.pt", "not in the repo (404 EntryNotFound)")]
     with pytest.raises(HubDownloadError) as e:
-        hub_errors.raise_for(kind, detail, cause, repo="o/r", revision="main", fn="model.safetensors", tried=tried)
+        hub_errors.raise_for((kind, detail), cause, repo="o/r", revision="main", fn="model.safetensors", tried=tried)
     assert e.value.__cause__ is cause
     msg = str(e.value)
     assert "needs the hf_xet package" in msg and "pip install hf_xet" in msg and "secret" not in msg
@@ -109,7 +109,7 @@ def test_a_missing_xet_client_and_a_failed_transfer_are_download_errors_naming_t
     kind, detail = classify(cause)
     assert kind == "disk"
     with pytest.raises(HubDownloadError) as e:
-        hub_errors.raise_for(kind, detail, cause, repo="o/r", revision="v1", fn="model.safetensors", tried=[])
+        hub_errors.raise_for((kind, detail), cause, repo="o/r", revision="v1", fn="model.safetensors", tried=[])
     msg = str(e.value)
     assert "Downloading model.safetensors from Hub repo o/r (revision v1" in msg
     assert "No space left on device" in msg and str(tmp_path / "hub-cache") in msg

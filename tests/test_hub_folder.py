@@ -61,7 +61,7 @@ def test_offline_uses_the_folder(hub, hf_env, hub_files, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     hub.stop()  # no server at all
-    plan = sources.plan(None, REPO, None, "int8")
+    plan = sources.plan(sources.Wanted(None, REPO, None, "int8"))
     loc = h.locate(plan, LoadContext.of(model_dirs=[str(dest)], download_dir=str(dest)))
     assert loc.path == str(dest / ORIGIN / PRIMARY) and not loc.fetched.downloaded
 

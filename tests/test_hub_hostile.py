@@ -128,7 +128,7 @@ def test_a_revision_the_hub_would_not_accept_is_refused_before_any_request(hub, 
     with pytest.raises(HubError, match="not a revision the Hub accepts"):
         h.download(REPO, (PRIMARY,), revision=revision)
     with pytest.raises(HubError):
-        sources.plan(None, REPO, None, "int8", revision=revision)
+        sources.plan(sources.Wanted(None, REPO, None, "int8", revision=revision))
     assert hub.log == []
 
 

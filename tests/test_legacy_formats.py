@@ -65,7 +65,7 @@ def folder(tmp_path_factory):
 def dense_out(comfy, zimage_dense):
     """The dense bf16 model's sample: the yardstick for how far each rounding moves the output."""
     _, pack = comfy
-    return sample(pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", dict(zimage_dense), {}))
+    return sample(pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", dict(zimage_dense)))
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,13 @@ def load_time_reference(comfy, dense, scheme):
     _, pack = comfy
     fam = families.get("z-image")
     q, _ = quantize.quantize_tensors(dense, scheme, exclude=schemes.exclude_tokens(scheme))
-    return pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {})
+    return pack.nodes.comfy_model.build_patcher(fam, "diffusers", q)
 
 
 @pytest.fixture(scope="module")
 def dense_out(comfy, zimage_dense):
     _, pack = comfy
-    m = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", dict(zimage_dense), {})
+    m = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", dict(zimage_dense))
     return sample(m)
 
 

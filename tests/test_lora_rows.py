@@ -98,7 +98,7 @@ def test_a_patch_comfyui_cannot_apply_is_logged_once_per_layer_not_once_per_bloc
     _, pack = comfy
     lora_rows = pack.nodes.lora_rows
     q, _ = quantize.quantize_tensors(zimage_dense, "int8", exclude=schemes.exclude_tokens("int8"))
-    model = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", q, {})
+    model = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", q)
     op = model.model.diffusion_model.layers[0].feed_forward.w1
     rows, cols = op.weight.shape
     g = torch.Generator().manual_seed(5)

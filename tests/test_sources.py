@@ -19,7 +19,7 @@ def test_candidates_describe_themselves():
                                revision="0123abc")
     assert pinned.describe() == "Hub repo unsloth/Z-Image-Turbo-FP8@0123abc (a.safetensors)"
     # a plan's own candidates say the same
-    (c,) = sources.plan(hub_repo="unsloth/Z-Image-Turbo-FP8", scheme="fp8", revision="main").candidates
+    (c,) = sources.plan(sources.Wanted(hub_repo="unsloth/Z-Image-Turbo-FP8", scheme="fp8", revision="main")).candidates
     assert c.describe().startswith("Hub repo unsloth/Z-Image-Turbo-FP8@main (")
 
 

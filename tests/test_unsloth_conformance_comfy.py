@@ -104,7 +104,7 @@ def _through_the_node(nodes, pack, family, folder):
     dense = _dense(family)
     fam = families.get(family)
     loader_node = nodes.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]()
-    dense_out = _sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", dict(dense), {}), family)
+    dense_out = _sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", dict(dense)), family)
     rel = {}
     for kind in cc.KINDS:
         models = {}
@@ -123,7 +123,7 @@ def _through_the_node(nodes, pack, family, folder):
         if kind != "convrot":
             from prequant_core import formats
             ck = formats.read(files[(kind, "pt")])
-            ref = pack.nodes.comfy_model.build_patcher(fam, "diffusers", _reference_tensors(family, kind, dense, ck), {})
+            ref = pack.nodes.comfy_model.build_patcher(fam, "diffusers", _reference_tensors(family, kind, dense, ck))
             diff = (out - _sample(ref, family)).abs().max().item()
             line += f"; max |Unsloth file - load-time| = {diff}"
             assert diff == 0.0, f"{family}/{kind}: must equal this pack quantizing the same dense weights at load"

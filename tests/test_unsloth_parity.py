@@ -280,7 +280,7 @@ def test_filename_order_declared_names_first(monkeypatch):
     ("hidream-i1", "HiDream-ai/HiDream-I1-Full", "unsloth/HiDream-I1-Full-FP8"),
 ])
 def test_hosted_repo_for_base(family, base, repo):
-    p = sources.plan(None, None, family, "fp8", base_model_id=base)
+    p = sources.plan(sources.Wanted(None, None, family, "fp8", base_model_id=base))
     got = [c.repo for c in p]
     if repo is None:
         assert got == [] and any("excluded" in n for n in p.notes), p.notes

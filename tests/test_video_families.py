@@ -92,7 +92,7 @@ def test_two_expert_graph_equals_load_time_quantization(comfy, experts):
     ref = {}
     for comp, seed in (("transformer", 0), ("transformer_2", 1)):
         q, _ = quantize.quantize_tensors(dense(A14B, seed), "int8", exclude=schemes.exclude_tokens("int8", ()))
-        ref[comp] = pack.nodes.comfy_model.build_patcher(fam, "diffusers", q, {})
+        ref[comp] = pack.nodes.comfy_model.build_patcher(fam, "diffusers", q)
     ref_mid, ref_out = two_expert_sample(comfy, ref["transformer"], ref["transformer_2"])
     # the low-noise expert really ran: swapping in the high-noise expert for the second pass changes the output
     _, same_expert = two_expert_sample(comfy, loaded["transformer"], loaded["transformer"])
@@ -174,7 +174,7 @@ def test_hub_names_of_the_nvfp4_repos():
         assert label.replace("nvfp4", "int8") not in labels and label.replace("nvfp4", "fp8") not in labels
 
     def first(*a, **kw):
-        return sources.plan(None, *a, **kw).candidates[0].filenames[0]
+        return sources.plan(sources.Wanted(None, *a, **kw)).candidates[0].filenames[0]
 
     assert first(None, TI2V, "nvfp4") == "Wan2.2-TI2V-5B-NVFP4.pt"
     assert first(None, A14B, "nvfp4") == "Wan2.2-T2V-A14B-NVFP4.pt"
@@ -186,10 +186,11 @@ def test_hub_names_of_the_nvfp4_repos():
         "HunyuanVideo-1.5-Diffusers-720p_t2v-NVFP4.pt"
     assert first(preset="HunyuanVideo-1.5 / nvfp4", base_model_id="HunyuanVideo-1.5-Diffusers-480p_t2v") == \
         "HunyuanVideo-1.5-Diffusers-480p_t2v-NVFP4.pt"
-    chain = sources.plan(None, None, hy.name, "nvfp4", base_model_id=hy.hosting.base_repos[1]).candidates[0].filenames
+    chain = sources.plan(sources.Wanted(None, None, hy.name, "nvfp4",
+                                        base_model_id=hy.hosting.base_repos[1])).candidates[0].filenames
     assert "HunyuanVideo-1.5-Diffusers-480p_t2v-NVFP4.pt" not in chain, "never the other variant's file"
     # int8 / fp8 are not hosted there: the family step plans nothing and says why
-    p = sources.plan(None, None, TI2V, "int8")
+    p = sources.plan(sources.Wanted(None, None, TI2V, "int8"))
     assert not p and "nvfp4 only" in p.notes[0]
     # a file of either expert, named by a workflow the user has no file for yet, is found on the repo
     assert sources.hosted_source("Wan2.2-T2V-A14B-transformer_2-NVFP4.pt").repo == "unsloth/Wan2.2-T2V-A14B-NVFP4"
@@ -272,7 +273,7 @@ def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy,
     nodes, pack = comfy
     fam = families.get(family)
     d = dense(family, 0)
-    model = pack.nodes.comfy_model.build_patcher(fam, "diffusers", dict(d), {})  # dense, ComfyUI's class and names
+    model = pack.nodes.comfy_model.build_patcher(fam, "diffusers", dict(d))  # dense, ComfyUI's class and names
     assert "blocks.0.attn1.to_q.weight" not in model.model.diffusion_model.state_dict()
     name = f"from-comfy-{family}-INT8.safetensors"
     with torch.inference_mode():

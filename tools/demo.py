@@ -63,7 +63,7 @@ def measure(method: str, comfy_base: str, ckpt_name: str, dense_path: str, schem
             sd = comfy.utils.load_torch_file(dense_path)
             q, _ = quantize.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
             del sd
-            model = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", q, {})
+            model = pack.nodes.comfy_model.build_patcher(families.get("z-image"), "diffusers", q)
             matmul = model.prequant_matmul
         else:
             with torch.inference_mode():

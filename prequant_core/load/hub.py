@@ -161,7 +161,7 @@ def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext
                 fix=f"Queue the prompt again: the {out.have} bytes received are kept and the download resumes from "
                     "there.")
         discard_partial(out.partial)
-        raise_for(out.kind, out.detail, None, repo=repo, revision=rev, fn=fn, tried=tried)
+        raise_for((out.kind, out.detail), None, repo=repo, revision=rev, fn=fn, tried=tried)
 
     raise HubNotFoundError(f"None of the expected file names is in {where(repo, rev)}.", reasons=reasons_of(tried),
                            fix=f"Check which files the repo holds ({shown_endpoint()}/{repo}/tree/{rev}); pick the other "

@@ -126,8 +126,11 @@ TOKEN_FIX = ("Set the HF_TOKEN environment variable (or run `hf auth login`) bef
              "none is saved in workflows, history or images.)")
 
 
-def raise_for(kind: str, detail: str, exc: BaseException | None, *, repo: str, revision: str, fn: str,
-               tried: list[tuple[str, str]], scheme_hint: str = "") -> None:
+def raise_for(failure: tuple[str, str], exc: BaseException | None, *, repo: str, revision: str, fn: str,
+              tried: list[tuple[str, str]]) -> None:
+    """The typed error for a failed transfer of ``fn``: ``failure`` is (kind, detail) as ``classify`` gives them,
+    ``exc`` the client's exception (None where the child reported it), ``tried`` the names tried before."""
+    kind, detail = failure
     at = where(repo, revision)
     detail = redact(detail)  # the client quotes URLs back, credentials included
     tried = tried + [(fn, detail)]

@@ -13,7 +13,7 @@ from . import hub, sources
 from .context import LoadContext
 from ..errors import PrequantError
 from .metadata import Request
-from .route import DENSE_ONLY, PREQUANT_ONLY, LoadRoute, choose
+from .route import DENSE_ONLY, Fallback, LoadRoute, choose
 
 
 @dataclasses.dataclass
@@ -23,15 +23,15 @@ class Routed:
     request: Request  # as judged: the located candidate's scheme filled in
 
 
-def run(candidates: sources.Candidates, request: Request, ctx: LoadContext, *, policy: str = PREQUANT_ONLY,
-        dense_path: str | None = None, unavailable: PrequantError | None = None) -> Routed:
+def run(candidates: sources.Candidates, request: Request, ctx: LoadContext, *, fallback: Fallback = Fallback(),
+        unavailable: PrequantError | None = None) -> Routed:
     """Locate, open and judge, before anything is loaded or evicted: a refused file never costs the model that is
     resident now. ``ctx.model_dirs``: the folders a local path must lie in (a Hub file's cache folder is added for
-    that file only); ``policy``: ``route.POLICIES``; a file that cannot be located counts as unusable for the
-    fallback, as does ``unavailable`` (why the caller could not even make candidates, e.g. a listed file that is
-    missing)."""
+    that file only); ``fallback``: whether and which dense file stands in (``route.Fallback``); a file that cannot
+    be located counts as unusable for the fallback, as does ``unavailable`` (why the caller could not even make
+    candidates, e.g. a listed file that is missing)."""
     located = None
-    if policy != DENSE_ONLY and unavailable is None:
+    if fallback.policy != DENSE_ONLY and unavailable is None:
         try:
             located = hub.locate(candidates, ctx)
         except PrequantError as e:
@@ -40,5 +40,5 @@ def run(candidates: sources.Candidates, request: Request, ctx: LoadContext, *, p
     if located:
         ctx.say(f"checking {os.path.basename(located.path)} (header: scheme, base model, layout)")
     r = choose(located.path if located else None, request, ctx.within(*located.extra_dirs) if located else ctx,
-               policy=policy, dense_path=dense_path, dense_dirs=ctx.model_dirs, unavailable=unavailable)
+               fallback=fallback, dense_dirs=ctx.model_dirs, unavailable=unavailable)
     return Routed(r, located, request)

@@ -23,6 +23,14 @@ DENSE_ONLY = "quantize dense"
 POLICIES = (PREQUANT_ONLY, PREQUANT_ELSE_DENSE, DENSE_ONLY)
 
 
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """Whether the dense model may stand in for the pre-quantized file (``policy``, one of ``POLICIES``), and which
+    dense file (the node's ``dense_fallback``)."""
+    policy: str = PREQUANT_ONLY
+    dense_path: str | None = None
+
+
 @dataclasses.dataclass
 class LoadRoute:
     """The route a load takes, decided before anything is loaded: the opened, validated pre-quantized file, or the
@@ -38,11 +46,11 @@ class LoadRoute:
 
 
 
-def choose(prequant_path: str | None, request: Request, ctx: LoadContext, *, policy: str = PREQUANT_ONLY,
-           dense_path: str | None = None, dense_dirs: Iterable[str] | None = None,
-           unavailable: PrequantError | None = None) -> LoadRoute:
+def choose(prequant_path: str | None, request: Request, ctx: LoadContext, *, fallback: Fallback = Fallback(),
+           dense_dirs: Iterable[str] | None = None, unavailable: PrequantError | None = None) -> LoadRoute:
     """``unavailable``: why no pre-quantized file could even be located (e.g. offline, not on the Hub);
     ``dense_dirs``: the folders the dense file may lie in (default ``ctx.model_dirs``)."""
+    policy, dense_path = fallback.policy, fallback.dense_path
     if policy not in POLICIES:
         raise ValidationError(f"Unknown load policy '{policy}'.", expected=", ".join(POLICIES), found=policy)
     model_dirs = list(ctx.model_dirs)

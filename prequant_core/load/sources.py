@@ -1,6 +1,6 @@
 """Where a checkpoint comes from: a pure planner (no I/O) plus a "usable source" filter.
 
-``plan(...)`` turns the loader's inputs into an ordered list of candidates:
+``plan(Wanted(...))`` turns the loader's inputs into an ordered list of candidates:
 
 1. an explicit local path (typed by the user, or picked from the model folder list);
 2. a named Hub repo (``hub_repo``, or the repo of a chosen preset);
@@ -326,21 +326,34 @@ def _clean(s: str | None) -> str | None:
     return s or None
 
 
-def plan(path: str | None = None, hub_repo: str | None = None, family: str | None = None, scheme: str | None = None,
-         *, variant: str | None = None, base_model_id: str | None = None, revision: str | None = None,
-         preset: str | None = None, component: str = "transformer") -> Candidates:
-    """Ordered candidates for the loader's inputs. Pure: reads no file and no network.
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """What the loader's inputs ask for, as the user gave them (empty or "auto": not given): a local file, a Hub repo
+    and revision, a preset; what the model is (family, scheme, base model, variant) and which component.
 
-    ``scheme`` None (or "auto") means "not chosen": a named repo then takes the scheme its suffix names
-    (``-FP8`` / ``-INT8``); the family step is skipped. ``preset`` supplies repo, scheme and family where those are
-    not given, and only when neither a local file nor a hub_repo is given; a scheme that contradicts the preset is an error rather
-    than a silent choice. ``component`` (``transformer``, or an expert such as ``transformer_2``) picks that
-    component's file names in Hub repos.
-    """
-    component = _clean(component) or "transformer"
-    path, hub_repo, revision = _clean(path), _clean(hub_repo), normalize_revision(revision)
-    family = None if _clean(family) in (None, "auto") else family.strip().lower()
-    scheme = None if _clean(scheme) in (None, "auto") else schemes.normalize(scheme)
+    ``scheme`` not chosen: a named repo takes the scheme its suffix names (``-FP8`` / ``-INT8``); the family step is
+    skipped. ``preset`` supplies repo, scheme and family where those are not given, and only when neither a local file
+    nor a hub_repo is given; a scheme that contradicts the preset is an error rather than a silent choice.
+    ``component`` (``transformer``, or an expert such as ``transformer_2``) picks that component's file names in Hub
+    repos."""
+    path: str | None = None
+    hub_repo: str | None = None
+    family: str | None = None
+    scheme: str | None = None
+    variant: str | None = None
+    base_model_id: str | None = None
+    revision: str | None = None
+    preset: str | None = None
+    component: str = "transformer"
+
+
+def plan(wanted: Wanted) -> Candidates:
+    """Ordered candidates for the loader's inputs. Pure: reads no file and no network."""
+    variant, base_model_id, preset = wanted.variant, wanted.base_model_id, wanted.preset
+    component = _clean(wanted.component) or "transformer"
+    path, hub_repo, revision = _clean(wanted.path), _clean(wanted.hub_repo), normalize_revision(wanted.revision)
+    family = None if _clean(wanted.family) in (None, "auto") else wanted.family.strip().lower()
+    scheme = None if _clean(wanted.scheme) in (None, "auto") else schemes.normalize(wanted.scheme)
     notes: list[str] = []
     out: list[Candidate] = []
     chosen = get_preset(preset)

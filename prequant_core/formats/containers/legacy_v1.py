@@ -133,6 +133,8 @@ def _ints(v, what, n=None):
     return tuple(v)
 
 
+# The two rebuild functions take the arguments torch.save pickled for torch._utils' functions of these names: their
+# signatures are torch's, not this pack's.
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None):
     if not isinstance(storage, _Storage):
         raise _Bad("a tensor refers to something that is not a storage of the archive")
