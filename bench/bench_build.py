@@ -8,7 +8,7 @@ Each case runs in its own fresh process, so its peak RSS is its own; reported: t
 psutil sampler), the level after imports (torch alone is a large part of a small process), and the growth.
 
 Cases:
-  stream  this pack's builder (``prequant_core.build.build``): tensors read one at a time, quantized result kept,
+  stream  this pack's builder (``prequant_core.builder.build``): tensors read one at a time, quantized result kept,
           streamed to disk
   naive   the obvious way, for contrast: ``safetensors.torch.load_file`` (whole dense dict) + ``quantize_tensors`` +
           ``safetensors.torch.save_file`` of torchao's flattened dict
@@ -58,7 +58,7 @@ def child(case: str, dense: str, out: str, scheme: str, container: str) -> None:
     import psutil
     import torch  # noqa: F401
     import torchao  # noqa: F401
-    from prequant_core import build, schemes
+    from prequant_core import builder, schemes
     from prequant_core.schemes import quantize
 
     proc = psutil.Process()
@@ -74,7 +74,7 @@ def child(case: str, dense: str, out: str, scheme: str, container: str) -> None:
     th.start()
     t0 = time.perf_counter()
     if case == "stream":
-        res = build.build(dense, build.Target(out, container=container, overwrite=True), build.Recipe(scheme))
+        res = builder.build(dense, builder.Target(out, container=container, overwrite=True), builder.Recipe(scheme))
         quantized = res.quantized
     else:
         from safetensors.torch import load_file, save_file

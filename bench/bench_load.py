@@ -73,7 +73,7 @@ def make_files(folder: str, layers: int, schemes: list[str]) -> dict:
     """Dense ComfyUI-layout file (what ComfyUI detects) and pre-quantized diffusers-layout files."""
     import torch
     from diffusers import ZImageTransformer2DModel
-    from prequant_core import build, families
+    from prequant_core import builder, families
     from prequant_core.families import keymap
     import comfy.utils
     with torch.device("meta"):
@@ -93,8 +93,8 @@ def make_files(folder: str, layers: int, schemes: list[str]) -> dict:
     os.makedirs(os.path.join(folder, "prequant"), exist_ok=True)
     for s in schemes:
         files[s] = os.path.join(folder, "prequant", prequant_name(s))
-        build.build_from_tensors(dense, build.Target(files[s], container=os.path.splitext(files[s])[1][1:]),
-                                 build.Recipe(s, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+        builder.build_from_tensors(dense, builder.Target(files[s], container=os.path.splitext(files[s])[1][1:]),
+                                   builder.Recipe(s, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     return files
 
 

@@ -114,7 +114,7 @@ def make_files(base: str, layers: int) -> dict:
     from tools import comfy_headless
     comfy_headless.boot()
     import torch
-    from prequant_core import build, families
+    from prequant_core import builder, families
     folder = os.path.join(base, "models")
     files = bench_load.make_files(folder, layers, [])  # dense only; the .pt is built below from the same tensors
     from safetensors.torch import load_file
@@ -127,11 +127,11 @@ def make_files(base: str, layers: int) -> dict:
     del comfy_sd
     os.makedirs(os.path.join(folder, "prequant"), exist_ok=True)
     files["int8"] = os.path.join(folder, "prequant", "Z-Image-Turbo-INT8.pt")
-    build.build_from_tensors(dense, build.Target(files["int8"], container="pt"),
-                             build.Recipe("int8", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+    builder.build_from_tensors(dense, builder.Target(files["int8"], container="pt"),
+                               builder.Recipe("int8", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     files["fp8"] = os.path.join(folder, "prequant", "Z-Image-Turbo-FP8.safetensors")
-    build.build_from_tensors(dense, build.Target(files["fp8"], container="safetensors"),
-                             build.Recipe("fp8", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+    builder.build_from_tensors(dense, builder.Target(files["fp8"], container="safetensors"),
+                               builder.Recipe("fp8", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     del dense
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return files

@@ -79,15 +79,15 @@ def make_files(base: str, layers: int, schemes: list[str]) -> dict:
     from tools import comfy_headless
     comfy_headless.boot()
     from safetensors.torch import load_file
-    from prequant_core import build, families
+    from prequant_core import builder, families
     folder = os.path.join(base, "models")
     files = bench_load.make_files(folder, layers, schemes)  # dense + the pack's files (bench_load.prequant_name)
     fam = families.get("z-image")
     comfy_sd = load_file(files["dense"])
     for s in schemes:
         files[f"{s}-native"] = os.path.join(folder, "diffusion_models", f"zimage_{NATIVE_NAME[s]}.safetensors")
-        build.build_comfy_native(comfy_sd, build.Target(files[f"{s}-native"]),
-                                 build.Recipe(s, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+        builder.build_comfy_native(comfy_sd, builder.Target(files[f"{s}-native"]),
+                                   builder.Recipe(s, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     return files
 
 

@@ -39,7 +39,7 @@ def main():
     import torchao
     from diffusers import ZImageTransformer2DModel
     from torchao.quantization import quantize_
-    from prequant_core import build, families, formats, schemes
+    from prequant_core import builder, families, formats, schemes
     from prequant_core.load import placement
     from prequant_core.schemes import qtensor
     dev = torch.device(args.device)
@@ -99,8 +99,8 @@ def main():
     dense_model = None
     for scheme in ("fp8", "int8"):
         path = os.path.join(tmp, f"z-{scheme}.safetensors")
-        build.build_from_tensors(dense, build.Target(path),
-                                 build.Recipe(scheme, family=families.get("z-image"), base_model_id="x"))
+        builder.build_from_tensors(dense, builder.Target(path),
+                                   builder.Recipe(scheme, family=families.get("z-image"), base_model_id="x"))
         # (b) dense on the device, then torchao's own config applied in place
         peak_reset()
         with torch.device("meta"):

@@ -12,9 +12,9 @@ import comfy.model_management as mm
 import comfy.utils
 import folder_paths
 
-from prequant_core import build as core
+from prequant_core import builder as core
 from prequant_core.load import dense_sources
-from prequant_core.build import output_file
+from prequant_core.builder import output_file
 from prequant_core import families, schemes
 from prequant_core.errors import BuildError, UnknownFamilyError
 from prequant_core.families import Family, encoders
@@ -306,7 +306,7 @@ def file_key_map(fam: Family, shapes: dict):
 
 def build_encoder(clip, family: str, base: str, filename: str, container: str, overwrite: bool) -> dict:
     """Unsloth's pre-cast fp8 text encoder from a CLIP's weights (ComfyUI's names under the CLIP's own prefix)."""
-    from prequant_core.build import text_encoder
+    from prequant_core.builder import text_encoder
     if container == core.NATIVE:
         raise BuildError("A text encoder is written in Unsloth's format (safetensors or pt), not comfyui-native.",
                          found=container, expected="safetensors / pt", fix="Set container to safetensors.")

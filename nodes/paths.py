@@ -88,7 +88,7 @@ def prequant_dirs() -> list[str]:
 
 
 def _staging(f: str) -> bool:
-    from prequant_core.load.hub import STAGING_DIR
+    from prequant_core.hub.local import STAGING_DIR
     return f.replace("\\", "/").split("/", 1)[0] == STAGING_DIR
 
 

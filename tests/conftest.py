@@ -50,7 +50,7 @@ def zimage_dense():
 @pytest.fixture(scope="session")
 def prequant_files(zimage_dense, tmp_path_factory):
     """Factory: path of a pre-quantized tiny Z-Image file for (scheme, container, layout), cached per session."""
-    from prequant_core import build, families
+    from prequant_core import builder, families
     cache: dict = {}
     folder = tmp_path_factory.mktemp("prequant_files")
     fam = families.get("z-image")
@@ -60,12 +60,12 @@ def prequant_files(zimage_dense, tmp_path_factory):
         if key not in cache:
             path = str(folder / f"Z-Image-Turbo-{scheme.upper()}-{layout}.{container}")
             if layout == "diffusers":
-                build.build_from_tensors(zimage_dense, build.Target(path, container=container),
-                                         build.Recipe(scheme, family=fam, base_model_id=BASE_ID))
+                builder.build_from_tensors(zimage_dense, builder.Target(path, container=container),
+                                           builder.Recipe(scheme, family=fam, base_model_id=BASE_ID))
             else:
                 tensors = tiny_models.zimage_comfy_layout(zimage_dense)
-                build.build_from_tensors(tensors, build.Target(path, container=container),
-                                         build.Recipe(scheme, family=fam, base_model_id=BASE_ID))
+                builder.build_from_tensors(tensors, builder.Target(path, container=container),
+                                           builder.Recipe(scheme, family=fam, base_model_id=BASE_ID))
             cache[key] = path
         return cache[key]
 

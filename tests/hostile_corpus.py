@@ -73,11 +73,11 @@ def tiny_tensors(scheme: str = "fp8") -> dict:
 
 
 def tiny_metadata(tensors: dict, scheme: str = "fp8", **over) -> dict:
-    from prequant_core import build, families, schemes
+    from prequant_core import builder, families, schemes
     fam = families.get("z-image")
-    md = build.make_metadata(build.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=32,
-                                          exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)),
-                             tensors)
+    md = builder.make_metadata(builder.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=32,
+                                              exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)),
+                               tensors)
     md.update(over)
     return md
 

@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-from prequant_core import build, families, formats, schemes
+from prequant_core import builder, families, formats, schemes
 from prequant_core.formats import layer_policy
 from prequant_core.schemes import nvfp4_policy
 from prequant_core.load import metadata
 from prequant_core.schemes import qtensor, rotation
-from prequant_core.build import writers
+from prequant_core.builder import writers
 from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
 from prequant_core.errors import BuildError, CorruptCheckpointError
 
@@ -233,20 +233,21 @@ def test_builder_writes_whole_model_nvfp4_pt_that_passes_the_rules(tmp_path):
     from tools import tiny_models
     dense = tiny_models.zimage_dense(seed=0)
     fam = families.get("z-image")
-    res = build.build(dense, build.Target(str(tmp_path / "Z-Image-Turbo-NVFP4.pt")),
-                      build.Recipe("nvfp4", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+    res = builder.build(dense, builder.Target(str(tmp_path / "Z-Image-Turbo-NVFP4.pt")),
+                        builder.Recipe("nvfp4", family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     ck = formats.read(res.path)
     assert ck.format_tag == FORMAT_V1 and ck.metadata["scheme"] == "nvfp4" and ck.schemes_found() == {"nvfp4"}
     assert ck.metadata["require_divisible"] == 16 and ck.metadata["require_bf16"] is False  # Unsloth: fp8 / mxfp8 only
     v = metadata.validate(ck, metadata.Request(scheme="nvfp4", base_model_id="Tongyi-MAI/Z-Image-Turbo"), family=fam)
     assert v.ok, v.reasons
-    fp8 = build.build(dense, build.Target(str(tmp_path / "Z-Image-Turbo-FP8.pt")), build.Recipe("fp8", family=fam))
+    fp8 = builder.build(dense, builder.Target(str(tmp_path / "Z-Image-Turbo-FP8.pt")),
+                        builder.Recipe("fp8", family=fam))
     print(f"\n[nvfp4] file {res.file_bytes} bytes, fp8 file {fp8.file_bytes} bytes "
           f"({res.file_bytes / fp8.file_bytes:.2f}x)")
     assert res.file_bytes < fp8.file_bytes
     with pytest.raises(BuildError) as e:
-        build.build(dense, build.Target(str(tmp_path / "Z-Image-Turbo-NVFP4.safetensors")),
-                    build.Recipe("nvfp4", family=fam))
+        builder.build(dense, builder.Target(str(tmp_path / "Z-Image-Turbo-NVFP4.safetensors")),
+                      builder.Recipe("nvfp4", family=fam))
     assert ".pt" in str(e.value) and "safetensors" in str(e.value)
 
 
@@ -255,12 +256,12 @@ def test_block_schemes_never_land_in_a_container_that_cannot_hold_them(tmp_path)
     dense = tiny_models.zimage_dense(seed=0)
     fam = families.get("z-image")
     # the container follows the file name when not given
-    p = build.build_from_tensors(dense, build.Target(str(tmp_path / "Z-NVFP4.pt")),
-                                 build.Recipe("nvfp4", family=fam, base_model_id="b/Z"))
+    p = builder.build_from_tensors(dense, builder.Target(str(tmp_path / "Z-NVFP4.pt")),
+                                   builder.Recipe("nvfp4", family=fam, base_model_id="b/Z"))
     assert formats.read(p).schemes_found() == {"nvfp4"}
     with pytest.raises(BuildError):
-        build.build_from_tensors(dense, build.Target(str(tmp_path / "Z-NVFP4.safetensors")),
-                                 build.Recipe("nvfp4", family=fam, base_model_id="b/Z"))
+        builder.build_from_tensors(dense, builder.Target(str(tmp_path / "Z-NVFP4.safetensors")),
+                                   builder.Recipe("nvfp4", family=fam, base_model_id="b/Z"))
     q = {"blk.proj.weight": schemes.quantize_weight(torch.ones(64, 64, dtype=torch.bfloat16), "nvfp4")}
     with pytest.raises(BuildError) as e:  # the writer itself refuses too
         writers.write_checkpoint(str(tmp_path / "w.safetensors"), q, {"scheme": "nvfp4"}, container="safetensors")

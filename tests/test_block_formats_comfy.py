@@ -13,10 +13,10 @@ import torch
 
 from conftest import dense_of
 
-from prequant_core import build, families, formats, schemes
+from prequant_core import builder, families, formats, schemes
 from prequant_core.schemes import nvfp4_policy
 from prequant_core.schemes import quantize, rotation
-from prequant_core.build import writers
+from prequant_core.builder import writers
 from prequant_core.formats.checkpoint import FORMAT_V2, FORMAT_V3
 from tools import tiny_families as tf
 
@@ -59,9 +59,9 @@ def built(folder, scheme) -> str:
     name = f"FLUX.1-schnell-{scheme.upper()}.pt"
     path = os.path.join(folder, name)
     if not os.path.exists(path):
-        build.build_from_tensors(dense(), build.Target(path, container="pt"),
-                                 build.Recipe(scheme, family=families.get(FAMILY),
-                                              base_model_id=tf.TINY[FAMILY].base_model_id))
+        builder.build_from_tensors(dense(), builder.Target(path, container="pt"),
+                                   builder.Recipe(scheme, family=families.get(FAMILY),
+                                                base_model_id=tf.TINY[FAMILY].base_model_id))
     return name
 
 
@@ -189,9 +189,9 @@ def policy_tensors():
         else:
             out[k] = schemes.quantize_weight(v, "fp8")
             counts["fp8"] += 1
-    meta = build.make_metadata(build.Recipe("nvfp4", family=fam, base_model_id=tf.TINY[FAMILY].base_model_id,
-                                            min_features=schemes.DEFAULT_MIN_FEATURES, exclude=[]),
-                               out)
+    meta = builder.make_metadata(builder.Recipe("nvfp4", family=fam, base_model_id=tf.TINY[FAMILY].base_model_id,
+                                                min_features=schemes.DEFAULT_MIN_FEATURES, exclude=[]),
+                                 out)
     meta["nvfp4_policy"] = {"kind": nvfp4_policy.POLICY_KIND, "policy_id": "tiny_flux_attn_v1", "policy_version": 1,
                             "counts": counts, "nvfp4_fqns": fqns, "activation_scales_baked": False, "gptq": False}
     return out, meta
@@ -246,10 +246,10 @@ def convrot_tensors(group=64):
             out[k] = schemes.quantize_weight(v, "int8")
         else:
             out[k] = v
-    meta = build.make_metadata(build.Recipe("int8", family=fam, base_model_id=tf.TINY[FAMILY].base_model_id,
-                                            min_features=schemes.DEFAULT_MIN_FEATURES,
-                                            exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra)),
-                               out)
+    meta = builder.make_metadata(builder.Recipe("int8", family=fam, base_model_id=tf.TINY[FAMILY].base_model_id,
+                                                min_features=schemes.DEFAULT_MIN_FEATURES,
+                                                exclude=schemes.exclude_tokens("int8", fam.arch.int8_exclude_extra)),
+                                 out)
     meta.update(activation_rotation=rotation.KIND, activation_rotation_group=group, activation_rotation_fqns=fqns)
     return out, meta
 

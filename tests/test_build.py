@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from conftest import BASE_ID, ROOT, sample
-from prequant_core import build, families, formats, schemes
+from prequant_core import builder, families, formats, schemes
 from prequant_core.load import dense_sources, opening, metadata
 from prequant_core.formats import fingerprint
 from prequant_core.families import keymap
-from prequant_core.build import output_file, writers
+from prequant_core.builder import output_file, writers
 from prequant_core.schemes import qtensor, quantize
 from prequant_core.errors import BuildError, UnknownFamilyError
 from tools import tiny_models
@@ -122,9 +122,9 @@ def reference(comfy, zimage_dense):
     def ref(scheme):
         if scheme not in cache:
             q, skipped = quantize.quantize_tensors(zimage_dense, scheme, exclude=schemes.exclude_tokens(scheme))
-            meta = build.make_metadata(build.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=512,
-                                                    exclude=schemes.exclude_tokens(scheme)),
-                                       q)
+            meta = builder.make_metadata(builder.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=512,
+                                                        exclude=schemes.exclude_tokens(scheme)),
+                                         q)
             cache[scheme] = (sample(pack.nodes.comfy_model.build_patcher(fam, "diffusers", q)), meta)
         return cache[scheme]
     return ref
@@ -152,7 +152,7 @@ def node_built(comfy, dense_files):
 @pytest.mark.parametrize("container", ["safetensors", "pt"])
 def test_round_trip_equals_load_time_quantization(comfy, node_built, reference, scheme, container):
     path = node_built(scheme, container)
-    assert os.path.dirname(path) == prequant_dir() and path.endswith(build.EXTENSIONS[container])
+    assert os.path.dirname(path) == prequant_dir() and path.endswith(builder.EXTENSIONS[container])
     assert os.path.basename(path) in comfy[0].NODE_CLASS_MAPPINGS["PrequantLoadTransformer"].INPUT_TYPES()[
         "required"]["checkpoint"][0], "the built file must show up in the loader's list"
     out = sample(load_file(comfy, path, base_model_id=BASE_ID, scheme=scheme))
@@ -237,8 +237,8 @@ def test_streamed_safetensors_is_what_torchao_and_safetensors_read(node_built, t
 
 def test_two_builds_are_deterministic(dense_files, node_built, reference, tmp_path):
     events = []
-    a = build.build(dense_files["diffusers"], build.Target(tmp_path / "a.safetensors"), build.Recipe("int8"),
-                    progress=lambda *e: events.append(e))
+    a = builder.build(dense_files["diffusers"], builder.Target(tmp_path / "a.safetensors"), builder.Recipe("int8"),
+                      progress=lambda *e: events.append(e))
     b = formats.read(node_built("int8", "safetensors"))  # the node's build of the same file, earlier
     assert a.fingerprint == b.metadata["fingerprint"] and a.fingerprint["count"] == a.quantized > 0
     with open(a.path, "rb") as fa, open(node_built("int8", "safetensors"), "rb") as fb:
@@ -319,7 +319,7 @@ def test_comfyui_layout_file_is_converted_with_comfyuis_key_map(comfy, dense_fil
     assert all(torch.equal(streamed[k], in_memory[k]) for k in streamed)
     # without ComfyUI's key map the core refuses and says how to get one
     with pytest.raises(BuildError, match="key map") as e:
-        build.build(dense_files["comfyui"], build.Target(tmp_path / "nomap.safetensors"), build.Recipe("fp8"))
+        builder.build(dense_files["comfyui"], builder.Target(tmp_path / "nomap.safetensors"), builder.Recipe("fp8"))
     assert "--comfyui" in str(e.value) and not os.path.exists(tmp_path / "nomap.safetensors")
 
 
@@ -550,11 +550,11 @@ def test_existing_output_refused_and_overwrite_replaces(small_dense, tmp_path):
     dest.write_bytes(b"precious")
     t0 = time.time()
     with pytest.raises(BuildError, match="already exists") as e:
-        build.build(small_dense, build.Target(dest), build.Recipe("int8"))
+        builder.build(small_dense, builder.Target(dest), builder.Recipe("int8"))
     assert time.time() - t0 < 5, "refused before reading or quantizing anything"
     assert e.value.path == str(dest) and e.value.fix
     assert dest.read_bytes() == b"precious" and not temps_in(tmp_path)
-    res = build.build(small_dense, build.Target(dest, overwrite=True), build.Recipe("int8"))
+    res = builder.build(small_dense, builder.Target(dest, overwrite=True), builder.Recipe("int8"))
     assert formats.read(res.path).metadata["scheme"] == "int8" and not temps_in(tmp_path)
 
 
@@ -582,10 +582,10 @@ def test_disk_space_is_checked_before_writing(small_dense, tmp_path):
                                            schemes.LayerFilter("int8", 512, tuple(schemes.exclude_tokens("int8"))))
     seen["estimate"] = est
     with pytest.raises(BuildError, match="Not enough free disk space") as e:
-        build.build(small_dense, build.Target(dest), build.Recipe("int8"), free_space=probe(-1))
+        builder.build(small_dense, builder.Target(dest), builder.Recipe("int8"), free_space=probe(-1))
     assert seen["folder"] == str(folder) and e.value.expected and e.value.found and e.value.fix
     assert os.listdir(folder) == []
-    res = build.build(small_dense, build.Target(dest), build.Recipe("int8"), free_space=probe(0))
+    res = builder.build(small_dense, builder.Target(dest), builder.Recipe("int8"), free_space=probe(0))
     assert res.file_bytes <= est and n_q == res.quantized
 
 
@@ -599,11 +599,11 @@ def test_disk_space_on_a_real_small_filesystem(small_dense, tmp_path):
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); the injected probe test covers the check")
     try:
         with pytest.raises(BuildError, match="Not enough free disk space"):
-            build.build(small_dense, build.Target(mnt / "x.safetensors"), build.Recipe("int8"))
+            builder.build(small_dense, builder.Target(mnt / "x.safetensors"), builder.Recipe("int8"))
         assert os.listdir(mnt) == []
         with pytest.raises(BuildError, match="disk filled up"):
-            build.build(small_dense, build.Target(mnt / "x.safetensors"), build.Recipe("int8"),
-                        free_space=lambda p: 1 << 40)
+            builder.build(small_dense, builder.Target(mnt / "x.safetensors"), builder.Recipe("int8"),
+                          free_space=lambda p: 1 << 40)
         assert os.listdir(mnt) == [], "partial file removed"
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
@@ -614,22 +614,22 @@ def test_unknown_family_is_refused_with_the_list(tmp_path):
     p = str(tmp_path / "mystery.safetensors")
     save_file({"blocks.0.proj.weight": torch.zeros(512, 512, dtype=torch.bfloat16)}, p)
     with pytest.raises(UnknownFamilyError) as e:
-        build.build(p, build.Target(tmp_path / "o.safetensors"), build.Recipe("int8"))
+        builder.build(p, builder.Target(tmp_path / "o.safetensors"), builder.Recipe("int8"))
     assert "z-image" in str(e.value) and e.value.expected
     with pytest.raises(UnknownFamilyError, match="z-image"):
-        build.build(p, build.Target(tmp_path / "o.safetensors"), build.Recipe("int8", family="not-a-family"))
+        builder.build(p, builder.Target(tmp_path / "o.safetensors"), builder.Recipe("int8", family="not-a-family"))
     with pytest.raises(BuildError, match="do not look like Z-Image"):
-        build.build(p, build.Target(tmp_path / "o.safetensors"), build.Recipe("int8", family="z-image"))
+        builder.build(p, builder.Target(tmp_path / "o.safetensors"), builder.Recipe("int8", family="z-image"))
     assert sorted(os.listdir(tmp_path)) == ["mystery.safetensors"]
 
 
 def test_prequantized_input_is_refused(node_built, tmp_path):
     with pytest.raises(BuildError, match="already"):
-        build.build(node_built("int8", "safetensors"), build.Target(tmp_path / "again.safetensors"),
-                    build.Recipe("int8"))
+        builder.build(node_built("int8", "safetensors"), builder.Target(tmp_path / "again.safetensors"),
+                      builder.Recipe("int8"))
     with pytest.raises(BuildError, match="already"):
-        build.build(formats.read(node_built("fp8", "pt")).tensors, build.Target(tmp_path / "again.safetensors"),
-                    build.Recipe("fp8"))
+        builder.build(formats.read(node_built("fp8", "pt")).tensors, builder.Target(tmp_path / "again.safetensors"),
+                      builder.Recipe("fp8"))
 
 
 def _dense_many_tensors(path, n_layers=120):
@@ -682,7 +682,7 @@ def test_killed_build_leaves_no_file_and_temps_do_not_accumulate(small_dense, tm
     try:
         live = out_dir / f".prequant-{output_file._host_tag()}-{sleeper.pid}-abc123.partial"
         live.write_bytes(b"in progress")
-        res = build.build(small_dense, build.Target(out_dir / "next.safetensors"), build.Recipe("int8"))
+        res = builder.build(small_dense, builder.Target(out_dir / "next.safetensors"), builder.Recipe("int8"))
         assert os.path.exists(res.path) and not dest.exists()
         assert temps_in(out_dir) == [live.name], "the dead build's temp is removed, the live one kept"
     finally:

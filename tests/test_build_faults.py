@@ -1,7 +1,7 @@
 """Builder faults on real filesystem conditions: disk full, no permission, a process killed mid-write.
 
 In every case the destination is untouched (an existing file keeps its bytes, a new one does not appear) and no
-temp file stays behind (a SIGKILLed build's temp is removed by the next build in that folder, as build.py
+temp file stays behind (a SIGKILLed build's temp is removed by the next build in that folder, as builder.py
 documents). Conditions are real: a 20 MB tmpfs (``mount``; root), a read-only remount, ``chattr +i``, an
 unprivileged uid (``setuid`` in a child), ``RLIMIT_FSIZE`` (EFBIG) in a child, and SIGKILL. Where mounting is not
 permitted those cases skip with the reason; the RLIMIT and SIGKILL cases need no privilege.
@@ -24,8 +24,8 @@ import time
 import pytest
 
 from conftest import BASE_ID, ROOT
-from prequant_core import build, errors, families, formats
-from prequant_core.build import output_file, writers
+from prequant_core import builder, errors, families, formats
+from prequant_core.builder import output_file, writers
 from prequant_core.schemes import quantize
 
 FAM = families.get("z-image")
@@ -64,9 +64,9 @@ def remount_ro(path) -> None:
 def quantized(zimage_dense):
     """The tiny Z-Image quantized once (int8; about 95 MB written), with the metadata build would write."""
     q, skipped = quantize.quantize_tensors(zimage_dense, "int8")
-    meta = build.make_metadata(build.Recipe("int8", family=FAM, base_model_id=BASE_ID, min_features=512,
-                                            exclude=build.schemes.exclude_tokens("int8")),
-                               q)
+    meta = builder.make_metadata(builder.Recipe("int8", family=FAM, base_model_id=BASE_ID, min_features=512,
+                                                exclude=builder.schemes.exclude_tokens("int8")),
+                                 q)
     return q, meta
 
 
@@ -141,7 +141,7 @@ def test_build_refuses_up_front_when_the_disk_is_too_small(dense_file, tmp_path)
         dest = os.path.join(mnt, "out.safetensors")
         t0 = time.time()
         with pytest.raises(errors.BuildError) as e:
-            build.build(dense_file, build.Target(dest), build.Recipe("int8"))
+            builder.build(dense_file, builder.Target(dest), builder.Recipe("int8"))
         assert "Not enough free disk space" in str(e.value) and time.time() - t0 < 30
         assert_untouched(mnt, dest, None)
         # the same through the command line: exit status 2, the message on stderr, nothing written
@@ -193,7 +193,7 @@ CHILD = textwrap.dedent("""
     import json, os, resource, signal, sys
     sys.path.insert(0, {root!r})
     from prequant_core import errors, formats
-    from prequant_core.build import writers
+    from prequant_core.builder import writers
     cfg = json.loads(sys.argv[1])
     ck = formats.read(cfg["src"])
     # every lazy import of the writers happens now, before privileges or limits change
@@ -287,7 +287,7 @@ def test_file_size_limit_efbig(small_ckpt):
 KILL_CHILD = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
-    from prequant_core import build
+    from prequant_core import builder
     dense, dest, ready, container, overwrite = sys.argv[1:6]
 
     def progress(stage, done, total, key):
@@ -295,7 +295,7 @@ KILL_CHILD = textwrap.dedent("""
             open(ready, "w").close()
             time.sleep(600)  # parked mid-write until the parent kills us
 
-    build.build(dense, build.Target(dest, container=container, overwrite=overwrite == "1"), build.Recipe("int8"),
+    builder.build(dense, builder.Target(dest, container=container, overwrite=overwrite == "1"), builder.Recipe("int8"),
                 progress=progress)
 """)
 
@@ -433,7 +433,7 @@ def test_a_native_build_never_falls_back_to_an_unchecked_read(tmp_path):
     """A pre-quantized input the readers refuse (here a NaN scale) is refused as the loader refuses it."""
     import torch
     from safetensors.torch import save_file
-    q = build.schemes.quantize_weight(torch.randn(512, 512).bfloat16(), "int8")
+    q = builder.schemes.quantize_weight(torch.randn(512, 512).bfloat16(), "int8")
     src = str(tmp_path / "refused.safetensors")
     writers.write_checkpoint(src, {"layers.0.attention.to_q.weight": q,
                                    "layers.0.attention_norm1.weight": torch.ones(512).bfloat16()},

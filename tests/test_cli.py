@@ -38,13 +38,13 @@ def _probe(*args, cwd=None):
 
 
 def test_the_names_the_parser_offers_are_the_registries():
-    from prequant_core import build, scheme_names, schemes
+    from prequant_core import builder, scheme_names, schemes
     from prequant_core.cli import choices
     from prequant_core.load import encoder_checks
     from prequant_core.schemes import registry
     assert scheme_names.NAMES == registry.names() == schemes.names()
-    assert choices.BUILD_CONTAINERS == build.OUTPUTS and choices.NATIVE == build.NATIVE
-    assert choices.ENCODER_CONTAINERS == build.CONTAINERS
+    assert choices.BUILD_CONTAINERS == builder.OUTPUTS and choices.NATIVE == builder.NATIVE
+    assert choices.ENCODER_CONTAINERS == builder.CONTAINERS
     assert choices.ENCODER_COMPONENTS == encoder_checks.COMPONENTS
     assert choices.DEFAULT_MIN_FEATURES == schemes.DEFAULT_MIN_FEATURES
 

@@ -18,7 +18,7 @@ import unsloth_builder as ub
 from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.load import pipeline, sources
-from prequant_core.load.hub_errors import HubNotFoundError
+from prequant_core.hub.errors import HubNotFoundError
 from prequant_core.load.metadata import Request
 
 REPO = "unsloth/Qwen-Image-FP8"

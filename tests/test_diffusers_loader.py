@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from prequant_core import build, diffusers_loader, families, formats
+from prequant_core import builder, diffusers_loader, families, formats
 from prequant_core.errors import (CheckpointNotFoundError, CorruptCheckpointError, PathNotAllowedError,
                                   UnknownFamilyError, UnsupportedFormatError, ValidationError)
 from tools import diffusers_check, tiny_families as tf
@@ -90,8 +90,8 @@ def flux_files(tmp_path_factory):
     out = {"dir": str(d)}
     for name, container in (("st", "safetensors"), ("pt", "pt")):
         out[name] = str(d / f"FLUX.1-dev-INT8.{container}")
-        build.build_from_tensors(dense, build.Target(out[name], container=container),
-                                 build.Recipe("int8", family=fam, base_model_id="black-forest-labs/FLUX.1-dev"))
+        builder.build_from_tensors(dense, builder.Target(out[name], container=container),
+                                   builder.Recipe("int8", family=fam, base_model_id="black-forest-labs/FLUX.1-dev"))
     base = d / "FLUX.1-dev"
     tf.diffusers_model("flux.1").save_config(str(base / "transformer"))
     out["base"] = str(base)
@@ -183,8 +183,8 @@ def test_excluded_base_gets_no_hosted_file(tmp_path):
 def test_comfyui_path_never_imports_diffusers_or_accelerate():
     """The nodes and the core modules they use import neither optional extra."""
     code = ("import sys; sys.path.insert(0, '.');"
-            "import prequant_core.load.opening, prequant_core.load.hub, prequant_core.load.sources, prequant_core.load.route, "
-            "prequant_core.report, prequant_core.build, prequant_core.load.metadata, prequant_core.families;"
+            "import prequant_core.load.opening, prequant_core.hub.fetch, prequant_core.load.sources, prequant_core.load.route, "
+            "prequant_core.report, prequant_core.builder, prequant_core.load.metadata, prequant_core.families;"
             "bad = [m for m in ('diffusers', 'accelerate') if m in sys.modules]; print(bad); assert not bad")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
@@ -219,8 +219,8 @@ def test_nvfp4_file_dequantizes_at_matmul_in_the_diffusers_class(tmp_path):
     tf.any_diffusers_model(family).save_config(str(base_dir / "transformer"))
     dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
     path = str(tmp_path / "Qwen-Image-NVFP4.pt")
-    build.build_from_tensors(dense, build.Target(path, container="pt"),
-                             build.Recipe("nvfp4", family=fam, base_model_id=base_id))
+    builder.build_from_tensors(dense, builder.Target(path, container="pt"),
+                               builder.Recipe("nvfp4", family=fam, base_model_id=base_id))
     loaded = diffusers_loader.load(fam.arch.diffusers_class, str(base_dir), path, scheme="nvfp4", allow_dirs=[tmp_path])
     assert any("dequantize at matmul" in n for n in loaded.notes), loaded.notes
     q = formats.read(path).tensors

@@ -133,7 +133,7 @@ def env(tmp_path_factory, comfy):
     """The loopback Hub holding, for each workflow's loader, a tiny real model of its family (of the scheme and
     component the loader asks for, built from the base the workflow names) under the hosted repo and file name; a
     ComfyUI base folder with an empty models/prequant. served: {workflow: [(repo, file, local, loader id)]}."""
-    from prequant_core import build
+    from prequant_core import builder
     from tools import tiny_families, tiny_models
     _, pack = comfy
     loader_info = {"input": pack.nodes.load_node.PrequantLoadTransformer.INPUT_TYPES()}
@@ -153,9 +153,9 @@ def env(tmp_path_factory, comfy):
             else:
                 dense = tiny_families.dense(fam, seed=seed)
             local = str(files_dir / named["checkpoint"])
-            build.build_from_tensors(dense, build.Target(local, container=os.path.splitext(local)[1][1:]),
-                                     build.Recipe(c.scheme, family=families.get(fam),
-                                                  base_model_id=named["base_model_id"], component=named["component"]))
+            builder.build_from_tensors(dense, builder.Target(local, container=os.path.splitext(local)[1][1:]),
+                                       builder.Recipe(c.scheme, family=families.get(fam),
+                                                    base_model_id=named["base_model_id"], component=named["component"]))
             by_repo.setdefault(c.repo, {})[named["checkpoint"]] = local  # one commit per repo holds all its files
             served.setdefault(os.path.basename(path), []).append((c.repo, named["checkpoint"], local,
                                                                    str(node["id"])))

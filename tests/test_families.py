@@ -14,7 +14,7 @@ import torch
 
 from conftest import dense_of
 
-from prequant_core import build, families, schemes
+from prequant_core import builder, families, schemes
 from prequant_core.families import keymap
 from prequant_core.schemes import qtensor, quantize
 from prequant_core.errors import ComfyVersionError, CorruptCheckpointError, UnknownFamilyError
@@ -69,8 +69,8 @@ def prequant_file(prequant_dir, family, scheme):
         t = tf.TINY[family]
         name = f"{t.file_stem}-{scheme.upper()}.safetensors"
         path = os.path.join(prequant_dir, name)
-        build.build_from_tensors(dense(family), build.Target(path, overwrite=True),
-                                 build.Recipe(scheme, family=families.get(family), base_model_id=t.base_model_id))
+        builder.build_from_tensors(dense(family), builder.Target(path, overwrite=True),
+                                   builder.Recipe(scheme, family=families.get(family), base_model_id=t.base_model_id))
         _files[key] = "families/" + name
     return _files[key]
 
@@ -313,8 +313,8 @@ def test_a_file_that_passes_detection_but_lacks_a_config_key_is_corrupt(comfy, p
     sd = {k: v for k, v in dense("qwen-image").items() if k != "txt_in.weight"}
     assert families.detect(list(sd), {})[0].name == "qwen-image"
     name = f"{t.file_stem}-truncated-INT8.safetensors"
-    build.build_from_tensors(sd, build.Target(os.path.join(prequant_dir, name), overwrite=True),
-                             build.Recipe("int8", family=families.get("qwen-image"), base_model_id=t.base_model_id))
+    builder.build_from_tensors(sd, builder.Target(os.path.join(prequant_dir, name), overwrite=True),
+                               builder.Recipe("int8", family=families.get("qwen-image"), base_model_id=t.base_model_id))
     with pytest.raises(CorruptCheckpointError) as e, torch.inference_mode():
         comfy[0].NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load("families/" + name,
                                                                        base_model_id=t.base_model_id, scheme="int8")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from prequant_core import build, families, formats, report
+from prequant_core import builder, families, formats, report
 from prequant_core.cli import choices
 from prequant_core.errors import HubError, UnknownFamilyError
 from prequant_core.formats import layer_policy
@@ -108,8 +108,8 @@ def test_a_new_family_is_one_module_and_one_line(tmp_path, with_toy):
     assert layer_policy.policy_notes(_policy("toy_r8_v1")) == []
 
     # built (its int8 exclusions), read back, judged against its bases and described by Info
-    path = build.build_from_tensors(dense, build.Target(str(tmp_path / "Toy-DiT-INT8.safetensors")),
-                                    build.Recipe("int8", family=toy, base_model_id=BASE, min_features=32))
+    path = builder.build_from_tensors(dense, builder.Target(str(tmp_path / "Toy-DiT-INT8.safetensors")),
+                                      builder.Recipe("int8", family=toy, base_model_id=BASE, min_features=32))
     ck = formats.read(path)
     assert ck.metadata["family"] == "toy-dit" and ck.metadata["transformer_class"] == "ToyDiTTransformer2DModel"
     assert "toy_in" in ck.metadata["exclude_name_tokens"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from prequant_core import build, formats, report, schemes
+from prequant_core import builder, formats, report, schemes
 from prequant_core.load import memory_check, metadata
 from prequant_core.formats import containers
 from toy import toy_container
@@ -21,8 +21,8 @@ def test_every_container_record_is_complete_and_names_are_unique():
     cs = containers.containers()
     assert [c.name for c in cs] == ["pt", "safetensors"]
     assert len({c.name for c in cs}) == len(cs) and all(c.extensions and c.extension.startswith(".") for c in cs)
-    assert set(build.CONTAINERS) == {c.name for c in containers.writable()}
-    assert build.EXTENSIONS == {"pt": ".pt", "safetensors": ".safetensors"}
+    assert set(builder.CONTAINERS) == {c.name for c in containers.writable()}
+    assert builder.EXTENSIONS == {"pt": ".pt", "safetensors": ".safetensors"}
 
 
 def test_a_new_read_only_container_is_one_module_and_one_line(tmp_path, monkeypatch):

@@ -48,9 +48,9 @@ from hypothesis import strategies as st
 
 from conftest import BASE_ID, ROOT
 from hostile_corpus import rezip, torch_save_bytes, zip_entries
-from prequant_core import build, errors, families, formats, report, schemes
+from prequant_core import builder, errors, families, formats, report, schemes
 from prequant_core.load import opening, metadata
-from prequant_core.build import writers
+from prequant_core.builder import writers
 from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3, Checkpoint
 from prequant_core.formats.containers import legacy_v1
 from prequant_core.load.metadata import Request
@@ -170,9 +170,9 @@ def tiny_tensors(scheme: str) -> dict:
 
 def tiny_metadata(tensors: dict, scheme: str) -> dict:
     fam = families.get("z-image")
-    return build.make_metadata(build.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=32,
-                                            exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)),
-                               tensors)
+    return builder.make_metadata(builder.Recipe(scheme, family=fam, base_model_id=BASE_ID, min_features=32,
+                                                exclude=schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)),
+                                 tensors)
 
 
 def with_pickle(entries: list[tuple[str, bytes]], pkl: bytes) -> bytes:

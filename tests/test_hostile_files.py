@@ -27,8 +27,8 @@ import torch
 import hostile_corpus
 from conftest import ROOT
 from prequant_core.load import allowlist, opening, memory_check
-from prequant_core import build, errors, formats
-from prequant_core.build import output_file
+from prequant_core import builder, errors, formats
+from prequant_core.builder import output_file
 from prequant_core.formats import pickle_guard
 from prequant_core.load.metadata import Request
 
@@ -258,7 +258,7 @@ def test_views_sharing_one_storage_count_at_their_declared_size(tmp_path):
                                      "org/" + "x" * 300])
 def test_names_derived_from_base_model_id_pass_the_filename_check(base_id):
     with pytest.raises(errors.BuildError, match="not a plain file name"):
-        build.default_filename(base_id, "fp8", "safetensors")
+        builder.default_filename(base_id, "fp8", "safetensors")
 
 
 @pytest.mark.parametrize("name", ["CON.safetensors", "nul", "a.safetensors.", "a\u202eb.pt", "a/../b.pt", ".x.pt"])
@@ -268,23 +268,23 @@ def test_typed_names_pass_the_same_check(name):
 
 
 def test_windows_paths_give_their_last_part():
-    assert build.default_filename("C:\\models\\Z-Image-Turbo", "int8", "pt") == "Z-Image-Turbo-INT8.pt"
+    assert builder.default_filename("C:\\models\\Z-Image-Turbo", "int8", "pt") == "Z-Image-Turbo-INT8.pt"
 
 
 def test_overwrite_replaces_only_regular_files(tmp_path, zimage_dense):
     fifo = tmp_path / "out.safetensors"
     os.mkfifo(fifo)
     with pytest.raises(errors.BuildError, match="not a regular file"):
-        build.build(zimage_dense, build.Target(str(fifo), overwrite=True),
-                    build.Recipe("fp8", family="z-image", base_model_id="x/y"))
+        builder.build(zimage_dense, builder.Target(str(fifo), overwrite=True),
+                      builder.Recipe("fp8", family="z-image", base_model_id="x/y"))
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     link = tmp_path / "link.safetensors"
     target = tmp_path / "target.bin"
     target.write_bytes(b"keep")
     os.symlink(target, link)
     with pytest.raises(errors.BuildError, match="symbolic link"):
-        build.build(zimage_dense, build.Target(str(link), overwrite=True),
-                    build.Recipe("fp8", family="z-image", base_model_id="x/y"))
+        builder.build(zimage_dense, builder.Target(str(link), overwrite=True),
+                      builder.Recipe("fp8", family="z-image", base_model_id="x/y"))
     assert target.read_bytes() == b"keep" and os.path.islink(link)
 
 

@@ -156,7 +156,7 @@ def blobs(home) -> list[str]:
 
 
 def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_env, hub_files):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     from prequant_core.errors import PathNotAllowedError
     from prequant_core.load.opening import open_checkpoint
     from prequant_core.load.metadata import Request
@@ -179,7 +179,7 @@ def test_primary_name_is_downloaded_into_the_standard_cache_and_loads(hub, hf_en
     ({LEGACY: "int8.pt"}, [PRIMARY, PT]),
 ])
 def test_fallback_names_on_entry_not_found(hub, hf_env, hub_files, present, expected_tried):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {name: hub_files[key] for name, key in present.items()})
     (name,) = present
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -192,9 +192,9 @@ def test_fallback_names_on_entry_not_found(hub, hf_env, hub_files, present, expe
 
 
 def test_no_name_present_lists_every_name(hub, hf_env, hub_files):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {"README.md": hub_files["int8.pt"]})
-    with pytest.raises(h.HubNotFoundError) as ei:
+    with pytest.raises(hub_errors.HubNotFoundError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
     msg = str(ei.value)
     for needle in (REPO, "revision main", PRIMARY, PT, LEGACY, "Fix:", f"{REPO}/tree/main"):
@@ -205,10 +205,10 @@ def test_no_name_present_lists_every_name(hub, hf_env, hub_files):
 def test_server_error_stops_without_trying_other_names(hub, hf_env, hub_files):
     """HTTP 500 on the first name: the client retries that request with back-off (~23 s), then a clear error; the
     .pt that does exist is never asked for, and nothing lands in the cache."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"]})
     hub.fault(REPO, PRIMARY, status=500, where="resolve")
-    with pytest.raises(h.HubUnavailableError) as ei:
+    with pytest.raises(hub_errors.HubUnavailableError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
     msg = str(ei.value)
     assert "HTTP 500" in msg and REPO in msg and PRIMARY in msg and "no other file name was tried" in msg
@@ -218,10 +218,10 @@ def test_server_error_stops_without_trying_other_names(hub, hf_env, hub_files):
 
 
 def test_connection_refused(hf_env, monkeypatch, caplog):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     caplog.set_level(logging.WARNING, logger="prequant")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    with pytest.raises(h.HubUnavailableError) as ei:
+    with pytest.raises(hub_errors.HubUnavailableError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
     msg = str(ei.value)
     assert "Could not reach" in msg and PRIMARY in msg and PT not in msg and "HF_HUB_OFFLINE=1" in msg
@@ -236,10 +236,10 @@ def test_connection_refused(hf_env, monkeypatch, caplog):
 
 
 def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, hub_files):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"]})
     hub.fault(REPO, PRIMARY, short_by=1000, where="cdn")  # HEAD says N bytes, GET delivers N - 1000
-    with pytest.raises(h.HubDownloadError) as ei:
+    with pytest.raises(hub_errors.HubDownloadError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
     assert "size mismatch" in str(ei.value) and PRIMARY in str(ei.value)
     assert hub.body_gets(PRIMARY) and not hub.requests(filename=PT)
@@ -249,12 +249,12 @@ def test_short_body_leaves_no_partial_and_no_fallback(hub, hf_env, hub_files):
 
 def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, hub_files, monkeypatch, caplog):
     import logging
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     caplog.set_level(logging.DEBUG)  # the client's request logging included
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"], PT: hub_files["int8.pt"]})
     hub.require_token(REPO, "hf_good_token")
     for token in (None, "hf_wrong_token"):
-        with pytest.raises(h.HubAuthError) as ei:
+        with pytest.raises(hub_errors.HubAuthError) as ei:
             h.download(REPO, (PRIMARY, PT, LEGACY), LoadContext.of(token=token))
         msg = str(ei.value)
         assert "HTTP 401" in msg and "HF_TOKEN" in msg and "hf auth login" in msg and REPO in msg
@@ -268,21 +268,22 @@ def test_unauthorised_asks_for_a_token_and_a_token_works(hub, hf_env, hub_files,
 
 
 def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, hub_files, monkeypatch):
-    from prequant_core.load import hub as h, sources
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
+    from prequant_core.load import sources
     hub.commit(REPO, {LEGACY: hub_files["int8.pt"]})
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(h.HubOfflineError) as ei:
+    with pytest.raises(hub_errors.HubOfflineError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY))
     for needle in (PRIMARY, PT, LEGACY, "HF_HUB_OFFLINE", str(hf_env / "hub")):
         assert needle in str(ei.value), needle
     assert hub.log == []
     cand = sources.plan(sources.Wanted(None, REPO, None, "int8")).candidates[0]
-    assert h.is_cached(cand) is False
+    assert hub_cache.is_cached(cand) is False
     monkeypatch.delenv("HF_HUB_OFFLINE")
     online = h.download(REPO, (PRIMARY, PT, LEGACY))
     n = len(hub.log)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert h.is_cached(cand) and sources.usable([cand], offline=True, is_cached=h.is_cached).usable == (cand,)
+    assert hub_cache.is_cached(cand) and sources.usable([cand], offline=True, is_cached=hub_cache.is_cached).usable == (cand,)
     off = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert (off.filename, off.path, off.downloaded) == (LEGACY, online.path, False)
     assert len(hub.log) == n  # not a single request
@@ -290,7 +291,8 @@ def test_offline_mode_serves_the_cache_or_names_every_file(hub, hf_env, hub_file
 
 def test_auto_on_a_repo_that_holds_only_int8_gets_the_int8_file(hub, hf_env, hub_files, monkeypatch):
     monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
-    from prequant_core.load import hub as h, sources
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
+    from prequant_core.load import sources
     repo = "unsloth/Qwen-Image-FP8"
     hub.commit(repo, {"Qwen-Image-INT8.safetensors": hub_files["int8.safetensors"]})
     c = sources.plan(sources.Wanted(None, repo, None, None)).candidates[0]
@@ -304,17 +306,18 @@ def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, hub_files, monk
     offline they are skipped like any absent name and the cached one is served, with no request."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
-    from prequant_core.load import hub as h, sources
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
+    from prequant_core.load import sources
     hub.commit(REPO, {LEGACY: hub_files["int8.pt"]})
     for fn in (PRIMARY, PT):
         with pytest.raises(EntryNotFoundError):
-            hf_hub_download(REPO, fn, cache_dir=h.cache_dir(), endpoint=h.endpoint())
-    hf_hub_download(REPO, LEGACY, cache_dir=h.cache_dir(), endpoint=h.endpoint())
+            hf_hub_download(REPO, fn, cache_dir=hub_cache.cache_dir(), endpoint=hub_cache.endpoint())
+    hf_hub_download(REPO, LEGACY, cache_dir=hub_cache.cache_dir(), endpoint=hub_cache.endpoint())
     assert any(".no_exist" in f for f in cache_files(hf_env))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     n = len(hub.log)
     cand = sources.plan(sources.Wanted(None, REPO, None, "int8")).candidates[0]
-    assert h.is_cached(cand)
+    assert hub_cache.is_cached(cand)
     f = h.download(REPO, (PRIMARY, PT, LEGACY))
     assert f.filename == LEGACY and not f.downloaded and len(hub.log) == n
 
@@ -322,27 +325,27 @@ def test_recorded_404s_in_the_cache_count_as_absent(hub, hf_env, hub_files, monk
 def test_operator_mirror_is_searched_before_the_hub(hub, hf_env, hub_files, tmp_path, monkeypatch):
     """UNSLOTH_DIFFUSION_PREQUANT_MIRROR: roots (os.pathsep), <root>/<owner>/<repo>/<file>; for a .pt name its
     converted .safetensors sibling first; never a path outside the root."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     empty, root = tmp_path / "empty-mirror", tmp_path / "mirror"
     (root / "unsloth" / "Z-Image-Turbo-FP8").mkdir(parents=True)
     empty.mkdir()
     shutil.copy(hub_files["int8.safetensors"], root / "unsloth" / "Z-Image-Turbo-FP8" / PRIMARY)
-    monkeypatch.setenv(h.MIRROR_ENV, os.pathsep.join([str(empty), str(root)]))
+    monkeypatch.setenv(hub_local.MIRROR_ENV, os.pathsep.join([str(empty), str(root)]))
     f = h.download(REPO, (PT, LEGACY, PRIMARY))  # .pt asked first: its safetensors sibling is the mirror's hit
     assert f.filename == PRIMARY and f.path == str(root / "unsloth" / "Z-Image-Turbo-FP8" / PRIMARY)
     assert hub.log == [] and not f.downloaded
-    assert h.mirror_file(REPO, ("../Z-Image-Turbo-FP8/" + PRIMARY,)) is None
+    assert hub_local.mirror_file(REPO, ("../Z-Image-Turbo-FP8/" + PRIMARY,)) is None
     outside = tmp_path / "outside.safetensors"
     shutil.copy(hub_files["int8.safetensors"], outside)
     os.symlink(outside, root / "unsloth" / "Z-Image-Turbo-FP8" / "link.safetensors")
-    assert h.mirror_file(REPO, ("link.safetensors",)) is None  # a link out of the mirror is not followed
-    monkeypatch.setenv(h.MIRROR_ENV, str(empty))
+    assert hub_local.mirror_file(REPO, ("link.safetensors",)) is None  # a link out of the mirror is not followed
+    monkeypatch.setenv(hub_local.MIRROR_ENV, str(empty))
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     assert h.download(REPO, (PRIMARY,)).downloaded  # not in any mirror: the Hub as before
 
 
 def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_request(hub, hf_env, hub_files):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     commit = hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     first = h.download(REPO, (PRIMARY, PT, LEGACY))
     second = h.download(REPO, (PRIMARY, PT, LEGACY))
@@ -354,7 +357,7 @@ def test_second_load_does_not_download_again_and_a_pinned_commit_needs_no_reques
 
 
 def test_revision_pinning(hub, hf_env, hub_files):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     old = hub.commit(REPO, {PT: hub_files["int8.pt"]}, ref="v1")
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     assert h.download(REPO, (PRIMARY, PT, LEGACY)).filename == PRIMARY
@@ -363,7 +366,7 @@ def test_revision_pinning(hub, hf_env, hub_files):
         assert f.filename == PT and f"/snapshots/{old}/" in f.path and sha256(f.path) == sha256(hub_files["int8.pt"])
     assert any(r["revision"] == "v1" for r in hub.log)
     n = len(hub.log)
-    with pytest.raises(h.HubNotFoundError) as ei:
+    with pytest.raises(hub_errors.HubNotFoundError) as ei:
         h.download(REPO, (PRIMARY, PT, LEGACY), revision="no-such-branch")
     assert "revision 'no-such-branch' does not exist" in str(ei.value)
     assert len(hub.log) == n + 1  # one answer, no other names tried
@@ -371,7 +374,7 @@ def test_revision_pinning(hub, hf_env, hub_files):
 
 def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, hub_files):
     """The server drops the connection mid-body once; the next request asks only for the missing bytes."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.fault(REPO, PRIMARY, drop_after=45 * MiB, times=1, method="GET", where="cdn")
@@ -389,7 +392,7 @@ def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, hub_file
 def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, hub_files):
     """A process killed while downloading (ComfyUI closed) leaves the client's .incomplete file; the next run
     continues from it instead of starting over."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
@@ -420,7 +423,7 @@ def test_download_killed_mid_way_resumes_on_the_next_run(hub, hf_env, hub_files)
 
 
 def test_progress_reports_bytes(hub, hf_env, hub_files):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.005
@@ -433,11 +436,11 @@ def test_progress_reports_bytes(hub, hf_env, hub_files):
 
 def test_status_says_what_is_happening(hub, hf_env, hub_files):
     """Each stage of a wait is announced before it starts: connecting (per name tried), then downloading."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PT: hub_files["int8.pt"]})
     said = []
     h.download(REPO, (PRIMARY, PT), LoadContext.of(status=said.append))
-    ep = h.endpoint()
+    ep = hub_cache.endpoint()
     assert said == [f"connecting to {ep} for {REPO}/{PRIMARY}", f"connecting to {ep} for {REPO}/{PT}",
                     f"downloading {PT} from {REPO}"], said
     said.clear()

@@ -1,4 +1,4 @@
-"""The Hub client's exceptions sorted into this pack's kinds (``prequant_core/load/hub_errors.py`` ``classify``,
+"""The Hub client's exceptions sorted into this pack's kinds (``prequant_core/hub/errors.py`` ``classify``,
 ``status``, ``server_message``) and the user's message for the kinds no loopback-Hub test raises (``raise_for``:
 xet, a failed transfer).
 
@@ -14,8 +14,8 @@ import requests
 import urllib3
 from huggingface_hub import errors as E
 
-from prequant_core.load import hub_errors
-from prequant_core.load.hub_errors import HubDownloadError, classify
+from prequant_core.hub import errors as hub_errors
+from prequant_core.hub.errors import HubDownloadError, classify
 
 
 def _response(code: int) -> requests.Response:

@@ -30,7 +30,7 @@ def model_files(d) -> list[str]:
 
 
 def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_env, hub_files, tmp_path):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
@@ -52,7 +52,7 @@ def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_en
 
 def test_offline_uses_the_folder(hub, hf_env, hub_files, tmp_path, monkeypatch):
     from huggingface_hub import constants
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     from prequant_core.load import sources
     dest = tmp_path / "prequant"
     dest.mkdir()
@@ -67,7 +67,7 @@ def test_offline_uses_the_folder(hub, hf_env, hub_files, tmp_path, monkeypatch):
 
 
 def test_legacy_name_gets_the_repo_prefix(hub, hf_env, hub_files, tmp_path):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {LEGACY: hub_files["int8.pt"]})
@@ -77,7 +77,7 @@ def test_legacy_name_gets_the_repo_prefix(hub, hf_env, hub_files, tmp_path):
 
 
 def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, hub_files, tmp_path):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
@@ -94,13 +94,13 @@ def test_broken_transfer_resumes_with_a_range_request(hub, hf_env, hub_files, tm
 def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf_env, hub_files, tmp_path):
     """ComfyUI closed mid-download: the bytes stay in a hidden staging folder under a name no model list offers,
     the final name never exists half-written, and the next run continues from the bytes kept."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from prequant_core.load import hub; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from prequant_core.hub import fetch as hub; "
             "from prequant_core.load.context import LoadContext; "
             "hub.download(sys.argv[2], [sys.argv[3]], LoadContext(download_dir=sys.argv[4]))")
     proc = subprocess.Popen([sys.executable, "-c", code, ROOT, REPO, PRIMARY, str(dest)], env=dict(os.environ),
@@ -128,7 +128,7 @@ def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf
         last_size = size_now
         time.sleep(0.5)
     part = [p for p in tree(dest) if p.endswith(".incomplete")]
-    assert len(part) == 1 and part[0].startswith(h.STAGING_DIR + os.sep)
+    assert len(part) == 1 and part[0].startswith(hub_local.STAGING_DIR + os.sep)
     kept = os.path.getsize(dest / part[0])
     assert 0 < kept < size
     assert model_files(dest) == [] and not (dest / ORIGIN / PRIMARY).exists()

@@ -23,7 +23,7 @@ from loopback_hub import MiB, PRIMARY, REPO, cache_files, partials, sha256
 
 FP8 = "Z-Image-Turbo-FP8.safetensors"
 ORIGIN = os.path.join(*REPO.split("/"))
-DOWNLOAD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from prequant_core.load import hub; "
+DOWNLOAD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from prequant_core.hub import fetch as hub; "
             "from prequant_core.load.context import LoadContext; "
             "f = hub.download(sys.argv[2], [sys.argv[3]], LoadContext(download_dir=sys.argv[4])); "
             "print(json.dumps({'path': f.path, 'downloaded': f.downloaded}))")
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.hub_chunk(64 * 1024)
 
 
 def test_a_cancelled_partial_survives_another_files_download_and_resumes(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
 
     class Interrupted(Exception):
         pass
@@ -105,7 +105,7 @@ def test_two_processes_downloading_one_file_transfer_it_once(hub, hf_env, hub_fi
 
 
 def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]}, ref="feature/x")
     hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]}, ref="feature--x")
     dest = str(tmp_path / "prequant")
@@ -119,7 +119,7 @@ def test_revisions_differing_by_slash_and_double_dash_keep_their_own_files(hub, 
 
 
 def test_a_long_repo_and_revision_store_and_are_found_again(hub, hf_env, hub_files, tmp_path):  # noqa: F811 - shared fixtures
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     repo = "unsloth/" + "Z" * (96 - len("unsloth/"))
     rev = "r" * 200
     hub.commit(repo, {PRIMARY: hub_files["int8.safetensors"]}, ref=rev)
@@ -146,7 +146,7 @@ def _mirror_copy(root, revision):
 
 def test_a_mirror_copy_is_never_labelled_with_a_pinned_commit_it_does_not_record(hub, hf_env, hub_files, tmp_path,  # noqa: F811 - shared fixtures
                                                                                    monkeypatch):
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     old = hub.commit(REPO, {PRIMARY: hub_files["int8.pt"]}, ref=None)
     new = hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
     dest = str(tmp_path / "prequant")
@@ -178,7 +178,7 @@ def client(request, monkeypatch):
     if request.param == "2.4":
         assert os.path.isfile(os.path.join(HF24, "huggingface_hub", "__init__.py")), \
             "huggingface_hub 2.4 is missing from .cache/hf24: run scripts/setup_test_extras.sh"
-        monkeypatch.setenv("PYTHONPATH", HF24)  # the child's path (hub_transfer._child_env keeps it)
+        monkeypatch.setenv("PYTHONPATH", HF24)  # the child's path (transfer._child_env keeps it)
     return request.param
 
 
@@ -209,7 +209,7 @@ def test_a_retry_after_a_cancel_is_watched_on_the_file_the_client_writes(hub, hf
     size; each failed retry left another partial. Now the watcher follows the file the client writes: the pinned client
     resumes with a Range request, 2.4 starts over (said in the log) and the earlier partial goes; none is left."""
     import logging
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: blob})
     size = os.path.getsize(blob)
     dest = tmp_path / "prequant"
@@ -243,7 +243,7 @@ def test_a_smaller_new_version_of_a_file_downloads_despite_an_old_partial(hub, h
     """Round 5: a partial of the file's earlier version (another etag), larger than the new version, made the next
     download fail once with "the server sent more than the N bytes it announced". An older version's bytes are never
     resumed: they are removed before the new version's transfer starts."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: blob})
     dest = tmp_path / "prequant"
     hub.slow[(REPO, PRIMARY)] = 0.02
@@ -262,7 +262,7 @@ def test_a_download_into_the_hf_cache_is_watched_on_the_file_the_client_writes(h
     """The node's download_to "HF cache": huggingface_hub 2.4 writes '<etag>.<attempt id>.incomplete' in the cache's
     blobs, not the '<etag>.incomplete' the watcher looked at, so a transfer longer than the stall limit was killed
     with "no byte for N s" while bytes were arriving."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: blob})
     hub.slow[(REPO, PRIMARY)] = 0.04  # ~5 s: longer than the stall limit
     monkeypatch.setenv("PREQUANT_HUB_STALL_S", "1.5")
@@ -304,8 +304,8 @@ def test_a_symlink_in_the_staging_folder_is_never_followed(hub, hf_env, blob, tm
     regular file inside the download folder, with both clients."""
     import logging
     from huggingface_hub._local_folder import get_local_download_paths
-    from prequant_core.load import hub as h
-    from prequant_core.load.hub_local import staging_dir
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
+    from prequant_core.hub.local import staging_dir
     hub.commit(REPO, {PRIMARY: blob})
     dest = tmp_path / "prequant"
     outside = tmp_path / "outside"  # another folder on the machine, with another download's partials in it
@@ -343,14 +343,14 @@ def test_a_symlink_in_the_staging_folder_is_never_followed(hub, hf_env, blob, tm
 def test_an_origin_folder_linked_outside_the_download_folder_is_refused_before_a_byte(hub, hf_env, blob, tmp_path):  # noqa: F811
     """The folder a download is stored in must lie inside the download folder: one linked elsewhere is refused,
     typed and naming it, before the transfer (no body request, nothing written there)."""
-    from prequant_core.load import hub as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
     hub.commit(REPO, {PRIMARY: blob})
     dest = tmp_path / "prequant"
     outside = tmp_path / "outside"
     outside.mkdir()
     dest.mkdir()
     os.symlink(outside, dest / REPO.split("/")[0])
-    with pytest.raises(h.HubDownloadError) as e:
+    with pytest.raises(hub_errors.HubDownloadError) as e:
         h.download(REPO, (PRIMARY,), LoadContext.of(download_dir=str(dest)))
     msg = str(e.value)
     assert str(dest / ORIGIN) in msg and os.path.realpath(outside) in msg and "Fix:" in msg, msg
@@ -360,8 +360,8 @@ def test_an_origin_folder_linked_outside_the_download_folder_is_refused_before_a
 def test_a_stored_file_that_is_a_link_or_lies_outside_is_refused_and_the_link_removed(tmp_path):
     """The check after every transfer into a model folder (a link made while the client ran): lstat, never
     followed; a link is removed itself, its target untouched; a regular file inside passes."""
-    from prequant_core.load.hub_errors import HubDownloadError
-    from prequant_core.load.hub_transfer import check_stored
+    from prequant_core.hub.errors import HubDownloadError
+    from prequant_core.hub.transfer import check_stored
     dest, outside = tmp_path / "prequant", tmp_path / "outside"
     dest.mkdir()
     outside.mkdir()

@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import BASE_ID, ROOT, sample
-from prequant_core import build, errors, families, formats, schemes
+from prequant_core import builder, errors, families, formats, schemes
 from prequant_core.load import opening, metadata
 from prequant_core.schemes import qtensor, quantize
-from prequant_core.build import writers
+from prequant_core.builder import writers
 from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3
 from prequant_core.formats.containers import legacy_v1
 from tools import tiny_models
@@ -144,9 +144,9 @@ def test_legacy_sampler_output(comfy, legacy, zimage_dense, prequant_files, allo
     spec = qtensor.split(schemes.quantize_weight(zimage_dense[legacy.keys[0]], "int8"))[2]
     same = {k: (qtensor.join(legacy.q[k], legacy.s[k].float().reshape(-1, 1), spec) if k in legacy.keys else v)
             for k, v in zimage_dense.items()}
-    meta = build.make_metadata(build.Recipe("int8", family=fam, base_model_id=BASE_ID, min_features=512,
-                                            exclude=schemes.exclude_tokens("int8")),
-                               same)
+    meta = builder.make_metadata(builder.Recipe("int8", family=fam, base_model_id=BASE_ID, min_features=512,
+                                                exclude=schemes.exclude_tokens("int8")),
+                                 same)
     same_path = writers.write_checkpoint(str(folder / "same-codes-INT8.safetensors"), same, meta, overwrite=True)
     same_out = sample(load_path(comfy, same_path, base_model_id=BASE_ID, scheme="int8"))
     os.unlink(same_path)

@@ -1,4 +1,4 @@
-"""Where a built file goes (``prequant_core/build/output_file.py``), in the cases the builder tests do not reach:
+"""Where a built file goes (``prequant_core/builder/output_file.py``), in the cases the builder tests do not reach:
 the owner check of a temp left by another build without psutil (``_pid_alive``), the clean-up's skips (its own temp,
 an old first-version temp, a temp gone between listing and stat, a folder that cannot be listed), and
 ``atomic_output``'s refusals (a folder as output, a path that cannot be checked, a missing folder, a file appearing
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from prequant_core.build import output_file as of
+from prequant_core.builder import output_file as of
 from prequant_core.errors import BuildError
 
 

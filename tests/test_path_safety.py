@@ -30,7 +30,7 @@ import torch
 
 from prequant_core.load import allowlist
 from prequant_core import errors, formats
-from prequant_core.build import writers
+from prequant_core.builder import writers
 from prequant_core.load.opening import open_checkpoint
 
 NONE = "(none: use path or hub_repo)"

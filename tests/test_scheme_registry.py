@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from prequant_core import build, families, formats, report, schemes
+from prequant_core import builder, families, formats, report, schemes
 from prequant_core.schemes import devices, qtensor
 from prequant_core.load import metadata, sources
 from prequant_core.errors import ValidationError
@@ -57,9 +57,9 @@ def test_a_scheme_is_unknown_without_its_registry_line(tmp_path):
     assert "int8 / fp8 / nvfp4 / mxfp8" in str(e.value)
     assert families.schemes_from_suffix(REPO) == () and sources.model_name(REPO) == "Z-Image-Turbo-Q8TOY"
     with pytest.raises(ValidationError):
-        build.build_from_tensors(_dense(), build.Target(str(tmp_path / "x.safetensors")),
-                                 build.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
-                                              min_features=32))
+        builder.build_from_tensors(_dense(), builder.Target(str(tmp_path / "x.safetensors")),
+                                   builder.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
+                                                min_features=32))
 
 
 def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
@@ -70,13 +70,13 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
     assert sources.filenames(REPO, "q8toy") == ("Z-Image-Turbo-Q8TOY.safetensors", "Z-Image-Turbo-Q8TOY.pt",
                                                "Z-Image-Turbo-Q8TOY-ComfyUI.safetensors")  # a twin trails
     assert "q8toy" in containers.writes_schemes(containers.by_name("safetensors"))
-    assert build.default_filename(BASE, "q8toy", "safetensors") == "Z-Image-Turbo-Q8TOY.safetensors"
+    assert builder.default_filename(BASE, "q8toy", "safetensors") == "Z-Image-Turbo-Q8TOY.safetensors"
 
     # built with its own rule: the 80-row layer does not divide by 32 and stays dense; int8 would quantize it
     dense = _dense()
-    path = build.build_from_tensors(dense, build.Target(str(tmp_path / "Z-Image-Turbo-Q8TOY.safetensors")),
-                                    build.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
-                                                 min_features=32))
+    path = builder.build_from_tensors(dense, builder.Target(str(tmp_path / "Z-Image-Turbo-Q8TOY.safetensors")),
+                                      builder.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
+                                                   min_features=32))
     ck = formats.read(path)
     assert ck.metadata["scheme"] == "q8toy" and ck.metadata["require_divisible"] == 32
     extra = families.get("z-image").arch.int8_exclude_extra
@@ -110,9 +110,9 @@ def with_toy_kind(monkeypatch):
 
 
 def _q4toy_file(tmp_path, name="Z-Image-Turbo-Q4TOY.safetensors"):
-    return build.build_from_tensors(_dense(), build.Target(str(tmp_path / name)),
-                                    build.Recipe("q4toy", family=families.get("z-image"), base_model_id=BASE,
-                                                 min_features=32))
+    return builder.build_from_tensors(_dense(), builder.Target(str(tmp_path / name)),
+                                      builder.Recipe("q4toy", family=families.get("z-image"), base_model_id=BASE,
+                                                   min_features=32))
 
 
 def test_a_new_weight_kind_is_unknown_without_its_registry_line():
@@ -282,7 +282,7 @@ NAMED_OUTSIDE = {
     "prequant_core/scheme_names.py": {"int8", "fp8", "nvfp4", "mxfp8"},
     "prequant_core/load/encoder_checks.py": {"fp8", "int8", "int8_tensorwise"},
     "prequant_core/load/encoder_sources.py": {"fp8"},
-    "prequant_core/build/text_encoder.py": {"fp8"},
+    "prequant_core/builder/text_encoder.py": {"fp8"},
     "nodes/build_node.py": {"fp8"},
     "nodes/te_node.py": {"fp8"},
     "prequant_core/formats/containers/legacy_v1.py": {"int8"},
@@ -329,7 +329,7 @@ MANY_PARAMETERS = {
     "prequant_core/formats/containers/legacy_v1.py:_rebuild_tensor_v2": "torch's pickled call, its signature",
     "prequant_core/formats/containers/legacy_v1.py:_rebuild_wrapper_subclass": "torch's pickled call, its signature",
     "prequant_core/diffusers_loader.py:load": "a library entry in from_pretrained's manner: a keyword per option",
-    "prequant_core/build/__init__.py:build": "the builder's entry: input, target, recipe, how to read it, two services",
+    "prequant_core/builder/__init__.py:build": "the builder's entry: input, target, recipe, reading, two services",
 }
 
 

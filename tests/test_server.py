@@ -15,7 +15,7 @@ WORKFLOW = os.path.join(ROOT, "example_workflows", "z_image_turbo_prequant.json"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, zimage_dense, comfy):
-    from prequant_core import build, families
+    from prequant_core import builder, families
     from tools import tiny_assets, tiny_models
     from tools.comfy_server import ComfyServer
     base = tmp_path_factory.mktemp("server")
@@ -26,13 +26,10 @@ def server(tmp_path_factory, zimage_dense, comfy):
     comfy_layout = tiny_models.zimage_comfy_layout(dense)
     fam = families.get("z-image")
     for scheme in ("int8", "fp8"):
-        build.build_from_tensors(dense,
-                                 build.Target(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}.safetensors")),
-                                 build.Recipe(scheme, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
-        build.build_from_tensors(comfy_layout,
-                                 build.Target(str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}-comfykeys.pt"),
-                                              container="pt"),
-                                 build.Recipe(scheme, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+        recipe = builder.Recipe(scheme, family=fam, base_model_id="Tongyi-MAI/Z-Image-Turbo")
+        stem = str(models / "prequant" / f"Z-Image-Turbo-{scheme.upper()}")
+        builder.build_from_tensors(dense, builder.Target(stem + ".safetensors"), recipe)
+        builder.build_from_tensors(comfy_layout, builder.Target(stem + "-comfykeys.pt", container="pt"), recipe)
     outside = tmp_path_factory.mktemp("outside")
     shutil.copy(models / "prequant" / "Z-Image-Turbo-INT8.safetensors", outside / "elsewhere.safetensors")
     env = {"PREQUANT_ALLOW_LOCAL_PATH": "", "UNSLOTH_ALLOW_LOCAL_PREQUANT_PATH": ""}

@@ -18,7 +18,7 @@ import unsloth_te_builder as te_builder
 from conftest import ROOT
 from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
-from prequant_core.load.hub_errors import HubNotFoundError
+from prequant_core.hub.errors import HubNotFoundError
 from prequant_core.families import encoders
 from prequant_core.load import encoder_sources, opening, pipeline, tokenizer_source
 from prequant_core.load.metadata import Request
@@ -260,8 +260,8 @@ def test_the_builder_writes_what_unsloths_builder_writes_from_comfyuis_dense_fil
     """A dense ComfyUI encoder file in, the pack's builder out: the same tensors, bit for bit, and the same metadata
     as Unsloth's builder casting the same dense encoder; the node's reader accepts it."""
     from safetensors.torch import save_file
-    from prequant_core.build.recipe import Target
-    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core.builder.recipe import Target
+    from prequant_core.builder.text_encoder import build_text_encoder
     from prequant_core import families as fams
     base = fams.get(family).hosting.base_repos[0]
     model = te_builder.encoder(te_class)
@@ -285,8 +285,8 @@ def test_the_builder_writes_what_unsloths_builder_writes_from_comfyuis_dense_fil
 
 def test_the_builder_refuses_an_untied_model_without_its_lm_head(tmp_path):
     from safetensors.torch import save_file
-    from prequant_core.build.recipe import Target
-    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core.builder.recipe import Target
+    from prequant_core.builder.text_encoder import build_text_encoder
     from prequant_core.errors import BuildError
     dense = str(tmp_path / "llama.safetensors")
     save_file(_comfy_layout("LlamaForCausalLM", te_builder.state_dict(te_builder.encoder("LlamaForCausalLM"))), dense)
@@ -379,8 +379,8 @@ def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(
     import subprocess
     import sys
     from safetensors.torch import save_file
-    from prequant_core.build.recipe import Target
-    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core.builder.recipe import Target
+    from prequant_core.builder.text_encoder import build_text_encoder
     from prequant_core.errors import BuildError
     from conftest import ROOT
     from prequant_core import families as fams
@@ -406,8 +406,8 @@ def test_another_encoder_is_neither_built_nor_judged_valid_under_a_familys_name(
 def test_an_encoder_input_without_its_embedding_or_with_an_empty_weight_is_not_written(tmp_path):
     """Round 5: an input with no embedding, or with a 0-row weight, was written."""
     from safetensors.torch import save_file
-    from prequant_core.build.recipe import Target
-    from prequant_core.build.text_encoder import build_text_encoder
+    from prequant_core.builder.recipe import Target
+    from prequant_core.builder.text_encoder import build_text_encoder
     from prequant_core.errors import BuildError
     sd = _comfy_layout("Qwen3ForCausalLM", te_builder.state_dict(te_builder.encoder("Qwen3ForCausalLM")))
     cases = {"no-embedding": ({k: v for k, v in sd.items() if "embed_tokens" not in k}, "no token embedding"),

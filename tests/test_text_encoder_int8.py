@@ -161,8 +161,8 @@ def test_hub_names_and_preset_follow_unsloths_resolver():
 
 
 def test_the_builder_does_not_write_the_int8_form(tmp_path):
-    from prequant_core.build import text_encoder
-    from prequant_core.build.recipe import Target
+    from prequant_core.builder import text_encoder
+    from prequant_core.builder.recipe import Target
     with pytest.raises(BuildError) as e:
         text_encoder.build_text_encoder(str(tmp_path / "dense.safetensors"), Target(str(tmp_path / "out.safetensors")),
                                         family="qwen-image-2.1")

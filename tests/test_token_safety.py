@@ -44,7 +44,7 @@ def files_containing(root, needle: bytes) -> list[str]:
 
 
 def test_gated_download_with_env_token_then_save_image_leaks_the_token_nowhere(tmp_path, comfy):
-    from prequant_core import build, families
+    from prequant_core import builder, families
     from tools import tiny_assets, tiny_models
     from tools.comfy_server import ComfyServer, execution_error
     from tools.workflow import to_api
@@ -52,9 +52,9 @@ def test_gated_download_with_env_token_then_save_image_leaks_the_token_nowhere(t
     hosted = tmp_path / "hosted" / FILE
     hosted.parent.mkdir()
     dense = tiny_models.zimage_dense(seed=0, cap_feat_dim=tiny_assets.CAP_FEAT_DIM)
-    build.build_from_tensors(dense, build.Target(str(hosted)),
-                             build.Recipe("fp8", family=families.get("z-image"),
-                                          base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+    builder.build_from_tensors(dense, builder.Target(str(hosted)),
+                               builder.Recipe("fp8", family=families.get("z-image"),
+                                            base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     base, hf_home = tmp_path / "comfy", tmp_path / "hf_home"
     tiny_assets.install(str(base / "models"))
     with open(WORKFLOW) as f:

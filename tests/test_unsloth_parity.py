@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import BASE_ID
-from prequant_core import build, families, formats, schemes
+from prequant_core import builder, families, formats, schemes
 from prequant_core.load import opening, metadata, sources
 from prequant_core.formats.checkpoint import FORMAT_V1
 from prequant_core.errors import HubError, ValidationError
@@ -59,8 +59,8 @@ def unsloth_v1_accepts(fmt, m: dict, *, scheme: str, family: str, base: str) -> 
 def test_builder_files_pass_unsloths_older_ordered_rules(tmp_path, family, scheme, container):
     t = tf.TINY[family]
     path = str(tmp_path / f"{t.file_stem}-{scheme.upper()}.{container}")
-    build.build_from_tensors(tf.dense(family), build.Target(path, container=container),
-                             build.Recipe(scheme, family=families.get(family), base_model_id=t.base_model_id))
+    builder.build_from_tensors(tf.dense(family), builder.Target(path, container=container),
+                               builder.Recipe(scheme, family=families.get(family), base_model_id=t.base_model_id))
     ck = formats.read(path)
     m = ck.metadata
     assert unsloth_v1_accepts(ck.format_tag, m, scheme=scheme, family=family, base=t.base_model_id) == []
@@ -82,9 +82,8 @@ def test_every_familys_record_passes_unsloths_older_rules(family, scheme):
     w = torch.randn(512, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     tensors = {"blocks.0.proj.weight": schemes.quantize_weight(w, scheme)}
     exclude = schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)
-    m = build.make_metadata(build.Recipe(scheme, family=fam, base_model_id=fam.hosting.base_repos[0], min_features=512,
-                                         exclude=exclude),
-                            tensors)
+    m = builder.make_metadata(builder.Recipe(scheme, family=fam, base_model_id=fam.hosting.base_repos[0],
+                                             min_features=512, exclude=exclude), tensors)
     assert unsloth_v1_accepts(FORMAT_V1, m, scheme=scheme, family=family, base=fam.hosting.base_repos[0]) == []
     assert m["transformer_class"] == fam.arch.diffusers_class and m["family"] == family
 

@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from prequant_core import build, families, schemes
+from prequant_core import builder, families, schemes
 from prequant_core.schemes import quantize
 from prequant_core.load import sources
 from prequant_core.errors import BuildError, PrequantError
@@ -48,9 +48,9 @@ def experts(prequant_dir):
     for comp, seed in (("transformer", 0), ("transformer_2", 1)):
         stem = t.file_stem if comp == "transformer" else f"{t.file_stem}-{comp}"
         path = os.path.join(prequant_dir, f"{stem}-INT8.safetensors")
-        build.build_from_tensors(dense(A14B, seed), build.Target(path, overwrite=True),
-                                 build.Recipe("int8", family=families.get(A14B), base_model_id=t.base_model_id,
-                                              component=comp))
+        builder.build_from_tensors(dense(A14B, seed), builder.Target(path, overwrite=True),
+                                   builder.Recipe("int8", family=families.get(A14B), base_model_id=t.base_model_id,
+                                                component=comp))
         out[comp] = "video/" + os.path.basename(path)
     return out
 
@@ -141,17 +141,17 @@ def test_loader_component_input_is_last_with_a_tooltip(comfy):
 
 def test_builder_records_the_component(tmp_path):
     fam = families.get(A14B)
-    name = build.default_filename(fam.hosting.base_repos[0], "fp8", "safetensors", "transformer_2")
-    res = build.build(dense(A14B, 1), build.Target(str(tmp_path / name)),
-                      build.Recipe("fp8", family=fam, component="transformer_2"))
+    name = builder.default_filename(fam.hosting.base_repos[0], "fp8", "safetensors", "transformer_2")
+    res = builder.build(dense(A14B, 1), builder.Target(str(tmp_path / name)),
+                        builder.Recipe("fp8", family=fam, component="transformer_2"))
     assert res.metadata["component"] == "transformer_2"
     assert os.path.basename(res.path) == "Wan2.2-T2V-A14B-Diffusers-transformer_2-FP8.safetensors"
     with pytest.raises(BuildError, match="has no component 'transformer_3'"):
-        build.build(dense(A14B, 1), build.Target(str(tmp_path / "x.safetensors")),
-                    build.Recipe("fp8", family=fam, component="transformer_3"))
+        builder.build(dense(A14B, 1), builder.Target(str(tmp_path / "x.safetensors")),
+                      builder.Recipe("fp8", family=fam, component="transformer_3"))
     with pytest.raises(BuildError, match="has no component"):  # single-transformer families have none other
-        build.build(dense(TI2V, 0), build.Target(str(tmp_path / "y.safetensors")),
-                    build.Recipe("fp8", family=families.get(TI2V), component="transformer_2"))
+        builder.build(dense(TI2V, 0), builder.Target(str(tmp_path / "y.safetensors")),
+                      builder.Recipe("fp8", family=families.get(TI2V), component="transformer_2"))
     # the command line: --component, and the default name it gives the second expert's file
     from prequant_core import cli, formats
     from safetensors.torch import save_file
@@ -217,8 +217,8 @@ def test_long_video_latent_on_the_low_vram_path_does_not_grow(comfy, prequant_di
     import comfy.model_management as mm
     t = tf.TINY[TI2V]
     path = os.path.join(prequant_dir, f"{t.file_stem}-INT8.safetensors")
-    build.build_from_tensors(dense(TI2V, 0), build.Target(path, overwrite=True),
-                             build.Recipe("int8", family=families.get(TI2V), base_model_id=t.base_model_id))
+    builder.build_from_tensors(dense(TI2V, 0), builder.Target(path, overwrite=True),
+                               builder.Recipe("int8", family=families.get(TI2V), base_model_id=t.base_model_id))
     name = "video/" + os.path.basename(path)
     ctx, extra = tf.conditioning(TI2V)
     x = torch.randn(LONG_LATENT, generator=torch.Generator().manual_seed(3))
@@ -292,6 +292,6 @@ def test_build_node_from_a_dense_comfyui_model_equals_the_diffusers_build(comfy,
         else:
             assert torch.equal(got, w.to(got.dtype)), k
     # a dense diffusers file without a family field: the family from its shapes too
-    out = build.build(d, build.Target(os.path.join(prequant_dir, f"auto-{family}-FP8.safetensors"), overwrite=True),
-                      build.Recipe("fp8"))
+    out = builder.build(d, builder.Target(os.path.join(prequant_dir, f"auto-{family}-FP8.safetensors"), overwrite=True),
+                        builder.Recipe("fp8"))
     assert out.family == family

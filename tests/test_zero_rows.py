@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import unsloth_builder
-from prequant_core import build, families, schemes
+from prequant_core import builder, families, schemes
 from prequant_core.errors import CorruptCheckpointError
 from prequant_core.load import opening
 from prequant_core.load.metadata import Request
@@ -81,9 +81,9 @@ def test_the_packs_build_of_the_same_weights_loads_with_the_row_zero(tmp_path):
     model = _tiny_with_a_zero_row()
     dense = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
     path = str(tmp_path / "mine.safetensors")
-    build.build_from_tensors(dense, build.Target(path, container="safetensors"),
-                             build.Recipe("fp8", family=families.get("z-image"),
-                                          base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+    builder.build_from_tensors(dense, builder.Target(path, container="safetensors"),
+                               builder.Recipe("fp8", family=families.get("z-image"),
+                                            base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     opened = opening.open_checkpoint(path, Request(scheme="fp8"), model_dirs=[str(tmp_path)])
     t = opened.checkpoint.tensors["layers.0.attention.to_q.weight"]
     deq = t.dequantize().float()

@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(r))
         return 0
 
-    from prequant_core import build, families
+    from prequant_core import builder, families
     from tools import tiny_assets, tiny_models
     from tools.comfy_server import ComfyServer, execution_error
     from tools.workflow import to_api
@@ -141,9 +141,9 @@ def main(argv=None) -> int:
     dense_bytes = sum(v.numel() * v.element_size() for v in dense.values())
     os.makedirs(os.path.join(base, "dense"), exist_ok=True)  # outside the model folders: only the demo reads it
     dense_path = tiny_models.save_dense_safetensors(dense, os.path.join(base, "dense", DENSE_NAME))
-    build.build_from_tensors(dense, build.Target(ckpt, overwrite=True),
-                             build.Recipe(args.scheme, family=families.get("z-image"),
-                                          base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+    builder.build_from_tensors(dense, builder.Target(ckpt, overwrite=True),
+                               builder.Recipe(args.scheme, family=families.get("z-image"),
+                                            base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     del dense
     print(f"[demo] built {ckpt_name}: {os.path.getsize(ckpt) / 2**20:.1f} MiB on disk "
           f"(dense bf16 {dense_bytes / 2**20:.1f} MiB) in {time.time() - t0:.1f}s")

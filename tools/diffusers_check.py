@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from prequant_core import build, diffusers_loader, families, schemes
+from prequant_core import builder, diffusers_loader, families, schemes
 from tools import tiny_families as tf
 
 ZIMAGE_BASE = "Tongyi-MAI/Z-Image-Turbo"
@@ -67,8 +67,8 @@ def check(family: str, scheme: str, container: str, folder: str) -> dict:
     tf.any_diffusers_model(family).save_config(os.path.join(base_dir, "transformer"))
     dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
     path = os.path.join(folder, f"{family}-{scheme.upper()}.{container}")
-    build.build_from_tensors(dense, build.Target(path, container=container, overwrite=True),
-                             build.Recipe(scheme, family=fam, base_model_id=base_id))
+    builder.build_from_tensors(dense, builder.Target(path, container=container, overwrite=True),
+                               builder.Recipe(scheme, family=fam, base_model_id=base_id))
     loaded = diffusers_loader.load(fam.arch.diffusers_class, base_dir, path, scheme=scheme, allow_dirs=[folder])
     model = loaded.model
     ref, how = quantize_at_load(family, scheme)
@@ -95,9 +95,9 @@ def check(family: str, scheme: str, container: str, folder: str) -> dict:
 def build_file(family: str, scheme: str, path: str) -> str:
     """The family's tiny model built into a pre-quantized file at ``path`` (container from the extension)."""
     dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
-    return build.build_from_tensors(dense, build.Target(path, container=path.rsplit(".", 1)[-1], overwrite=True),
-                                    build.Recipe(scheme, family=families.get(family),
-                                                 base_model_id=base_model_id(family)))
+    return builder.build_from_tensors(dense, builder.Target(path, container=path.rsplit(".", 1)[-1], overwrite=True),
+                                      builder.Recipe(scheme, family=families.get(family),
+                                                   base_model_id=base_model_id(family)))
 
 
 def forward_record(family: str, path: str, inputs_path: str | None = None) -> str:

@@ -76,10 +76,10 @@ def add(subparsers) -> None:
 
 
 def run_build(args) -> int:
-    from .. import build, families, schemes
+    from .. import builder, families, schemes
     family = None if args.family == "auto" else args.family
-    comfy_dir = args.comfyui or build.find_comfyui()
-    key_map = build.comfy_key_map_from(comfy_dir) if comfy_dir else None
+    comfy_dir = args.comfyui or builder.find_comfyui()
+    key_map = builder.comfy_key_map_from(comfy_dir) if comfy_dir else None
     with BuildBar(quiet=args.quiet) as bar:
         if args.container == NATIVE:
             res = _native(args, family, bar)
@@ -88,16 +88,16 @@ def run_build(args) -> int:
             output, container = args.output, args.container
             if output is None or os.path.isdir(output):
                 folder = output or os.getcwd()
-                fam = families.get(family) if family else build.open_input(args.input, key_map=key_map).family
-                c = build.container_for(os.path.join(folder, "x"), container, schemes.normalize(scheme))
+                fam = families.get(family) if family else builder.open_input(args.input, key_map=key_map).family
+                c = builder.container_for(os.path.join(folder, "x"), container, schemes.normalize(scheme))
                 base = args.base_model_id or fam.hosting.base_repos[0]
-                output = os.path.join(folder, build.default_filename(base, scheme, c, args.component))
-            res = build.build(args.input,
-                              build.Target(output, container=None if container == "auto" else container,
-                                           overwrite=args.overwrite),
-                              build.Recipe(scheme, family=family, base_model_id=args.base_model_id,
-                                           min_features=args.min_features, component=args.component),
-                              key_map=key_map, progress=bar)
+                output = os.path.join(folder, builder.default_filename(base, scheme, c, args.component))
+            res = builder.build(args.input,
+                                builder.Target(output, container=None if container == "auto" else container,
+                                             overwrite=args.overwrite),
+                                builder.Recipe(scheme, family=family, base_model_id=args.base_model_id,
+                                             min_features=args.min_features, component=args.component),
+                                key_map=key_map, progress=bar)
     print(res.summary())
     print(res.path)
     return 0
@@ -107,10 +107,10 @@ def _native(args, family: str | None, bar):
     """``--container comfyui-native``: from a dense .safetensors or from a pre-quantized file this pack reads (an
     Unsloth file turned into one stock ComfyUI loads); diffusers names are mapped to ComfyUI's with the family's own
     map, or ComfyUI's (``--comfyui DIR``)."""
-    from .. import build, families
+    from .. import builder, families
     from ..errors import BuildError
     from ..families import keymap
-    tensors, md, scheme_default = build.read_native_input(args.input)
+    tensors, md, scheme_default = builder.read_native_input(args.input)
     fam, layout = (families.get(family), None) if family else families.detect(list(tensors), md, args.input)
     layout = layout or fam.layout_of(tensors) or "diffusers"
     scheme = args.scheme or scheme_default or choices.DEFAULT
@@ -118,8 +118,8 @@ def _native(args, family: str | None, bar):
         shapes = {k: tuple(v.shape) for k, v in tensors.items()}
         if callable(fam.arch.comfy_key_map):
             km = fam.arch.comfy_key_map(fam.config_from_shapes(shapes, args.input))
-        elif args.comfyui or build.find_comfyui():
-            km = build.comfy_key_map_from(args.comfyui or build.find_comfyui())(fam, shapes)
+        elif args.comfyui or builder.find_comfyui():
+            km = builder.comfy_key_map_from(args.comfyui or builder.find_comfyui())(fam, shapes)
         else:
             raise BuildError(f"{fam.title} files in diffusers' layout need ComfyUI's key map for ComfyUI-native "
                              "output, and no ComfyUI was found (this pack is not run from ComfyUI/custom_nodes/).",
@@ -128,18 +128,18 @@ def _native(args, family: str | None, bar):
         tensors = keymap.to_comfy_layout(tensors, km, path=args.input)
     output = args.output
     if output is None or os.path.isdir(output):
-        output = os.path.join(output or os.getcwd(), build.default_filename(
+        output = os.path.join(output or os.getcwd(), builder.default_filename(
             args.base_model_id or md.get("base_model_id") or fam.hosting.base_repos[0], scheme, NATIVE, args.component))
-    return build.build_comfy_native(tensors, build.Target(output, overwrite=args.overwrite),
-                                    build.Recipe(scheme, family=fam,
-                                                 base_model_id=args.base_model_id or md.get("base_model_id"),
-                                                 min_features=args.min_features),
-                                    progress=bar, input_layout=layout)
+    return builder.build_comfy_native(tensors, builder.Target(output, overwrite=args.overwrite),
+                                      builder.Recipe(scheme, family=fam,
+                                                   base_model_id=args.base_model_id or md.get("base_model_id"),
+                                                   min_features=args.min_features),
+                                      progress=bar, input_layout=layout)
 
 
 def run_build_text_encoder(args) -> int:
-    from ..build.recipe import Target
-    from ..build.text_encoder import build_text_encoder, default_filename
+    from ..builder.recipe import Target
+    from ..builder.text_encoder import build_text_encoder, default_filename
     container = args.container
     dest = args.output or default_filename(args.family, args.component, container)
     if os.path.isdir(dest):

@@ -55,7 +55,7 @@ class EncoderKind:
     tokenizer: str = TOKENIZER_COMFYUI
     tokenizer_file: str | None = None  # the tokenizer's path in the base model's repo (TOKENIZER_SPIECE)
     comfy_file_hint: str = ""  # ComfyUI's own file of the same encoder (its tokenizer can serve)
-    # building one (prequant_core/build/text_encoder.py): ComfyUI key -> transformers key; copies the class's state
+    # building one (prequant_core/builder/text_encoder.py): ComfyUI key -> transformers key; copies the class's state
     # dict holds of a tied weight {key: the key it repeats}; the class's Embedding modules (never cast) and the
     # modules it keeps in float32 (``_keep_in_fp32_modules``, T5's ``wo``: never cast either)
     from_comfy: Callable[[str], str] = str

@@ -43,7 +43,7 @@ def find(family: Family, ctx: LoadContext = LoadContext()) -> Found:
     path = _local(family, ctx)
     if path is not None:
         return Found(read(family, path), path, f"{os.path.basename(path)} (local)")
-    from . import hub
+    from ..hub import fetch as hub
     repo = family.hosting.base_repos[0]
     ctx.say(f"fetching {c.what} ({repo}/{c.repo_file})")
     try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from . import hub, sources
+from . import sources
+from ..hub import fetch as hub
 from .context import LoadContext
 from ..errors import PrequantError
 from .metadata import Request

@@ -104,7 +104,7 @@ def _donor_bytes(full: str, entry: dict) -> torch.Tensor:
 def from_hub(kind: EncoderKind, base_repo: str, ctx: LoadContext = LoadContext()) -> Tokenizer:
     """The tokenizer file of ``base_repo`` through the Hugging Face cache (``ctx``'s download folder is for model
     files only)."""
-    from . import hub
+    from ..hub import fetch as hub
     fetched = hub.download(base_repo, [kind.tokenizer_file], dataclasses.replace(ctx, download_dir=None))
     with open(fetched.path, "rb") as f:
         raw = f.read(MAX_BYTES + 1)

@@ -1,7 +1,7 @@
 """The Hub's typed errors, the sorting of the client library's exceptions into them, and what the user is told for each.
 
-Light on purpose (no torch, no other pack module but ``errors`` and ``hub_cache``): the download child process
-(``hub_child``) imports it to sort what the client raised before it tells the parent. The client raises ``requests`` errors up to
+Light on purpose (no torch, no other pack module but ``errors`` and ``hub.cache``): the download child process
+(``hub.child``) imports it to sort what the client raised before it tells the parent. The client raises ``requests`` errors up to
 huggingface_hub 0.x and ``httpx`` errors from 1.x; both are sorted here, by class where the library is installed and
 by name otherwise.
 """
@@ -11,7 +11,7 @@ import logging
 
 from ..errors import HubError
 from ..safe_text import redact
-from .hub_cache import cache_dir, shown_endpoint
+from .cache import cache_dir, shown_endpoint
 
 log = logging.getLogger("prequant")
 

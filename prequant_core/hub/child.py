@@ -1,4 +1,4 @@
-"""One Hub download, run by the real ``huggingface_hub`` client in a child process (``python -m prequant_core.load.hub_child``).
+"""One Hub download, run by the real ``huggingface_hub`` client in a child process (``python -m prequant_core.hub.child``).
 
 Why a process: the client's waits cannot be interrupted from outside in-process (a server that drips one byte every
 few seconds never trips its read timeout, and a thread cannot be stopped), while a child can always be killed. The
@@ -51,7 +51,7 @@ def main() -> int:
     threading.Thread(target=_watch_parent, daemon=True).start()
     import huggingface_hub
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
-    from prequant_core.load.hub_errors import classify
+    from prequant_core.hub.errors import classify
     # The client writes what it receives in chunks of this size (10 MB by default); smaller chunks let the parent see
     # progress (and a stall) from the partial file's size. This process only: other tools keep their setting.
     constants.DOWNLOAD_CHUNK_SIZE = CHUNK

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 from ..errors import HubError
 
 if TYPE_CHECKING:  # the download child imports this module: no torch, so not sources at run time
-    from . import sources
+    from ..load import sources
 
 
 def _is_true(v: str | None) -> bool:

@@ -1,8 +1,8 @@
 """Download pre-quantized checkpoints from the Hugging Face Hub with the real ``huggingface_hub`` client.
 
-This module decides (``locate``, ``download``); the pieces it uses live beside it: ``hub_cache`` (cache, offline
-mode, endpoint), ``hub_local`` (origin folders, the operator mirror), ``hub_transfer`` (the watched child process),
-``hub_errors`` (typed errors and their messages), ``hub_child`` (the child itself).
+This module decides (``locate``, ``download``); the pieces it uses live beside it: ``cache`` (cache, offline mode,
+endpoint), ``local`` (origin folders, the operator mirror), ``transfer`` (the watched child process), ``errors``
+(typed errors and their messages), ``child`` (the child itself).
 
 Where files land: with ``dest_dir`` (what the loader node passes by default: the first folder ComfyUI lists for
 ``prequant``) the file is stored in its origin folder there, ``<dest>/<owner>/<repo>/`` (``<repo>@<revision>`` for a
@@ -20,7 +20,7 @@ Rules (see ``sources`` for where the names come from):
   (``EntryNotFoundError``: HTTP 404 with ``X-Error-Code: EntryNotFound``). Any other answer (5xx, connection refused,
   401/403, unknown revision or repo) stops at once with a typed ``HubError`` naming the repo, the revision, every name
   tried and the fix. The client itself retries 5xx and connection errors with back-off before that.
-- Every wait is bounded and can be cancelled: the client runs in a child process (``hub_child``) that this process
+- Every wait is bounded and can be cancelled: the client runs in a child process (``hub.child``) that this process
   watches (``Limits``: an answer within ``answer_s``, no stall longer than ``stall_s``, no transfer slower than
   ``min_bps``); the context's ``cancel`` (ComfyUI's interrupt) is called every poll. A stopped child is killed at once, its partial
   file kept, and the next run resumes from it with an HTTP Range request.
@@ -46,16 +46,15 @@ import logging
 import os
 from typing import Iterable, Mapping
 
-from . import sources
-from .context import LoadContext
-from ..errors import CheckpointNotFoundError, HubError  # noqa: F401
+from ..load import sources
+from ..load.context import LoadContext
+from ..errors import CheckpointNotFoundError
 from ..safe_text import redact
-from .hub_cache import (cache_dir, cached_file, client_constants, endpoint, is_cached, is_offline, shown_endpoint,  # noqa: F401
-                        pinned_commit_hit, storage_folder)
-from .hub_errors import (HubAuthError, HubDownloadError, HubNotFoundError, HubOfflineError,  # noqa: F401
-                         HubUnavailableError, raise_for, reasons_of, where)
-from .hub_local import MIRROR_ENV, STAGING_DIR, local_file, mirror_file, origin_dir  # noqa: F401
-from .hub_transfer import Fetched, Job, Limits, discard_partial, fetch_in_child, file_size  # noqa: F401
+from .cache import (cache_dir, cached_file, client_constants, endpoint, is_cached, is_offline, shown_endpoint,
+                    pinned_commit_hit, storage_folder)
+from .errors import HubDownloadError, HubNotFoundError, HubOfflineError, raise_for, reasons_of, where
+from .local import local_file, mirror_file
+from .transfer import Fetched, Job, Limits, discard_partial, fetch_in_child, file_size
 
 log = logging.getLogger("prequant")
 

@@ -1,4 +1,4 @@
-"""One transfer: the real ``huggingface_hub`` client in a child process (``hub_child``), watched from here: every
+"""One transfer: the real ``huggingface_hub`` client in a child process (``child``), watched from here: every
 wait bounded (``Limits``), cancellable, resumable from its partial file, never half-written into place."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import sys
 import time
 from typing import Mapping
 
-from . import sources
-from .context import LoadContext
-from .hub_cache import storage_folder
-from .hub_errors import HubDownloadError, HubUnavailableError, reasons_of, where
-from .hub_local import STAGING_DIR, local_file, origin_dir, staging_dir  # noqa: F401
+from ..load import sources
+from ..load.context import LoadContext
+from .cache import storage_folder
+from .errors import HubDownloadError, HubUnavailableError, reasons_of, where
+from .local import local_file, origin_dir, staging_dir
 
 log = logging.getLogger("prequant")
 
@@ -94,7 +94,7 @@ class _Slot:
 
 @dataclasses.dataclass
 class _Outcome:
-    kind: str  # done | exhausted | an error kind of hub_errors.classify
+    kind: str  # done | exhausted | an error kind of errors.classify
     name: str | None = None
     detail: str = ""
     fetched: Fetched | None = None
@@ -106,7 +106,7 @@ class _Outcome:
 
 
 def _child_cmd() -> list[str]:
-    return [sys.executable, "-m", "prequant_core.load.hub_child"]
+    return [sys.executable, "-m", "prequant_core.hub.child"]
 
 
 def _child_env() -> dict:
@@ -340,7 +340,7 @@ def _transfer(child, meta, job: Job, ctx: LoadContext, slot: _Slot) -> _Outcome:
     if not cached_before:
         log.info("[prequant] downloading %s/%s (%s, %.1f MiB)%s", repo, fn, rev, total / 2**20,
                  _earlier_note(have0, client, resumes) if have0 else "")
-    # The child's client writes every 256 KiB it receives (hub_child.CHUNK): the partial file's size is the liveness
+    # The child's client writes every 256 KiB it receives (child.CHUNK): the partial file's size is the liveness
     # signal for the stall / speed watch.
     history = [(time.monotonic(), have0)]  # (time, bytes) samples
     last_growth = time.monotonic()

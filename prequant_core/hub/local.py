@@ -8,7 +8,7 @@ import os
 import re
 from typing import Iterable, Mapping
 
-from . import sources
+from ..load import sources
 
 
 def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str],
