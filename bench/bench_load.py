@@ -133,7 +133,7 @@ def child(method: str, scheme: str, base: str, latent: int) -> dict:
                     q, _ = quantize.quantize_tensors(sd, scheme, exclude=schemes.exclude_tokens(scheme))
                     del sd
                 else:
-                    from prequant_core.load.dense_sources import open_dense, stream_quantized
+                    from prequant_core.formats.dense_sources import open_dense, stream_quantized
                     q, _ = stream_quantized(open_dense(dense_path), scheme, min_features=512,
                                             exclude=schemes.exclude_tokens(scheme))
                 model = pack.nodes.comfy_model.build_patcher(fam, "comfyui", q)

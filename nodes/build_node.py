@@ -13,7 +13,7 @@ import comfy.utils
 import folder_paths
 
 from prequant_core import builder as core
-from prequant_core.load import dense_sources
+from prequant_core.formats import dense_sources
 from prequant_core.builder import output_file
 from prequant_core import families, schemes
 from prequant_core.errors import BuildError, UnknownFamilyError

@@ -35,7 +35,7 @@ def _summary(opened, model_bytes: int) -> dict:
 
 
 def _dense_summary(p: route.LoadRoute, patcher) -> dict:
-    from prequant_core.load.dense_sources import dense_nbytes, open_dense
+    from prequant_core.formats.dense_sources import dense_nbytes, open_dense
     quantized = sum(1 for m in patcher.model.diffusion_model.modules() if getattr(m, "prequant_spec", None))
     return {"file": os.path.basename(p.dense_path), "family": p.family.name, "layout": "dense",
             "scheme": p.scheme, "base_model_id": None, "container": "dense safetensors",

@@ -185,7 +185,7 @@ def _is_precast(full: str) -> bool:
     like one (``<Model>-<component>-FP8.pt``)."""
     if full.endswith(".safetensors"):
         from prequant_core.formats.containers.safetensors_container import read_header
-        from prequant_core.load.encoder_checks import FORMATS
+        from prequant_core.text_encoders.checks import FORMATS
         try:
             st = os.stat(full)
             key = ("te", full, st.st_mtime_ns, st.st_size)

@@ -6,7 +6,7 @@ import torch
 
 from prequant_core.load import companion_source
 from prequant_core.load.context import LoadContext
-from prequant_core.load.dense_sources import open_dense, stream_quantized
+from prequant_core.formats.dense_sources import open_dense, stream_quantized
 from prequant_core.load.route import LoadRoute
 
 from .comfy_model import build_patcher, check_loadable

@@ -11,7 +11,8 @@ import torch
 from prequant_core import families
 from prequant_core.errors import ComfyVersionError, ValidationError, reading
 from prequant_core.families import encoders
-from prequant_core.load import encoder_checks, encoder_sources, pipeline, tokenizer_source
+from prequant_core.load import pipeline
+from prequant_core.text_encoders import checks as encoder_checks, sources as encoder_sources, tokenizer as tokenizer_source
 from prequant_core.load.context import LoadContext
 from prequant_core.load.metadata import Request
 from prequant_core.safe_text import escape

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 
 from .formats import fingerprint, layer_policy
-from .load import encoder_checks, memory_check, metadata, opening
+from .load import memory_check, metadata, opening
+from .text_encoders import checks as encoder_checks
 from .schemes import qtensor
 from .errors import CorruptCheckpointError
 from .formats.containers import READ_FULL, READ_HEADER, READ_MMAP, Light

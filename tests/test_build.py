@@ -19,7 +19,8 @@ import torch
 
 from conftest import BASE_ID, ROOT, sample
 from prequant_core import builder, families, formats, schemes
-from prequant_core.load import dense_sources, opening, metadata
+from prequant_core.formats import checkpoint, dense_sources
+from prequant_core.load import opening, metadata
 from prequant_core.formats import fingerprint
 from prequant_core.families import keymap
 from prequant_core.builder import output_file, writers
@@ -174,7 +175,7 @@ def test_built_file_passes_validation_and_carries_every_field(node_built, zimage
     # Unsloth's current builder writes fp8_granularity for fp8 only, every other field always, in its order
     want = [f for f in metadata.FIELDS if f != "fp8_granularity" or scheme == "fp8"]
     assert set(want) <= set(m), set(want) - set(m)
-    assert list(m)[:len(want)] == [f for f in metadata.WRITE_ORDER if f in want]
+    assert list(m)[:len(want)] == [f for f in checkpoint.WRITE_ORDER if f in want]
     assert all(m[f] is not None for f in want if f not in ("fast_accum", "fp8_granularity"))
     rule = schemes.rules(scheme)
     assert (m["base_model_id"], m["family"], m["scheme"], m["component"]) == (BASE_ID, "z-image", scheme, "transformer")

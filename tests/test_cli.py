@@ -40,7 +40,7 @@ def _probe(*args, cwd=None):
 def test_the_names_the_parser_offers_are_the_registries():
     from prequant_core import builder, scheme_names, schemes
     from prequant_core.cli import choices
-    from prequant_core.load import encoder_checks
+    from prequant_core.text_encoders import checks as encoder_checks
     from prequant_core.schemes import registry
     assert scheme_names.NAMES == registry.names() == schemes.names()
     assert choices.BUILD_CONTAINERS == builder.OUTPUTS and choices.NATIVE == builder.NATIVE

@@ -1,4 +1,4 @@
-"""Dense inputs (prequant_core/load/dense_sources.py) on real files: SafetensorsSource's header checks (a tensor in
+"""Dense inputs (prequant_core/formats/dense_sources.py) on real files: SafetensorsSource's header checks (a tensor in
 two shards, no tensors, a file cut short while read), prefix stripping, diffusers folders (config.json and shard
 index faults, folders without safetensors weights), file_source / open_dense refusals, RemappedSource's key-map
 checks (fusion along another dim, rows past the tensor, unknown or failing row permutations) and open_input with a
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from prequant_core.errors import BuildError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedFormatError
-from prequant_core.load import dense_sources
+from prequant_core.formats import dense_sources
 from toy import toy_family
 
 TOY = toy_family.FAMILIES[0]

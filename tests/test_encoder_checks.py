@@ -1,4 +1,4 @@
-"""The text-encoder verdict (``prequant_core/load/encoder_checks.py`` ``validate``, ``int8_convrot_reasons``) on the
+"""The text-encoder verdict (``prequant_core/text_encoders/checks.py`` ``validate``, ``int8_convrot_reasons``) on the
 file variants no other core test writes: a foreign format tag with an unknown scheme, a metadata field that is not
 a string, another cast backend, a component no encoder has, no ``te_class``, torchao tensors, float8 of the other
 kind or none at all in a layerwise-cast file; and in an int8 ConvRot file: no quantized layer, an orphan scale, a
@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 import unsloth_te_builder as te_builder
 from prequant_core import formats, report, schemes
-from prequant_core.load import encoder_checks
+from prequant_core.text_encoders import checks as encoder_checks
 from prequant_core.load.metadata import Request
 
 Z_BASE = "Tongyi-MAI/Z-Image-Turbo"

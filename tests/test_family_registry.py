@@ -19,7 +19,8 @@ from prequant_core import builder, families, formats, report
 from prequant_core.cli import choices
 from prequant_core.errors import HubError, UnknownFamilyError
 from prequant_core.formats import layer_policy
-from prequant_core.load import encoder_checks, encoder_sources, metadata, sources
+from prequant_core.load import metadata, sources
+from prequant_core.text_encoders import checks as encoder_checks, sources as encoder_sources
 
 TOY = "toy.toy_family"
 BASE = "toy-org/Toy-DiT"
@@ -153,7 +154,7 @@ def _shipped_literals() -> dict[str, set]:
 
 def test_no_family_fact_lives_outside_its_module():
     """Before issue 59 step 4: Unsloth's NVFP4 policies (formats/layer_policy.py), the bases sharing encoder bytes
-    (load/encoder_checks.py), the aliases (families/__init__.py) and HunyuanVideo's / FLUX's ComfyUI parameters
+    (text_encoders/checks.py), the aliases (families/__init__.py) and HunyuanVideo's / FLUX's ComfyUI parameters
     (nodes/comfy_model.py) were tables or ifs keyed by family elsewhere."""
     literals = _shipped_literals()
     assert len(literals) > 50

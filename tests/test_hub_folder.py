@@ -53,7 +53,7 @@ def test_download_lands_in_the_folder_and_is_reused_without_a_request(hub, hf_en
 def test_offline_uses_the_folder(hub, hf_env, hub_files, tmp_path, monkeypatch):
     from huggingface_hub import constants
     from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local
-    from prequant_core.load import sources
+    from prequant_core.load import locate, sources
     dest = tmp_path / "prequant"
     dest.mkdir()
     hub.commit(REPO, {PRIMARY: hub_files["int8.safetensors"]})
@@ -62,7 +62,7 @@ def test_offline_uses_the_folder(hub, hf_env, hub_files, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     hub.stop()  # no server at all
     plan = sources.plan(sources.Wanted(None, REPO, None, "int8"))
-    loc = h.locate(plan, LoadContext.of(model_dirs=[str(dest)], download_dir=str(dest)))
+    loc = locate.locate(plan, LoadContext.of(model_dirs=[str(dest)], download_dir=str(dest)))
     assert loc.path == str(dest / ORIGIN / PRIMARY) and not loc.fetched.downloaded
 
 

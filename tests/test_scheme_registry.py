@@ -280,8 +280,8 @@ def test_the_recipes_list_the_files_a_scheme_and_a_layout_touch():
 # a pickle's storage dtype names in the torchao v1 reader.
 NAMED_OUTSIDE = {
     "prequant_core/scheme_names.py": {"int8", "fp8", "nvfp4", "mxfp8"},
-    "prequant_core/load/encoder_checks.py": {"fp8", "int8", "int8_tensorwise"},
-    "prequant_core/load/encoder_sources.py": {"fp8"},
+    "prequant_core/text_encoders/checks.py": {"fp8", "int8", "int8_tensorwise"},
+    "prequant_core/text_encoders/sources.py": {"fp8"},
     "prequant_core/builder/text_encoder.py": {"fp8"},
     "nodes/build_node.py": {"fp8"},
     "nodes/te_node.py": {"fp8"},

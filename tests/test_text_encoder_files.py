@@ -20,7 +20,8 @@ from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.hub.errors import HubNotFoundError
 from prequant_core.families import encoders
-from prequant_core.load import encoder_sources, opening, pipeline, tokenizer_source
+from prequant_core.load import opening, pipeline
+from prequant_core.text_encoders import sources as encoder_sources, tokenizer as tokenizer_source
 from prequant_core.load.metadata import Request
 
 Z_BASE = "Tongyi-MAI/Z-Image-Turbo"

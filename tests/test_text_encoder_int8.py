@@ -20,7 +20,8 @@ from safetensors import safe_open
 import unsloth_te_builder as te_builder
 from prequant_core import report
 from prequant_core.errors import BuildError, CorruptCheckpointError, PrequantError, ValidationError
-from prequant_core.load import encoder_sources, opening, pipeline
+from prequant_core.load import opening, pipeline
+from prequant_core.text_encoders import sources as encoder_sources
 from prequant_core.load.metadata import Request
 
 BASE = "Qwen/Qwen-Image-2.1"

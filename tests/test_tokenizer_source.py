@@ -1,4 +1,4 @@
-"""Tokenizer donors (prequant_core/load/tokenizer_source.py) on real files: folders that cannot be listed, files
+"""Tokenizer donors (prequant_core/text_encoders/tokenizer.py) on real files: folders that cannot be listed, files
 whose header cannot be read, a spiece_model of another dtype and no donor at all (None); a header entry whose size
 cannot be read, a donor safetensors itself cannot open, and empty bytes refused before SentencePiece sees them.
 Core tier: no ComfyUI."""
@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from prequant_core.errors import CorruptCheckpointError
 from prequant_core.families import encoders
-from prequant_core.load import tokenizer_source as ts
+from prequant_core.text_encoders import tokenizer as ts
 
 KIND = encoders.for_class("Gemma2Model")
 

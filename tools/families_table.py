@@ -83,7 +83,7 @@ def table() -> str:
 def encoder_rows() -> list[str]:
     from prequant_core import families
     from prequant_core.families import encoders
-    from prequant_core.load import encoder_sources
+    from prequant_core.text_encoders import sources as encoder_sources
     out = ["| Family | Text encoder | Hosted file (names tried, in order) | ComfyUI type | Tested here |",
            "|---|---|---|---|---|"]
     for fam in families.FAMILIES.values():
@@ -115,7 +115,7 @@ def workflow_encoder_rows() -> list[str]:
     import glob
     import json
 
-    from prequant_core.load import encoder_sources
+    from prequant_core.text_encoders import sources as encoder_sources
     out = ["| Workflow | Text encoder node | File(s) it loads | From |", "|---|---|---|---|"]
     for path in sorted(glob.glob(os.path.join(ROOT, "example_workflows", "*.json"))):
         nodes = json.load(open(path, encoding="utf-8"))["nodes"]

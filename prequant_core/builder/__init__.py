@@ -32,7 +32,7 @@ from ..formats import fingerprint
 from ..schemes import qtensor
 from ..formats import containers
 from ..errors import BuildError
-from ..load.metadata import WRITE_ORDER
+from ..formats.checkpoint import WRITE_ORDER
 from ..families import Family
 
 # the writable containers of the registry (docs/FORMAT.md sections 1 and 2), in the order the node offers them
@@ -40,7 +40,7 @@ CONTAINERS = tuple(c.name for c in sorted(containers.writable(), key=lambda c: c
 EXTENSIONS = {c.name: c.extension for c in containers.writable()}
 
 # The pieces live in their own modules (dense_sources, quantize, output_file, writers); callers import them from there.
-from ..load.dense_sources import KeyMapArg, check_dense, open_input  # noqa: E402
+from ..formats.dense_sources import KeyMapArg, check_dense, open_input  # noqa: E402
 from .output_file import (FreeSpaceFn, _refuse_existing, atomic_output, check_free_space, check_output_name,
                           estimate_output_bytes, human_bytes)  # noqa: E402
 from ..schemes.quantize import ProgressFn, quantize_items, quantize_tensors  # noqa: E402

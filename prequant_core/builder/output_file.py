@@ -17,7 +17,7 @@ import torch
 
 from .. import schemes
 from ..errors import BuildError
-from ..load.dense_sources import TensorInfo
+from ..formats.dense_sources import TensorInfo
 from ..schemes.quantize import is_linear_weight
 from ..safe_text import is_clean
 from ..units import human_bytes

@@ -16,8 +16,8 @@ from .. import families
 from ..errors import BuildError
 from ..families import encoders
 from ..formats.checkpoint import LAYERWISE_CAST
-from ..load.dense_sources import SafetensorsSource
-from ..load.encoder_checks import STORAGE_DTYPE
+from ..formats.dense_sources import SafetensorsSource
+from ..text_encoders.checks import STORAGE_DTYPE
 from . import writers
 from .recipe import Target
 
@@ -110,7 +110,7 @@ def family_for_kind(kind: encoders.EncoderKind) -> str | None:
 
 def build_text_encoder_from(src, target: Target, *, family: str, component: str | None = None,
                             base_model_id: str | None = None, progress=None) -> str:
-    """From a dense source (``load.dense_sources``: a file, or a ``CLIP``'s weights in memory; its ``path`` names it
+    """From a dense source (``formats.dense_sources``: a file, or a ``CLIP``'s weights in memory; its ``path`` names it
     in errors) holding ComfyUI's names or the transformers class's; the target's container None: safetensors."""
     input_path = getattr(src, "path", None)
     fam, hosted, kind = _writable(family, component, input_path)
@@ -172,7 +172,7 @@ def build_text_encoder_from(src, target: Target, *, family: str, component: str 
 
 
 def default_filename(family: str, component: str | None, container: str) -> str:
-    from ..load import encoder_sources
+    from ..text_encoders import sources as encoder_sources
     _, hosted = _encoder_for(family, component)
     ext = ".pt" if container == "pt" else ".safetensors"
     return next(n for n in encoder_sources.filenames(hosted.repo, hosted.component, "fp8") if n.endswith(ext))

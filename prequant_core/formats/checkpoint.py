@@ -18,6 +18,11 @@ TEXT_ENCODER_FORMAT_V1 = "unsloth_prequant_text_encoder_state_dict_v1"
 TEXT_ENCODER_FORMAT_INT8_CONVROT = "unsloth_prequant_text_encoder_int8_convrot_v1"
 LAYERWISE_CAST = "diffusers_layerwise"  # the metadata's cast_backend
 
+# The order Unsloth's current builder writes them in (docs/FORMAT.md section 3); fp8_granularity only for fp8
+WRITE_ORDER = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
+               "require_divisible", "fingerprint", "fast_accum", "torch_dtype", "quant_backend", "transformer_class",
+               "torch_version", "torchao_version", "diffusers_version", "fp8_granularity")
+
 
 @dataclasses.dataclass
 class Checkpoint:

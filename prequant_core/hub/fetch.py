@@ -1,6 +1,7 @@
 """Download pre-quantized checkpoints from the Hugging Face Hub with the real ``huggingface_hub`` client.
 
-This module decides (``locate``, ``download``); the pieces it uses live beside it: ``cache`` (cache, offline mode,
+This module fetches one file of a repo (``download``; which candidate's file a load opens is
+``load/locate.py``'s); the pieces it uses live beside it: ``cache`` (cache, offline mode,
 endpoint), ``local`` (origin folders, the operator mirror), ``transfer`` (the watched child process), ``errors``
 (typed errors and their messages), ``child`` (the child itself).
 
@@ -44,27 +45,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from ..load import sources
 from ..load.context import LoadContext
-from ..errors import CheckpointNotFoundError
 from ..safe_text import redact
-from .cache import (cache_dir, cached_file, client_constants, endpoint, is_cached, is_offline, shown_endpoint,
-                    pinned_commit_hit, storage_folder)
+from .cache import (cache_dir, cached_file, client_constants, endpoint, is_offline, shown_endpoint, pinned_commit_hit,
+                    storage_folder)
 from .errors import HubDownloadError, HubNotFoundError, HubOfflineError, raise_for, reasons_of, where
 from .local import local_file, mirror_file
 from .transfer import Fetched, Job, Limits, discard_partial, fetch_in_child, file_size
 
 log = logging.getLogger("prequant")
-
-
-@dataclasses.dataclass
-class Located:
-    path: str
-    candidate: sources.Candidate
-    extra_dirs: tuple[str, ...] = ()  # the folder a Hub file was stored in: allowed for this file only
-    fetched: Fetched | None = None
 
 
 def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext(), *,
@@ -166,39 +158,3 @@ def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext
                            fix=f"Check which files the repo holds ({shown_endpoint()}/{repo}/tree/{rev}); pick the other "
                                "scheme, give the right repo or revision, or download the file by hand into "
                                "ComfyUI/models/prequant/.")
-
-
-def locate(plan: sources.Candidates | Iterable[sources.Candidate], ctx: LoadContext = LoadContext(), *,
-           env: Mapping[str, str] | None = None) -> Located:
-    """The file to open for a plan.
-
-    A local candidate (typed path or listed file) comes first in a plan and is always used as given: a refused or
-    missing file is reported by ``open_checkpoint``, never replaced by a silent download. Among Hub candidates the
-    first usable one is taken (``sources.usable``: cached, or we are online), else the first, so that its own error
-    explains what is wrong. Only a Hub file gets its repo's cache folder as an extra allowed folder.
-    ``ctx.download_dir``: download into this folder instead of the HF cache (see ``download``); a file stored there or
-    in ``ctx.search_dirs`` before counts as available offline.
-    """
-    cands = list(plan)
-    model_dirs, dest_dir, search_dirs = list(ctx.model_dirs), ctx.download_dir, list(ctx.search_dirs)
-    if not cands:
-        notes = list(getattr(plan, "notes", ()))
-        raise CheckpointNotFoundError("No checkpoint chosen.", reasons=notes,
-                                      fix="Pick a file in 'checkpoint', fill 'path', type a 'hub_repo' (e.g. "
-                                          "unsloth/Z-Image-Turbo-FP8) with a scheme, or pick a preset.")
-    if cands[0].kind == "local":
-        return Located(cands[0].path, cands[0])
-    hub_cands = [c for c in cands if c.kind == "hub"]
-
-    def available(c):
-        return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs],
-                                                            c.revision)) \
-            or mirror_file(c.repo, c.filenames, revision=c.revision) is not None
-
-    u = sources.usable(hub_cands, model_dirs=model_dirs, offline=is_offline(env), is_cached=available, env=env)
-    chosen = u.usable[0] if u.usable else hub_cands[0]
-    for c, why in u.rejected:
-        if hub_cands.index(c) < hub_cands.index(chosen):
-            log.warning("[prequant] skipping %s: %s; using %s", c.describe(), why, chosen.describe())
-    f = download(chosen.repo, chosen.filenames, ctx, revision=chosen.revision)
-    return Located(f.path, chosen, (f.storage_folder,), f)

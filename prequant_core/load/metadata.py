@@ -16,10 +16,6 @@ from ..families import base_tail, canonical, normalize_base
 from ..formats.checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
 from ..safe_text import escape
 
-# The order Unsloth's current builder writes them in (docs/FORMAT.md section 3); fp8_granularity only for fp8
-WRITE_ORDER = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
-               "require_divisible", "fingerprint", "fast_accum", "torch_dtype", "quant_backend", "transformer_class",
-               "torch_version", "torchao_version", "diffusers_version", "fp8_granularity")
 FIELDS = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
           "require_divisible", "fast_accum", "fp8_granularity", "fingerprint", "torch_dtype", "quant_backend",
           "transformer_class", "torch_version", "torchao_version", "diffusers_version")

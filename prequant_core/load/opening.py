@@ -9,7 +9,8 @@ import dataclasses
 import os
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from . import allowlist, encoder_checks, memory_check, metadata
+from . import allowlist, memory_check, metadata
+from ..text_encoders import checks as encoder_checks
 from .. import families, formats
 from ..families import encoders
 from ..formats import fingerprint, layer_policy

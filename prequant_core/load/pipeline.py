@@ -1,5 +1,5 @@
 """One load pipeline, top-down, for every client: candidates (``sources.plan``, no I/O) -> the located file
-(``hub.locate``: a local path as given, or a Hub file found in the cache or downloaded) -> the route
+(``locate.locate``: a local path as given, or a Hub file found in the cache or downloaded) -> the route
 (``route.choose``: the file opened once and judged by ``opening``, or the dense fallback) -> a building step the
 caller supplies. The loader node and the diffusers loader go through ``run`` and differ only in the model they build
 from it; Prequant Info and ``python -m prequant_core info | verify`` go through ``opening.inspect`` (the same open
@@ -10,7 +10,7 @@ import dataclasses
 import os
 
 from . import sources
-from ..hub import fetch as hub
+from . import locate
 from .context import LoadContext
 from ..errors import PrequantError
 from .metadata import Request
@@ -20,7 +20,7 @@ from .route import DENSE_ONLY, Fallback, LoadRoute, choose
 @dataclasses.dataclass
 class Routed:
     route: LoadRoute
-    located: hub.Located | None  # None: no pre-quantized file was located (the dense fallback route)
+    located: locate.Located | None  # None: no pre-quantized file was located (the dense fallback route)
     request: Request  # as judged: the located candidate's scheme filled in
 
 
@@ -34,7 +34,7 @@ def run(candidates: sources.Candidates, request: Request, ctx: LoadContext, *, f
     located = None
     if fallback.policy != DENSE_ONLY and unavailable is None:
         try:
-            located = hub.locate(candidates, ctx)
+            located = locate.locate(candidates, ctx)
         except PrequantError as e:
             unavailable = e
     request = dataclasses.replace(request, scheme=(located.candidate.scheme if located else None) or request.scheme)

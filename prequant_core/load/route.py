@@ -86,7 +86,7 @@ def choose(prequant_path: str | None, request: Request, ctx: LoadContext, *, fal
         raise ValidationError("Quantizing at load needs a scheme.", expected=", ".join(schemes.names()), found="auto",
                               fix="Set the node's scheme input.")
     scheme = schemes.normalize(request.scheme)
-    from .dense_sources import open_dense
+    from ..formats.dense_sources import open_dense
     dense = open_dense(real)
     fam = families.get(request.family) if request.family else families.detect(list(dense.infos()), dense.hints, real)[0]
     min_features = request.min_features if request.min_features is not None else schemes.DEFAULT_MIN_FEATURES

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from .. import families
 from ..errors import HubError
-from . import sources
-from .encoder_checks import COMPONENTS
-from .sources import Candidate, Candidates, Preset
+from ..load import sources
+from .checks import COMPONENTS
+from ..load.sources import Candidate, Candidates, Preset
 
 
 def _declared(repo: str, component: str) -> list:

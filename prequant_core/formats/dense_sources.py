@@ -14,9 +14,9 @@ import torch
 from .. import families, schemes
 from ..families import keymap
 from ..schemes import qtensor
-from ..formats.checkpoint import COMFY_PREFIX
+from .checkpoint import COMFY_PREFIX
 from ..errors import BuildError, CheckpointNotFoundError, CorruptCheckpointError, UnsupportedFormatError
-from ..formats.containers.safetensors_container import NAME_DTYPES
+from .containers.safetensors_container import NAME_DTYPES
 from ..families import Family
 from ..schemes.quantize import quantize_items
 
@@ -64,7 +64,7 @@ class Source:
 def check_dense(key: str, t: torch.Tensor, path: str | None) -> None:
     """A dense input's tensor is a finite float as it is read (one pass, while it is in memory anyway): a NaN would
     be quantized into the output, an integer weight quantized as if its codes were values."""
-    from ..formats.validate_tensors import check_plain_tensors
+    from .validate_tensors import check_plain_tensors
     if key.endswith(".weight") and t.ndim >= 1 and 0 in t.shape:
         # a weight with no rows or no columns builds a file no model can load (round 5: it was written)
         raise BuildError(f"Tensor '{key[:80]}' has no elements (shape {tuple(t.shape)}); nothing was written.",
@@ -303,7 +303,7 @@ def _folder_weights(folder: str) -> list[str]:
 
 def file_source(path: str) -> SafetensorsSource:
     """A dense single .safetensors (a known diffusion-model prefix stripped), or the diffusers folder of a shard."""
-    from ..formats import sniff
+    from . import sniff
     real = os.path.abspath(path)
     folder = os.path.dirname(real)
     # A shard picked from a list: build from the whole diffusers folder it belongs to.

@@ -14,7 +14,7 @@ from ..families import HostedEncoder, base_tail, normalize_base
 from ..families import encoders as kinds
 from ..formats.checkpoint import KNOWN_FORMATS, LAYERWISE_CAST, TEXT_ENCODER_FORMAT_INT8_CONVROT, TEXT_ENCODER_FORMAT_V1
 from ..schemes import qtensor
-from .metadata import Request, Verdict, base_matches
+from ..load.metadata import Request, Verdict, base_matches
 
 FORMAT_V1 = TEXT_ENCODER_FORMAT_V1
 FORMAT_INT8_CONVROT = TEXT_ENCODER_FORMAT_INT8_CONVROT
