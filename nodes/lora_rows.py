@@ -22,11 +22,10 @@ from prequant_core.families import pages
 from prequant_core.schemes import qtensor, registry
 
 BLOCK_ELEMENTS = 2 << 20  # weight elements per block: an 8 MiB float32 copy (546 rows of 3840, 204 of 10240)
-ROWS = None  # a fixed number of rows per block instead (tests)
 
 
 def rows_per_block(columns: int) -> int:
-    return ROWS or max(16, BLOCK_ELEMENTS // max(columns, 1))
+    return max(16, BLOCK_ELEMENTS // max(columns, 1))
 
 
 def _row_span(offset, n: int) -> tuple[int, int] | None:

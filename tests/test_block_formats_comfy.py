@@ -18,7 +18,7 @@ from prequant_core.schemes import nvfp4_policy
 from prequant_core.schemes import quantize, rotation
 from prequant_core.builder import writers
 from prequant_core.formats.checkpoint import FORMAT_V2, FORMAT_V3
-from tools import tiny_families as tf
+from tools import tiny_families as tf, tiny_models
 
 FAMILY = "flux.1"  # fused qkv in ComfyUI: NVFP4 rows with different per-tensor scales end up in one Linear
 
@@ -124,8 +124,8 @@ def _patched_in_blocks_and_whole(pack, monkeypatch, lora, layer):
     and in blocks of 8 rows; unloaded after each."""
     import comfy.model_management as mm
     parts, outs = [], []
-    for rows in (None, 8):
-        monkeypatch.setattr(pack.nodes.lora_rows, "ROWS", rows)
+    for rows in (pack.nodes.lora_rows.rows_per_block, lambda columns: 8):
+        monkeypatch.setattr(pack.nodes.lora_rows, "rows_per_block", rows)
         outs.append(sample(lora))
         parts.append([p.clone() for p in layer.prequant_parts()])
         mm.unload_all_models()
@@ -173,7 +173,7 @@ def policy_tensors():
     fam = families.get(FAMILY)
     out, fqns, counts = {}, [], {"nvfp4": 0, "fp8": 0, "bf16": 0}
     flt = schemes.LayerFilter("fp8", schemes.DEFAULT_MIN_FEATURES, ())
-    lin = set(quantize.linear_weight_keys(dense()))
+    lin = set(tiny_models.linear_weight_keys(dense()))
     for k, v in dense().items():
         v = v.to(torch.bfloat16)
         mod = k[:-len(".weight")]
@@ -234,7 +234,7 @@ def test_v3_policy_with_wrong_counts_is_refused_naming_the_field(comfy, folder):
 def convrot_tensors(group=64):
     fam = families.get(FAMILY)
     flt = schemes.LayerFilter("int8", schemes.DEFAULT_MIN_FEATURES, tuple(schemes.exclude_tokens("int8", ())))
-    lin = set(quantize.linear_weight_keys(dense()))
+    lin = set(tiny_models.linear_weight_keys(dense()))
     out, fqns = {}, []
     for k, v in dense().items():
         v = v.to(torch.bfloat16)

@@ -22,10 +22,11 @@ import pytest
 from conftest import BASE_ID, ROOT
 from prequant_core.report import info
 from prequant_core.units import human_bytes
+from browser_kit import (BROWSER_DIR, DEFAULT_SHOWN, DEFAULTS, LOADER_TYPE, OLD_LAYOUTS, TOKEN, find_chromium,
+                         find_node, single)
 from tools.comfy_server import ComfyServer
 from tools.workflow import needs_newer_comfyui
 
-BROWSER_DIR = os.path.join(ROOT, "tests", "browser")
 FILE = "Z-Image-Turbo-INT8.safetensors"
 SCREENSHOT_COPY = os.environ.get("PREQUANT_SCREENSHOT_DIR", os.path.join(ROOT, "out", "browser"))
 WRONG_BASE = "black-forest-labs/FLUX.1-dev"
@@ -33,24 +34,6 @@ WRONG_BASE = "black-forest-labs/FLUX.1-dev"
 
 MODEL_LOADERS = {"PrequantLoadTransformer", "PrequantLoadTextEncoder", "CLIPLoader", "DualCLIPLoader", "VAELoader",
                  "UNETLoader", "TripleCLIPLoader", "QuadrupleCLIPLoader"}
-
-
-def _chromium() -> str:
-    for c in (os.environ.get("PREQUANT_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-              shutil.which("chromium-browser")):
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    pytest.fail("Chromium is missing: the browser test needs Debian's headless Chromium. Install it with\n"
-                "  apt-get update && apt-get install -y chromium\n(or point PREQUANT_CHROMIUM at a Chromium binary).")
-
-
-def _node() -> str:
-    node = shutil.which("node")
-    if not node:
-        pytest.fail("node is missing: install Node.js >= 20 (apt-get install -y nodejs npm).")
-    if not os.path.isfile(os.path.join(BROWSER_DIR, "node_modules", "playwright-core", "package.json")):
-        pytest.fail("playwright-core is missing: run  npm ci --prefix tests/browser")
-    return node
 
 
 def _widgets(fname: str) -> dict:
@@ -86,7 +69,7 @@ def _workflow(fname: str) -> dict:
 
 
 def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
-    chromium, node = _chromium(), _node()
+    chromium, node = find_chromium(), find_node()
     src = prequant_files("int8", "safetensors")
     base = tmp_path / "comfy"
     (base / "models" / "prequant").mkdir(parents=True)
@@ -184,66 +167,14 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
 
 # --- every shipped workflow, and workflows saved with the loader's earlier input orders -------------------------
 
-TOKEN = "hf_oldWorkflowToken0123456789abcdef"
 # (the Krea 2 and Qwen-Image 2.1 workflows need ComfyUI 0.38.1's nodes: tests/test_example_workflows.py holds them
 # against ComfyUI's own templates instead)
 SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "example_workflows")) if f.endswith(".json") and not
                  needs_newer_comfyui(json.load(open(os.path.join(ROOT, "example_workflows", f), encoding="utf-8"))))
 
 
-def _single(values, node_type="PrequantLoadTransformer") -> dict:
-    out = {"PrequantLoadTransformer": ("model", "MODEL"), "PrequantInfo": ("report", "STRING"),
-           "PrequantBuildCheckpoint": ("path", "STRING"), "PrequantLoadTextEncoder": ("clip", "CLIP")}[node_type]
-    return {"last_node_id": 1, "last_link_id": 0, "links": [], "groups": [], "config": {}, "extra": {}, "version": 0.4,
-            "nodes": [{"id": 1, "type": node_type, "pos": [20, 20], "size": [420, 360], "flags": {},
-                       "order": 0, "mode": 0, "inputs": [], "outputs": [{"name": out[0], "type": out[1], "links": None}],
-                       "properties": {"Node name for S&R": node_type}, "widgets_values": values}]}
-
-
-DEFAULTS = {"preset": "none", "hub_repo": "", "scheme": "auto", "family": "auto", "base_model_id": "",
-            "policy": "prequant only", "dense_fallback": "none", "download_to": "models/prequant", "revision": "",
-            "min_features": 512, "path": "", "component": "transformer"}
-# (widgets_values as saved by an earlier version of the node, the values by name the node must show)
-OLD_LAYOUTS = {
-    "five inputs": (["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", "z-image"],
-                    {**DEFAULTS, "checkpoint": "Z-Image-Turbo-INT8.safetensors", "base_model_id": BASE_ID,
-                     "scheme": "int8", "family": "z-image"}),
-    "hub inputs with a token": (
-        ["(none: use path or hub_repo)", "", BASE_ID, "fp8", "z-image", "unsloth/Z-Image-Turbo-FP8",
-         "Z-Image-Turbo / fp8", "v1.0", TOKEN],
-        {**DEFAULTS, "checkpoint": "(none: use path or hub_repo)", "base_model_id": BASE_ID, "scheme": "fp8",
-         "family": "z-image", "hub_repo": "unsloth/Z-Image-Turbo-FP8", "preset": "Z-Image-Turbo / fp8",
-         "revision": "v1.0"}),
-    "fallback inputs with a token": (
-        ["Qwen-Image-FP8.safetensors", "/some/where/file.safetensors", "Qwen/Qwen-Image", "fp8", "qwen-image", "",
-         "none", "refs/pr/1", TOKEN, 1024, "prequant, else quantize dense", "none"],
-        {**DEFAULTS, "checkpoint": "Qwen-Image-FP8.safetensors", "path": "/some/where/file.safetensors",
-         "base_model_id": "Qwen/Qwen-Image", "scheme": "fp8", "family": "qwen-image", "revision": "refs/pr/1",
-         "min_features": 1024, "policy": "prequant, else quantize dense"}),
-    # the layout before the component input (Wan 2.2 A14B's experts) was added last: it gets the default
-    "twelve inputs, before component": (
-        ["Qwen-Image-FP8.safetensors", "Qwen-Image / fp8", "", "fp8", "qwen-image", "Qwen/Qwen-Image",
-         "prequant only", "none", "models/prequant", "", 768, ""],
-        {**DEFAULTS, "checkpoint": "Qwen-Image-FP8.safetensors", "preset": "Qwen-Image / fp8", "scheme": "fp8",
-         "family": "qwen-image", "base_model_id": "Qwen/Qwen-Image", "min_features": 768}),
-    # the other two nodes: expert inputs moved last as well
-    "info": (["Z-Image-Turbo-INT8.safetensors", "/x/y.safetensors", BASE_ID, "int8", True],
-             {"checkpoint": "Z-Image-Turbo-INT8.safetensors", "base_model_id": BASE_ID, "scheme": "int8",
-              "verify_fingerprint": True, "path": "/x/y.safetensors"}, "PrequantInfo"),
-    # Info's first entry names only its own inputs now: the loader's "(none: ...)" saved there maps to Info's own
-    "info without a file": (["(none: use path or hub_repo)", "/x/y.safetensors", BASE_ID, "int8", False],
-                            {"checkpoint": "(none: use path)", "base_model_id": BASE_ID, "scheme": "int8",
-                             "verify_fingerprint": False, "path": "/x/y.safetensors"}, "PrequantInfo"),
-    "build": (["dense.safetensors", "fp8", 768, BASE_ID, "z-image", "mine.safetensors", "pt", True],
-              {"dense_file": "dense.safetensors", "scheme": "fp8", "base_model_id": BASE_ID, "family": "z-image",
-               "filename": "mine.safetensors", "min_features": 768, "container": "pt", "overwrite": True,
-               "component": "transformer"},
-              "PrequantBuildCheckpoint"),
-}
-
-
 def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end(tmp_path):
-    chromium, node = _chromium(), _node()
+    chromium, node = find_chromium(), find_node()
     base = tmp_path / "comfy"
     (base / "models" / "prequant").mkdir(parents=True)
     out = tmp_path / "load.json"
@@ -252,14 +183,14 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         with open(os.path.join(ROOT, "example_workflows", f)) as fh:
             shipped[f] = json.load(fh)
     workflows = [{"name": f, "workflow": wf} for f, wf in shipped.items()]
-    workflows += [{"name": k, "workflow": _single(v[0], *v[2:])} for k, v in OLD_LAYOUTS.items()]
+    workflows += [{"name": k, "workflow": single(v[0], *v[2:])} for k, v in OLD_LAYOUTS.items()]
     # a shared workflow whose Info node carries a saved result of any shape (issue 39 #8: "number 5 is not iterable"
     # aborted loading the workflow)
-    hostile = _single(["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", False], "PrequantInfo")
+    hostile = single(["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", False], "PrequantInfo")
     hostile["nodes"][0]["properties"]["prequant_last_result"] = {
         "rows": 5, "notes": {"a": 1}, "verdict": {"ok": False, "reasons": 7, "summary": ["x"]},
         "valid": "yes"}
-    hostile2 = _single(["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", False], "PrequantInfo")
+    hostile2 = single(["Z-Image-Turbo-INT8.safetensors", "", BASE_ID, "int8", False], "PrequantInfo")
     hostile2["nodes"][0]["properties"]["prequant_last_result"] = {"rows": [5, [{"toString": 1}, {"valueOf": 2}]],
                                                                   "notes": [None, {"toString": "x"}]}
     workflows += [{"name": "hostile saved result", "workflow": hostile},
@@ -337,11 +268,6 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
 
 # --- what a user sees: every shipped workflow laid out, run, kept -----------------------------------------------
 
-LOADER_TYPE = "PrequantLoadTransformer"
-DEFAULT_SHOWN = {LOADER_TYPE: ["checkpoint", "preset", "hub_repo", "scheme"],
-                 "PrequantBuildCheckpoint": ["dense_file", "scheme", "filename", "container", "overwrite"],
-                 "PrequantInfo": ["checkpoint", "base_model_id", "scheme", "verify_fingerprint"]}
-
 SHIPPED_FILE = "Z-Image-Turbo-FP8.safetensors"  # the name z_image_turbo_prequant.json ships with
 ARTIFACTS = os.path.join(SCREENSHOT_COPY, "workflows")
 
@@ -361,7 +287,7 @@ def test_shipped_workflows_laid_out_run_and_kept_in_the_real_front_end(prequant_
     workflow gives the node; the loader's panel stays inside its node and needs no inner scrolling; its result shows
     again after a tab switch and a page reload. Screenshots of each workflow and of each node after the run are
     written to out/browser/workflows/ (ignored by git) for a reviewer to look at."""
-    chromium, node = _chromium(), _node()
+    chromium, node = find_chromium(), find_node()
     base = tmp_path / "comfy"
     (base / "models" / "prequant").mkdir(parents=True)
     # a tiny real Z-Image fp8 file under the shipped name: z_image_turbo_prequant.json runs exactly as shipped;
@@ -471,7 +397,7 @@ def test_waits_say_what_is_happening_and_a_network_failure_reads_plainly(prequan
     is connecting, then fails with one plain sentence and the fix; ComfyUI's error dialog says the same; the client's
     raw exception is only in the server log."""
     from hub_server import HubServer, free_port
-    chromium, node = _chromium(), _node()
+    chromium, node = find_chromium(), find_node()
     repo, fname = "unsloth/Z-Image-Turbo-INT8", "Z-Image-Turbo-INT8.safetensors"
     src = prequant_files("int8", "safetensors")
     size = os.path.getsize(src)
@@ -479,7 +405,7 @@ def test_waits_say_what_is_happening_and_a_network_failure_reads_plainly(prequan
     (base / "models" / "prequant").mkdir(parents=True)
     shots = tmp_path / "shots"
     shots.mkdir()
-    wf = _single(["(none: use path or hub_repo)"])
+    wf = single(["(none: use path or hub_repo)"])
     wf["nodes"][0]["outputs"][0]["links"] = [1]
     wf["nodes"].append({"id": 2, "type": "PreviewAny", "pos": [520, 20], "size": [300, 160], "flags": {}, "order": 1,
                         "mode": 0, "inputs": [{"name": "source", "type": "*", "link": 1}], "outputs": [],
@@ -553,7 +479,7 @@ def test_the_text_encoder_node_says_what_it_does_while_a_user_waits(tmp_path):
     class (the restated Unsloth builder): ComfyUI's full-size class refuses its shapes: the failure shown."""
     import unsloth_te_builder as te_builder
     from hub_server import HubServer
-    chromium, node = _chromium(), _node()
+    chromium, node = find_chromium(), find_node()
     repo, fname = "unsloth/Z-Image-Turbo-FP8", "Z-Image-Turbo-text_encoder-FP8.safetensors"
     src = str(tmp_path / fname)
     te_builder.build_file(src, "Qwen3ForCausalLM", base_model_id=BASE_ID, family="z-image")
@@ -561,7 +487,7 @@ def test_the_text_encoder_node_says_what_it_does_while_a_user_waits(tmp_path):
     (base / "models" / "prequant").mkdir(parents=True)
     shots = tmp_path / "shots"
     shots.mkdir()
-    wf = _single(["(none: use path or hub_repo)", "none", "none", "auto", "", "auto", "", "", ""],
+    wf = single(["(none: use path or hub_repo)", "none", "none", "auto", "", "auto", "", "", ""],
                  "PrequantLoadTextEncoder")
     wf["nodes"][0]["outputs"][0]["links"] = [1]
     wf["nodes"].append({"id": 2, "type": "PreviewAny", "pos": [520, 20], "size": [300, 160], "flags": {}, "order": 1,

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
-from test_browser import BROWSER_DIR, DEFAULT_SHOWN, OLD_LAYOUTS, _chromium, _node, _single
+from browser_kit import BROWSER_DIR, DEFAULT_SHOWN, OLD_LAYOUTS, find_chromium, find_node, single
 from tools import comfy_headless
 from tools.comfy_server import ComfyServer
 
@@ -30,7 +30,7 @@ FRONT_END_158 = os.path.join(ROOT, ".cache", "frontend158", "comfyui_frontend_pa
 
 @pytest.mark.parametrize("front_end", ["bundled", "1.58.1"])
 def test_advanced_inputs_fold_where_the_front_end_knows_the_flag_and_values_survive(tmp_path, front_end):
-    chromium, node = _chromium(), _node()
+    chromium, node = find_chromium(), find_node()
     extra = []
     if front_end != "bundled":
         assert os.path.isfile(os.path.join(FRONT_END_158, "index.html")), "scripts/setup_test_extras.sh frontend158"
@@ -41,7 +41,7 @@ def test_advanced_inputs_fold_where_the_front_end_knows_the_flag_and_values_surv
         shipped = json.load(f)
     old = {k: v for k, v in OLD_LAYOUTS.items() if k in ("twelve inputs, before component", "info", "build")}
     workflows = [{"name": "shipped", "workflow": shipped}]
-    workflows += [{"name": k, "workflow": _single(v[0], *v[2:])} for k, v in old.items()]
+    workflows += [{"name": k, "workflow": single(v[0], *v[2:])} for k, v in old.items()]
     out = tmp_path / "load.json"
     with ComfyServer(str(base), extra_args=extra) as server:
         version = server.get("/system_stats")["system"]["comfyui_version"]

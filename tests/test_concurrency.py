@@ -19,7 +19,7 @@ import psutil
 import torch
 
 from conftest import sample
-from test_server import image_digest, prompt_for, server  # noqa: F401  (module-scoped server fixture, reused)
+from server_kit import image_digest, prompt_for, server  # noqa: F401  (module-scoped server fixture, reused)
 
 CYCLES = int(os.environ.get("PREQUANT_RSS_CYCLES", "50"))
 WARMUP = 10

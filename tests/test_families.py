@@ -18,7 +18,7 @@ from prequant_core import builder, families, schemes
 from prequant_core.families import keymap
 from prequant_core.schemes import qtensor, quantize
 from prequant_core.errors import ComfyVersionError, CorruptCheckpointError, UnknownFamilyError
-from tools import tiny_families as tf
+from tools import tiny_families as tf, tiny_models
 
 FAMILIES = list(tf.TINY)
 SCHEMES = ("int8", "fp8")
@@ -246,7 +246,7 @@ def test_real_size_model_matches_comfyuis_own_detection(comfy, family):
     for scheme in SCHEMES:
         flt = schemes.LayerFilter(scheme, schemes.DEFAULT_MIN_FEATURES,
                                   tuple(schemes.exclude_tokens(scheme, fam.arch.int8_exclude_extra)))
-        quantized = {k for k in quantize.linear_weight_keys(sd) if flt.reason_skipped(k[:-len(".weight")], sd[k]) is None}
+        quantized = {k for k in tiny_models.linear_weight_keys(sd) if flt.reason_skipped(k[:-len(".weight")], sd[k]) is None}
         assert len(quantized) > 10
         mixed = {t: parts for t, parts in fused.items() if len({p in quantized for p in parts}) > 1}
         assert not mixed, f"{scheme}: fused ComfyUI weights with quantized and dense parts: {mixed}"

@@ -55,6 +55,14 @@ def test_every_listed_file_exists_and_each_test_file_runs_in_one_leg():
     assert set(core) <= every and set(heavy) <= every
 
 
+def test_no_test_file_imports_another():
+    """What two test files share lives in a helper module (server_kit, browser_kit, ...): importing a test file would
+    collect its tests again and tie one file's fixtures to another's."""
+    for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py")):
+        text = open(p, encoding="utf-8").read()
+        assert not re.search(r"^\s*(from|import) test_\w+", text, re.M), f"{os.path.basename(p)} imports a test file"
+
+
 def test_core_tier_files_do_not_start_comfyui():
     for f in _array("CORE_TESTS"):
         text = open(os.path.join(ROOT, f), encoding="utf-8").read()

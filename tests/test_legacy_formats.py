@@ -100,7 +100,7 @@ def test_fixture_is_a_real_torchao_v1_file(legacy, zimage_dense):
         torch.load(legacy.path, weights_only=True)  # what current torch + torchao alone make of it
     # the same layers our int8 scheme quantizes
     flt = schemes.LayerFilter("int8", exclude=tuple(schemes.exclude_tokens("int8")))
-    picked = {k for k in quantize.linear_weight_keys(zimage_dense)
+    picked = {k for k in tiny_models.linear_weight_keys(zimage_dense)
               if flt.reason_skipped(k[: -len(".weight")], zimage_dense[k]) is None}
     assert set(legacy.keys) == picked and len(picked) > 10
     assert all(legacy.s[k].dtype == torch.bfloat16 and legacy.s[k].numel() == legacy.q[k].shape[0]

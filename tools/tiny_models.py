@@ -50,3 +50,9 @@ def zimage_comfy_layout(dense_diffusers: dict) -> dict:
     shapes = {k: tuple(v.shape) for k, v in dense_diffusers.items()}
     cfg = fam.config_from_shapes(shapes)
     return keymap.to_comfy(dense_diffusers, getattr(comfy.utils, fam.arch.comfy_key_map)(cfg))
+
+
+def linear_weight_keys(tensors) -> list[str]:
+    """The Linear weights of a state dict, as the builder tells them (``schemes.quantize.is_linear_weight``)."""
+    from prequant_core.schemes.quantize import is_linear_weight
+    return [k for k, v in tensors.items() if is_linear_weight(k, v)]

@@ -21,10 +21,6 @@ def is_linear_weight(key: str, t) -> bool:
     return key.endswith(".weight") and len(tuple(t.shape)) == 2
 
 
-def linear_weight_keys(tensors: Mapping) -> list[str]:
-    return [k for k, v in tensors.items() if is_linear_weight(k, v)]
-
-
 QUANT_CHUNK_ELEMS = 1 << 20  # quantize big weights this many elements at a time (fp32 temporaries: 4 MB each)
 _TRIM: list = []
 
