@@ -61,7 +61,7 @@ def built(folder, scheme) -> str:
     if not os.path.exists(path):
         builder.build_from_tensors(dense(), builder.Target(path, container="pt"),
                                    builder.Recipe(scheme, family=families.get(FAMILY),
-                                                base_model_id=tf.TINY[FAMILY].base_model_id))
+                                                  base_model_id=tf.TINY[FAMILY].base_model_id))
     return name
 
 

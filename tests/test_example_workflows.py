@@ -155,7 +155,8 @@ def env(tmp_path_factory, comfy):
             local = str(files_dir / named["checkpoint"])
             builder.build_from_tensors(dense, builder.Target(local, container=os.path.splitext(local)[1][1:]),
                                        builder.Recipe(c.scheme, family=families.get(fam),
-                                                    base_model_id=named["base_model_id"], component=named["component"]))
+                                                      base_model_id=named["base_model_id"],
+                                                      component=named["component"]))
             by_repo.setdefault(c.repo, {})[named["checkpoint"]] = local  # one commit per repo holds all its files
             served.setdefault(os.path.basename(path), []).append((c.repo, named["checkpoint"], local,
                                                                    str(node["id"])))

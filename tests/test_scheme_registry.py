@@ -59,7 +59,7 @@ def test_a_scheme_is_unknown_without_its_registry_line(tmp_path):
     with pytest.raises(ValidationError):
         builder.build_from_tensors(_dense(), builder.Target(str(tmp_path / "x.safetensors")),
                                    builder.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
-                                                min_features=32))
+                                                  min_features=32))
 
 
 def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
@@ -76,7 +76,7 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
     dense = _dense()
     path = builder.build_from_tensors(dense, builder.Target(str(tmp_path / "Z-Image-Turbo-Q8TOY.safetensors")),
                                       builder.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
-                                                   min_features=32))
+                                                     min_features=32))
     ck = formats.read(path)
     assert ck.metadata["scheme"] == "q8toy" and ck.metadata["require_divisible"] == 32
     extra = families.get("z-image").arch.int8_exclude_extra
@@ -112,7 +112,7 @@ def with_toy_kind(monkeypatch):
 def _q4toy_file(tmp_path, name="Z-Image-Turbo-Q4TOY.safetensors"):
     return builder.build_from_tensors(_dense(), builder.Target(str(tmp_path / name)),
                                       builder.Recipe("q4toy", family=families.get("z-image"), base_model_id=BASE,
-                                                   min_features=32))
+                                                     min_features=32))
 
 
 def test_a_new_weight_kind_is_unknown_without_its_registry_line():

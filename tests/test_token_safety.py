@@ -54,7 +54,7 @@ def test_gated_download_with_env_token_then_save_image_leaks_the_token_nowhere(t
     dense = tiny_models.zimage_dense(seed=0, cap_feat_dim=tiny_assets.CAP_FEAT_DIM)
     builder.build_from_tensors(dense, builder.Target(str(hosted)),
                                builder.Recipe("fp8", family=families.get("z-image"),
-                                            base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+                                              base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     base, hf_home = tmp_path / "comfy", tmp_path / "hf_home"
     tiny_assets.install(str(base / "models"))
     with open(WORKFLOW) as f:

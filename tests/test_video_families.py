@@ -50,7 +50,7 @@ def experts(prequant_dir):
         path = os.path.join(prequant_dir, f"{stem}-INT8.safetensors")
         builder.build_from_tensors(dense(A14B, seed), builder.Target(path, overwrite=True),
                                    builder.Recipe("int8", family=families.get(A14B), base_model_id=t.base_model_id,
-                                                component=comp))
+                                                  component=comp))
         out[comp] = "video/" + os.path.basename(path)
     return out
 

@@ -83,7 +83,7 @@ def test_the_packs_build_of_the_same_weights_loads_with_the_row_zero(tmp_path):
     path = str(tmp_path / "mine.safetensors")
     builder.build_from_tensors(dense, builder.Target(path, container="safetensors"),
                                builder.Recipe("fp8", family=families.get("z-image"),
-                                            base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+                                              base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     opened = opening.open_checkpoint(path, Request(scheme="fp8"), model_dirs=[str(tmp_path)])
     t = opened.checkpoint.tensors["layers.0.attention.to_q.weight"]
     deq = t.dequantize().float()

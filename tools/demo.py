@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     dense_path = tiny_models.save_dense_safetensors(dense, os.path.join(base, "dense", DENSE_NAME))
     builder.build_from_tensors(dense, builder.Target(ckpt, overwrite=True),
                                builder.Recipe(args.scheme, family=families.get("z-image"),
-                                            base_model_id="Tongyi-MAI/Z-Image-Turbo"))
+                                              base_model_id="Tongyi-MAI/Z-Image-Turbo"))
     del dense
     print(f"[demo] built {ckpt_name}: {os.path.getsize(ckpt) / 2**20:.1f} MiB on disk "
           f"(dense bf16 {dense_bytes / 2**20:.1f} MiB) in {time.time() - t0:.1f}s")

@@ -97,7 +97,7 @@ def build_file(family: str, scheme: str, path: str) -> str:
     dense = {k: v.to(torch.bfloat16).contiguous() for k, v in tf.any_diffusers_model(family).state_dict().items()}
     return builder.build_from_tensors(dense, builder.Target(path, container=path.rsplit(".", 1)[-1], overwrite=True),
                                       builder.Recipe(scheme, family=families.get(family),
-                                                   base_model_id=base_model_id(family)))
+                                                     base_model_id=base_model_id(family)))
 
 
 def forward_record(family: str, path: str, inputs_path: str | None = None) -> str:

@@ -94,9 +94,9 @@ def run_build(args) -> int:
                 output = os.path.join(folder, builder.default_filename(base, scheme, c, args.component))
             res = builder.build(args.input,
                                 builder.Target(output, container=None if container == "auto" else container,
-                                             overwrite=args.overwrite),
+                                               overwrite=args.overwrite),
                                 builder.Recipe(scheme, family=family, base_model_id=args.base_model_id,
-                                             min_features=args.min_features, component=args.component),
+                                               min_features=args.min_features, component=args.component),
                                 key_map=key_map, progress=bar)
     print(res.summary())
     print(res.path)
@@ -132,8 +132,8 @@ def _native(args, family: str | None, bar):
             args.base_model_id or md.get("base_model_id") or fam.hosting.base_repos[0], scheme, NATIVE, args.component))
     return builder.build_comfy_native(tensors, builder.Target(output, overwrite=args.overwrite),
                                       builder.Recipe(scheme, family=fam,
-                                                   base_model_id=args.base_model_id or md.get("base_model_id"),
-                                                   min_features=args.min_features),
+                                                     base_model_id=args.base_model_id or md.get("base_model_id"),
+                                                     min_features=args.min_features),
                                       progress=bar, input_layout=layout)
 
 

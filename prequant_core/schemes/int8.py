@@ -137,7 +137,7 @@ def comfy_read(layout, stored, spec):
         group = stored.cfg.get("convrot_groupsize", 256)
         if not rotation.is_power_of_4(group) or group > rotation.MAX_GROUP or weight.shape[1] % group:
             raise stored.bad("its convrot_groupsize is not a power of 4 dividing the input width",
-                         expected=f"4 .. {rotation.MAX_GROUP}, dividing {weight.shape[1]}", found=repr(group)[:40])
+                             expected=f"4 .. {rotation.MAX_GROUP}, dividing {weight.shape[1]}", found=repr(group)[:40])
         if gran != "per_row":
             raise stored.bad("a ConvRot layer needs per-row scales", found=gran)
     return CODEC.assemble((weight, scale), spec()), gran, group
