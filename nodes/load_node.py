@@ -247,7 +247,7 @@ class PrequantLoadTransformer:
             routed = pipeline.run(src, req, ctx, fallback=route.Fallback(policy, paths.resolve_dense(dense_fallback)),
                                   unavailable=unavailable)
             p, located = routed.route, routed.located
-            if p.path == "pre-quantized":
+            if p.taken == "pre-quantized":
                 # weights the family's class holds beside the file's (LTX-2.3's text connectors): found before
                 # anything is built, so a missing one costs nothing resident; never for a family this ComfyUI
                 # cannot build (a local file names its family only once read)
@@ -267,7 +267,7 @@ class PrequantLoadTransformer:
                 status.say(f"quantizing {os.path.basename(p.dense_path)} while reading it")
                 patcher = load_quantized_at_load(p, progress=status.tensors, ctx=ctx)
                 s = _dense_summary(p, patcher)
-        if located and located.fetched and p.path == "pre-quantized":
+        if located and located.fetched and p.taken == "pre-quantized":
             f = located.fetched
             s.update(file=os.path.basename(f.path), source=f"hub:{f.repo}@{f.revision}", downloaded=f.downloaded,
                      repo_file=f.filename, location=f.path)

@@ -161,7 +161,7 @@ class PrequantLoadTextEncoder:
         src = encoder_sources.plan(local, hub_repo, family, component, revision=revision, preset=preset)
         if missing:  # a listed name this user does not have: only a source serving that very file may stand in
             want = os.path.basename(missing.replace("\\", "/"))
-            served = [c for c in src if c.kind == "hub" and want in c.filenames]
+            served = [c for c in src if c.place == "hub" and want in c.filenames]
             if not served:
                 raise ValidationError(f"The text encoder '{missing}' is not in models/prequant or "
                                       "models/text_encoders, and nothing the node names serves that file.",

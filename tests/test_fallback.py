@@ -80,7 +80,7 @@ def test_plan_is_decided_before_loading(comfy, prequant_files, allow_dir, dense_
     dirs = [os.path.join(models_dir, "diffusion_models")]
     p = route.choose(prequant_files("int8"), Request(scheme="int8", base_model_id="nope/other"),
                      LoadContext.of(model_dirs=dirs), fallback=route.Fallback(route.PREQUANT_ELSE_DENSE, dense_file))
-    assert p.path == "quantized at load" and p.skipped_because and p.family.name == "z-image"
+    assert p.taken == "quantized at load" and p.skipped_because and p.family.name == "z-image"
     with pytest.raises(errors.PathNotAllowedError):
         route.choose(None, Request(scheme="int8"), LoadContext.of(model_dirs=dirs),
                      fallback=route.Fallback(route.DENSE_ONLY, "/etc/hostname"))

@@ -45,7 +45,7 @@ def test_plan_order_and_inputs():
     from prequant_core.errors import HubError
     p = sources.plan(sources.Wanted("/m/x.safetensors", "https://huggingface.co/" + REPO + "/", "z-image", "int8",
                                     revision=" v1 "))
-    assert [(c.kind, c.origin) for c in p] == [("local", "path"), ("hub", "hub_repo")]
+    assert [(c.place, c.origin) for c in p] == [("local", "path"), ("hub", "hub_repo")]
     assert p.candidates[1].repo == REPO and p.candidates[1].revision == "v1"  # the family repo is the same: not twice
     origins = [c.origin for c in sources.plan(sources.Wanted(None, "me/Other-FP8", "z-image", "fp8"))]
     assert origins == ["hub_repo", "family"]
@@ -69,7 +69,7 @@ def test_plan_order_and_inputs():
         sources.plan(sources.Wanted(None, None, None, "int8", preset="Z-Image-Turbo / fp8"))
     # what the user names explicitly wins over the preset (which is only a default source)
     local = sources.plan(sources.Wanted("/some/file.safetensors", None, None, "int8", preset="Z-Image-Turbo / fp8"))
-    assert [c.kind for c in local.candidates] == ["local"] and local.candidates[0].scheme == "int8"
+    assert [c.place for c in local.candidates] == ["local"] and local.candidates[0].scheme == "int8"
     named = sources.plan(sources.Wanted(None, "someone/Other-INT8", None, None, preset="Z-Image-Turbo / fp8"))
     assert named.candidates[0].repo == "someone/Other-INT8" and named.candidates[0].scheme == "int8"
 

@@ -171,7 +171,7 @@ def test_a_lora_keeps_no_original_the_file_holds_and_unpatches_exactly(comfy, pr
     assert torch.equal(sample(model), base)
     assert torch.equal(sample(lora_model), lora_out), "patching again from the re-read pages: the same output"
     mm.unload_all_models()
-    monkeypatch.setattr(lora_rows, "ROWS", 8)  # the tiny layers' 64-192 rows in many blocks
+    monkeypatch.setattr(lora_rows, "rows_per_block", lambda columns: 8)  # the tiny layers' 64-192 rows in many blocks
     assert len(lora_rows.blocks(lora_model.patches["diffusion_model.layers.0.attention.qkv.weight"],
                                 dm.layers[0].attention.qkv.weight.shape[0], lora_rows.rows_per_block(64))) > 2
     assert torch.equal(sample(lora_model), lora_out), "patched in blocks of rows: the same bytes"

@@ -104,7 +104,7 @@ def test_a_patch_comfyui_cannot_apply_is_logged_once_per_layer_not_once_per_bloc
     g = torch.Generator().manual_seed(5)
     bad = LoRAAdapter(set(), (torch.randn(rows, 8, generator=g), torch.randn(4, cols, generator=g),  # rank 8 vs 4
                               torch.tensor(4.0), None, None, None))
-    monkeypatch.setattr(lora_rows, "ROWS", 8)
+    monkeypatch.setattr(lora_rows, "rows_per_block", lambda columns: 8)
     originals = op.prequant_parts()
     assert len(lora_rows.blocks([(1.0, bad, 1.0, None, None)], rows, lora_rows.rows_per_block(cols))) > 10
     with caplog.at_level(logging.WARNING):

@@ -76,7 +76,7 @@ def cached_file(repo: str, filenames: Iterable[str], revision: str | None = None
 
 
 def is_cached(candidate: sources.Candidate) -> bool:
-    return candidate.kind == "hub" and cached_file(candidate.repo, candidate.filenames, candidate.revision) is not None
+    return candidate.place == "hub" and cached_file(candidate.repo, candidate.filenames, candidate.revision) is not None
 
 
 def pinned_commit_hit(repo, filenames, rev, cache):

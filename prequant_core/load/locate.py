@@ -44,9 +44,9 @@ def locate(plan: sources.Candidates | Iterable[sources.Candidate], ctx: LoadCont
         raise CheckpointNotFoundError("No checkpoint chosen.", reasons=notes,
                                       fix="Pick a file in 'checkpoint', fill 'path', type a 'hub_repo' (e.g. "
                                           "unsloth/Z-Image-Turbo-FP8) with a scheme, or pick a preset.")
-    if cands[0].kind == "local":
+    if cands[0].place == "local":
         return Located(cands[0].path, cands[0])
-    hub_cands = [c for c in cands if c.kind == "hub"]
+    hub_cands = [c for c in cands if c.place == "hub"]
 
     def available(c):
         return is_cached(c) or bool(dest_dir and local_file(c.repo, c.filenames, [dest_dir, *search_dirs],

@@ -35,7 +35,7 @@ class Fallback:
 class LoadRoute:
     """The route a load takes, decided before anything is loaded: the opened, validated pre-quantized file, or the
     dense file to quantize while reading it (with why the pre-quantized route was skipped)."""
-    path: str  # "pre-quantized" | "quantized at load"
+    taken: str  # "pre-quantized" | "quantized at load"
     opened: Opened | None = None
     dense_path: str | None = None
     scheme: str | None = None

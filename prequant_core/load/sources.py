@@ -60,7 +60,7 @@ _URL_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingfa
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    kind: str  # "local" | "hub"
+    place: str  # "local" | "hub"
     origin: str  # "path" | "hub_repo" | "preset" | "family"
     scheme: str | None = None
     path: str | None = None  # local
@@ -69,7 +69,7 @@ class Candidate:
     revision: str | None = None  # hub; None means the default branch
 
     def describe(self) -> str:
-        if self.kind == "local":
+        if self.place == "local":
             return f"local file {self.path}"
         rev = f"@{self.revision}" if self.revision else ""
         return f"Hub repo {self.repo}{rev} ({', '.join(self.filenames)})"
@@ -403,7 +403,7 @@ def plan(wanted: Wanted) -> Candidates:
             repo = hosted_repo(fam.name, variant=variant, base_model_id=base_model_id, scheme=scheme)
             if repo is None:
                 notes.append(f"family '{fam.name}' has no hosted repo")
-            elif not any(c.kind == "hub" and c.repo == repo and c.scheme == scheme for c in out):
+            elif not any(c.place == "hub" and c.repo == repo and c.scheme == scheme for c in out):
                 out.append(Candidate("hub", "family", scheme=scheme, repo=repo, revision=revision,
                                      filenames=filenames(repo, scheme, component, base_model_id)))
     return Candidates(tuple(out), tuple(notes), family, scheme)
@@ -422,7 +422,7 @@ def usable(candidates: Iterable[Candidate], *, model_dirs: Iterable[str] = (), o
     model_dirs = list(model_dirs)
     ok, bad = [], []
     for c in candidates:
-        if c.kind == "local":
+        if c.place == "local":
             if not allowlist.is_allowed(c.path, model_dirs, env):
                 bad.append((c, "outside the model folders and the allowlist"))
             elif not exists(os.path.realpath(os.path.expanduser(c.path))):
@@ -478,7 +478,7 @@ def hub_origin(path: str, scheme: str | None, component: str | None = None,
 
 
 def local_names(candidate: Candidate) -> tuple[str, ...]:
-    return tuple(local_name(candidate.repo, fn) for fn in candidate.filenames) if candidate.kind == "hub" else ()
+    return tuple(local_name(candidate.repo, fn) for fn in candidate.filenames) if candidate.place == "hub" else ()
 
 
 def provider(p: Candidates, name: str) -> Candidate | None:
@@ -486,7 +486,7 @@ def provider(p: Candidates, name: str) -> Candidate | None:
     have yet), else None. Only an exact file name counts: another file is never fetched in place of the one named."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     for c in p:
-        if c.kind == "hub" and base in local_names(c):
+        if c.place == "hub" and base in local_names(c):
             return c
     return None
 
@@ -521,7 +521,7 @@ def for_missing_file(name: str, p: Candidates, folders: Iterable[str], *,
     else:
         where = (f"Put the file into {first}, or choose a preset / hub_repo / family + scheme whose hosted file has "
                  "this name, or pick another file in the list.")
-    offered = [f"{c.repo} ({', '.join(local_names(c))})" for c in p if c.kind == "hub"]
+    offered = [f"{c.repo} ({', '.join(local_names(c))})" for c in p if c.place == "hub"]
     raise CheckpointNotFoundError(
         f"The workflow names the checkpoint '{name}', which is not in {', '.join(folders) or 'the model folders'}.",
         expected=f"{name} in one of those folders", found="no such file" + (
