@@ -169,7 +169,7 @@ PLAIN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, tor
 def int8_encoder_parts(ck) -> frozenset:
     """The integer tensors an int8 ConvRot text encoder (its own tag) stores as plain tensors: each layer's uint8
     ``.comfy_quant`` blob and the int8 codes beside it. Exempt from the float rule below only there; the encoder's
-    judge (``load.encoder_checks.int8_convrot_reasons``) checks each through the ComfyUI-native layer rules and the
+    judge (``text_encoders.checks.int8_convrot_reasons``) checks each through the ComfyUI-native layer rules and the
     quantized-value boundary instead."""
     from .checkpoint import TEXT_ENCODER_FORMAT_INT8_CONVROT
     if ck.format_tag != TEXT_ENCODER_FORMAT_INT8_CONVROT:
