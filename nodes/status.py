@@ -28,9 +28,8 @@ class NodeStatus:
     """``say(text)`` for a stage (connecting, checking, loading); ``bytes(done, total)`` while downloading or
     reading, with the rate. ``node_id``: ComfyUI's UNIQUE_ID of the node; None sends nothing."""
 
-    def __init__(self, node_id, *, send=None):
+    def __init__(self, node_id):
         self.node_id = None if node_id is None else str(node_id)
-        self._send = send
         self.label = ""
         self._bar = None
         self._start = None
@@ -40,9 +39,6 @@ class NodeStatus:
         if self.node_id is None:
             return
         data = {"node": self.node_id, **data}
-        if self._send is not None:
-            self._send(data)
-            return
         ps = _server()
         if ps is not None:
             ps.send_sync(EVENT, data, getattr(ps, "client_id", None))
