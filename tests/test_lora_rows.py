@@ -47,6 +47,22 @@ def test_blocks_of_rows_give_the_whole_layers_numbers(comfy, rows, cols, rank):
     assert not torch.equal(whole, w)
 
 
+@pytest.mark.parametrize("form", ["diff", "set"])
+def test_named_diff_and_set_patches_cut_by_rows_give_the_whole_layers_numbers(comfy, form):
+    """The named forms a model merge or a full-weight patch arrives as, ``("diff", (d,))`` and ``("set", (w,))``:
+    cut by rows, each block's part of the tensor patched by ComfyUI, the very numbers of patching the whole weight."""
+    from comfy.lora import calculate_weight
+    _, pack = comfy
+    lora_rows = pack.nodes.lora_rows
+    rows, cols = 3000, 2500
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(rows, cols, generator=g) / cols ** 0.5
+    patches = [(0.6, (form, (torch.randn(rows, cols, generator=g) * 1e-2,)), 1.0, None, None)]
+    whole = calculate_weight(patches, w.clone(), "k")
+    got, n = _patch_in_blocks(lora_rows, patches, w)
+    assert n > 1 and torch.equal(got, whole) and not torch.equal(whole, w)
+
+
 def test_a_block_outside_an_offset_patch_is_left_alone(comfy):
     """A patch on rows 100..149 only: blocks of 64 rows carry it where they meet those rows (rebased to the block),
     and nowhere else."""
