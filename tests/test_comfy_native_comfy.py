@@ -120,6 +120,28 @@ def test_build_nodes_comfyui_native_output_loads_in_stock_comfyui(comfy, wan, sc
     assert diff < 1e-3, "stock ComfyUI and this pack must compute the same model from the same file"
 
 
+def test_a_native_build_from_a_model_in_the_graph_writes_what_the_dense_file_gives(comfy, wan):
+    """Build Prequant Checkpoint with a MODEL input (the dense model in ComfyUI's own class) and container
+    comfyui-native: the MODEL's own state dict (ComfyUI's layout already) quantized the way ComfyUI's quantizer does,
+    tensor for tensor the file the same node writes from the dense file itself."""
+    from safetensors.torch import load_file
+    nodes, pack = comfy
+    from_file = _build(nodes, wan, "fp8")
+    model = pack.nodes.comfy_model.build_patcher(families.get(WRITE_FAMILY), "comfyui", dict(wan[0]))
+    with torch.inference_mode():
+        res = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]().build(
+            dense_file="(none: use the model input)", scheme="fp8", min_features=64,
+            base_model_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers", family=WRITE_FAMILY, filename="from-model.safetensors",
+            container="comfyui-native", overwrite=True, model=model)
+    info = res["ui"]["prequant_build"][0]
+    assert info["container"] == "comfyui-native" and info["input_layout"] == "comfyui", info
+    a = load_file(os.path.join(_folder("."), from_file))
+    b = load_file(info["path"])
+    assert sorted(a) == sorted(b) and any(k.endswith(".comfy_quant") for k in b)
+    assert all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) if a[k].element_size() == 1 else
+               torch.equal(a[k], b[k]) for k in a)
+
+
 RENAMED = [  # (a module of the tiny FLUX in ComfyUI's layout, the attribute the damaged file stores its tensor as)
     ("double_blocks.0.txt_attn.qkv", "scale"),  # its bias (the image stream's tells the config there are biases)
     ("double_blocks.0.txt_attn.norm.query_norm", "gamma"),  # its scale (.weight in ComfyUI 0.33's names)
