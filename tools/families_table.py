@@ -131,7 +131,7 @@ def workflow_encoder_rows() -> list[str]:
             elif n["type"] in COMFY_TE_LOADERS:
                 shown, count = COMFY_TE_LOADERS[n["type"]]
                 urls = {m["name"]: m.get("url", "") for m in (n.get("properties") or {}).get("models") or []}
-                files = [v for v in values[:count]]
+                files = list(values[:count])
                 hosts = dict.fromkeys("/".join(urls[f].split("/")[3:5]) for f in files if urls.get(f))
                 out.append(f"| `{os.path.basename(path)}` | {shown} | "
                            + " + ".join(f"`{f}`" for f in files) + f" (ComfyUI's own) | {', '.join(hosts)} |")

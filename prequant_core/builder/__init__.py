@@ -205,8 +205,8 @@ def build(input, target: Target, recipe: Recipe, *, key_map: KeyMapArg = None, l
     component = check_component(component, fam)
     made = dataclasses.replace(recipe, scheme=scheme, family=fam, base_model_id=recipe.base(fam),
                                min_features=min_features, component=component, exclude=recipe.excluded(fam))
-    base_model_id, exclude = made.base_model_id, list(made.exclude)
-    flt = schemes.LayerFilter(scheme, min_features, tuple(exclude))
+    base_model_id = made.base_model_id
+    flt = schemes.LayerFilter(scheme, min_features, tuple(made.exclude))
     infos = src.infos()
     estimate, n_q = estimate_output_bytes(infos, flt)
     if n_q == 0:
@@ -294,8 +294,7 @@ def build_from_tensors(dense: Mapping, target: Target, recipe: Recipe, *, progre
     scheme = schemes.normalize(recipe.scheme)
     container = container_for(os.path.abspath(os.fspath(target.dest)), target.container, scheme)
     made = dataclasses.replace(recipe, scheme=scheme, exclude=recipe.excluded(recipe.family))
-    q, _ = quantize_tensors(dense, scheme, min_features=made.min_features, exclude=list(made.exclude),
-                            progress=progress)
+    q, _ = quantize_tensors(dense, scheme, min_features=made.min_features, exclude=made.exclude, progress=progress)
     return write_checkpoint(target.dest, q, make_metadata(made, q), container=container, overwrite=target.overwrite)
 
 
