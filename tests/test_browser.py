@@ -33,7 +33,7 @@ WRONG_BASE = "black-forest-labs/FLUX.1-dev"
 
 
 MODEL_LOADERS = {"PrequantLoadTransformer", "PrequantLoadTextEncoder", "CLIPLoader", "DualCLIPLoader", "VAELoader",
-                 "UNETLoader", "TripleCLIPLoader", "QuadrupleCLIPLoader"}
+                 "UNETLoader", "TripleCLIPLoader", "QuadrupleCLIPLoader", "LoraLoaderModelOnly", "LTXVAudioVAELoader"}
 
 
 def _widgets(fname: str) -> dict:

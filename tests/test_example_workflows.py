@@ -40,10 +40,16 @@ MODEL_EXTS = (".safetensors", ".pt", ".pth", ".ckpt", ".gguf", ".sft", ".bin")
 # The model folder each stock loader in the workflows reads its files from
 LOADER_DIRS = {"CLIPLoader": "text_encoders", "DualCLIPLoader": "text_encoders", "TripleCLIPLoader": "text_encoders",
                "QuadrupleCLIPLoader": "text_encoders", "VAELoader": "vae", "UNETLoader": "diffusion_models",
-               "PrequantLoadTextEncoder": "text_encoders"}  # its with_encoder: ComfyUI's CLIP-L for FLUX.1
+               "PrequantLoadTextEncoder": "text_encoders",  # its with_encoder: ComfyUI's CLIP-L for FLUX.1
+               "LoraLoaderModelOnly": "loras",
+               "LTXVAudioVAELoader": "checkpoints"}  # ComfyUI 0.33's audio VAE loader lists checkpoints/
 OFFICIAL_URL = re.compile(r"^https://huggingface\.co/(Comfy-Org|comfyanonymous)/[^/]+/resolve/main/(.+/)?([^/]+)$")
+# The one exception, named file by file: LTX-2.3's VAEs and text projection, which Lightricks and Comfy-Org ship only
+# inside the 27 GB single-file checkpoint (the dense model again); Kijai/LTX2.3_comfy hosts those parts alone
+SPLIT_FILES_URL = re.compile(r"^https://huggingface\.co/Kijai/LTX2\.3_comfy/resolve/main/(.+/)?([^/]+)$")
+SPLIT_FILES = {"ltx-2.3_text_projection_bf16.safetensors", "LTX23_video_vae_bf16.safetensors",
+               "LTX23_audio_vae_bf16.safetensors"}
 NOTES = ("Note", "MarkdownNote")
-WORKFLOW_PENDING = {"ltx-2"}  # loaded by the node on ComfyUI 0.33.0, no workflow yet (issue 60, 3)
 
 
 def load_wf(path):
@@ -133,6 +139,7 @@ def env(tmp_path_factory, comfy):
     """The loopback Hub holding, for each workflow's loader, a tiny real model of its family (of the scheme and
     component the loader asks for, built from the base the workflow names) under the hosted repo and file name; a
     ComfyUI base folder with an empty models/prequant. served: {workflow: [(repo, file, local, loader id)]}."""
+    from safetensors.torch import save_file
     from prequant_core import builder
     from tools import tiny_families, tiny_models
     _, pack = comfy
@@ -152,6 +159,13 @@ def env(tmp_path_factory, comfy):
                 dense = tiny_families.dense_from_subprocess(fam)
             else:
                 dense = tiny_families.dense(fam, seed=seed)
+            companion = families.get(fam).arch.companion
+            if companion is not None:  # LTX-2.3's text connectors: the base repo's own component, beside the file
+                part = {k[len(companion.prefix):]: v for k, v in dense.items() if k.startswith(companion.prefix)}
+                dense = {k: v for k, v in dense.items() if not k.startswith(companion.prefix)}
+                part_path = str(files_dir / f"{fam}-companion.safetensors")
+                save_file(part, part_path)
+                by_repo.setdefault(families.get(fam).hosting.base_repos[0], {})[companion.repo_file] = part_path
             local = str(files_dir / named["checkpoint"])
             builder.build_from_tensors(dense, builder.Target(local, container=os.path.splitext(local)[1][1:]),
                                        builder.Recipe(c.scheme, family=families.get(fam),
@@ -193,9 +207,7 @@ def test_there_is_a_workflow_for_every_family(comfy):
     runnable = {n for n, f in families.FAMILIES.items() if f.arch.unet_config is not None}
     assert {"z-image", "flux.1", "qwen-image"} <= runnable
     missing = runnable - covered
-    # LTX-2.3 loads through the node on ComfyUI 0.33.0; its workflow (ComfyUI's own template of it) is still to come
-    # (issue 60, 3): listed here exactly, so a new workflow must strike its name
-    assert missing == WORKFLOW_PENDING, f"families without an example workflow: {sorted(missing)}"
+    assert not missing, f"families without an example workflow: {sorted(missing)}"
     assert {"krea-2", "qwen-image-2.1"} <= covered  # the image families of ComfyUI 0.38.1 (Note: that version)
 
 
@@ -364,6 +376,9 @@ def test_workflows_declare_their_models_and_say_where_they_go(comfy):
             named = node_values(node, loader_info)
             c = hosted_target(named)
             assert named["checkpoint"] in note and c.repo in note and "models/prequant" in note, where
+            companion = families.get(named["family"]).arch.companion
+            if companion is not None:  # what the loader fetches besides the file, and the local name that saves it
+                assert companion.repo_file in note and f"models/prequant/` as `{companion.local_name}" in note, where
         files = other_model_files(wf)
         assert files, where
         for n, name in files:
@@ -371,8 +386,8 @@ def test_workflows_declare_their_models_and_say_where_they_go(comfy):
             assert name in declared, f"{where}: node {n['id']} does not declare {name}"
             m = declared[name]
             assert m["directory"] == LOADER_DIRS[n["type"]], (where, m)
-            match = OFFICIAL_URL.match(m["url"])
-            assert match and match.group(3) == name, f"{where}: {m['url']} is not an official download of {name}"
+            match = (SPLIT_FILES_URL if name in SPLIT_FILES else OFFICIAL_URL).match(m["url"])
+            assert match and match.groups()[-1] == name, f"{where}: {m['url']} is not an official download of {name}"
             assert name in note and f"models/{m['directory']}/" in note and m["url"] in note, (where, name)
 
 

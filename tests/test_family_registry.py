@@ -202,10 +202,9 @@ def test_the_recipe_counts_the_files_a_family_touches():
                 workflows[n[:-5]] = f.read()
             assert os.path.isfile(os.path.join(folder, n[:-5] + ".jpg")), n
     for fam in families.FAMILIES.values():
-        # LTX-2.3 has no workflow yet (issue 60, 3), listed exactly: its workflow must strike it from the list
         has = any(f'"{fam.name}"' in w for w in workflows.values())
         if fam.arch.unet_config is not None:
-            assert has != (fam.name == "ltx-2"), fam.name
+            assert has, fam.name
     # (7) its rows in the README's tables
     from tools import families_table
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:

@@ -133,8 +133,11 @@ def workflow_encoder_rows() -> list[str]:
                 urls = {m["name"]: m.get("url", "") for m in (n.get("properties") or {}).get("models") or []}
                 files = list(values[:count])
                 hosts = dict.fromkeys("/".join(urls[f].split("/")[3:5]) for f in files if urls.get(f))
+                # ComfyUI's own files come from its hosts; LTX-2.3's text projection is a community split file
+                whose = "ComfyUI's own" if all(h.split("/")[0] in ("Comfy-Org", "comfyanonymous") for h in hosts) \
+                    else "for ComfyUI's loader"
                 out.append(f"| `{os.path.basename(path)}` | {shown} | "
-                           + " + ".join(f"`{f}`" for f in files) + f" (ComfyUI's own) | {', '.join(hosts)} |")
+                           + " + ".join(f"`{f}`" for f in files) + f" ({whose}) | {', '.join(hosts)} |")
     return out
 
 

@@ -34,7 +34,9 @@ DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"  # ComfyUI 0.33+: a combo whose chosen o
 
 
 def _is_widget(spec) -> bool:
-    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES or spec[0] == DYNAMIC_COMBO
+    # a multi-type input ("FLOAT,INT": a link of either type) is drawn as the widget its widgetType names
+    return isinstance(spec[0], list) or spec[0] in WIDGET_TYPES or spec[0] == DYNAMIC_COMBO or \
+        _opts(spec).get("widgetType") in WIDGET_TYPES
 
 
 def _opts(spec) -> dict:
