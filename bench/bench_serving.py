@@ -119,11 +119,11 @@ def make_files(base: str, layers: int) -> dict:
     files = bench_load.make_files(folder, layers, [])  # dense only; the .pt is built below from the same tensors
     from safetensors.torch import load_file
     import comfy.utils
-    from prequant_core.families import keymap
+    from tools.tiny_models import comfy_to_diffusers
     fam = families.get("z-image")
     comfy_sd = load_file(files["dense"])
     cfg = fam.config_from_shapes({k: tuple(v.shape) for k, v in comfy_sd.items()})
-    dense = keymap.to_diffusers(comfy_sd, comfy.utils.z_image_to_diffusers(cfg))
+    dense = comfy_to_diffusers(comfy_sd, comfy.utils.z_image_to_diffusers(cfg))
     del comfy_sd
     os.makedirs(os.path.join(folder, "prequant"), exist_ok=True)
     files["int8"] = os.path.join(folder, "prequant", "Z-Image-Turbo-INT8.pt")

@@ -18,11 +18,6 @@ import torch
 from prequant_core.schemes import devices, qtensor, registry, rotation
 
 
-def codes_table(module) -> str:
-    """The decode table of a layer's codes (its codec's ``code_table``: which float8 codes kept as bytes are)."""
-    return module.prequant_table
-
-
 def spec_is_dynamic(spec) -> bool:
     return spec.dynamic
 
@@ -120,15 +115,6 @@ def make_ops(base):
                     self._parameters.pop(name, None)
                 self.prequant_nparts = len(tensors)
                 self.prequant_spec = spec
-
-            def prequant_assign_dense(self, dense, before=None, same=None):
-                """Requantize a patched dense weight. Rows equal to ``before`` (the dense weight the patch started
-                from), or marked in ``same``, keep their original codes and scales: a LoRA on to_k must not move the
-                q and v rows of a fused qkv through a needless dequantize/requantize round trip."""
-                if same is None and before is not None:
-                    same = (dense == before).all(dim=1)
-                self.prequant_assign(self.prequant_quantize_dense(dense, self.prequant_parts(), same),
-                                     self.prequant_spec)
 
             def prequant_quantize_dense(self, dense, old, same=None) -> tuple:
                 """``dense`` (rows of the weight as the layer's math sees it) quantized like ``old``, the parts of the
@@ -236,7 +222,7 @@ def make_ops(base):
                     if spec.rotation:
                         input = rotation.rotate(input, spec.rotation)
                     if path == devices.WEIGHT_ONLY:
-                        return layout.weight_only_linear(input, ts, spec, bias, codes_table(self))
+                        return layout.weight_only_linear(input, ts, spec, bias, self.prequant_table)
                     if layout.float8_codes:
                         ts = (self.prequant_typed(ts[0]), *ts[1:])
                     return layout.quantized_linear(input.to(spec.dtype), ts, spec, bias).to(input.dtype)

@@ -128,22 +128,22 @@ def resolve_dense(choice: str) -> str | None:
     return folder_paths.get_full_path_or_raise("diffusion_models", choice)
 
 
-def resolve(choice: str) -> str | None:
+def _listed(choice: str, prefix: str, folder: str, get) -> str | None:
+    """A listed choice's full path by ``get`` (ComfyUI's lookup, read at call time): ``prefix`` + a name in
+    ``folder``, else a name in models/prequant; None for "(none)"."""
     if not choice or choice in NONE_CHOICES:
         return None
-    if choice.startswith(DIFFUSION_PREFIX):
-        return folder_paths.get_full_path_or_raise("diffusion_models", choice[len(DIFFUSION_PREFIX):])
-    return folder_paths.get_full_path_or_raise(FOLDER, choice)
+    return get(folder, choice[len(prefix):]) if choice.startswith(prefix) else get(FOLDER, choice)
+
+
+def resolve(choice: str) -> str | None:
+    return _listed(choice, DIFFUSION_PREFIX, "diffusion_models", folder_paths.get_full_path_or_raise)
 
 
 def find(choice: str) -> str | None:
     """The listed file's full path; None for "(none)" and for a name that is in none of the folders (a workflow
     naming a file this user does not have yet: the loader may still download it)."""
-    if not choice or choice in NONE_CHOICES:
-        return None
-    if choice.startswith(DIFFUSION_PREFIX):
-        return folder_paths.get_full_path("diffusion_models", choice[len(DIFFUSION_PREFIX):])
-    return folder_paths.get_full_path(FOLDER, choice)
+    return _listed(choice, DIFFUSION_PREFIX, "diffusion_models", folder_paths.get_full_path)
 
 
 def searched_folders(choice: str) -> list[str]:
@@ -209,11 +209,7 @@ def encoder_choices(none: str = NONE_CHOICE) -> list[str]:
 
 
 def find_encoder(choice: str) -> str | None:
-    if not choice or choice in NONE_CHOICES:
-        return None
-    if choice.startswith(TE_PREFIX):
-        return folder_paths.get_full_path(TE_FOLDER, choice[len(TE_PREFIX):])
-    return folder_paths.get_full_path(FOLDER, choice)
+    return _listed(choice, TE_PREFIX, TE_FOLDER, folder_paths.get_full_path)
 
 
 def encoder_dirs() -> list[str]:

@@ -29,10 +29,6 @@ AUTO = "auto"
 ALIASES = ["text encoder", "clip", "fp8", "quantized", "pre-quantized", "prequant", "unsloth", "t5", "gemma", "qwen", "llama"]
 
 
-def _family_choices() -> list[str]:
-    return [AUTO] + sorted(n for n, f in families.FAMILIES.items() if f.hosting.text_encoders)
-
-
 def _hosted(family, kind: encoders.EncoderKind, component: str):
     """The family's entry for this encoder (its ComfyUI type, the files it goes with); without a family, the first
     family hosting this encoder model."""
@@ -111,9 +107,10 @@ class PrequantLoadTextEncoder:
                                  "ComfyUI encoder file the family's CLIP takes besides this one, from "
                                  "models/text_encoders (FLUX.1: clip_l.safetensors next to its T5-XXL), as "
                                  "DualCLIPLoader takes it."}),
-                "family": (_family_choices(), {"default": AUTO, "tooltip": "The model family (auto: what the file "
-                           "or preset says). With no file or repo, downloads the family's hosted encoder; picks "
-                           "ComfyUI's text-encoder type for it."}),
+                "family": ([AUTO] + sorted(n for n, f in families.FAMILIES.items() if f.hosting.text_encoders),
+                           {"default": AUTO, "tooltip": "The model family (auto: what the file or preset says). With "
+                            "no file or repo, downloads the family's hosted encoder; picks ComfyUI's text-encoder "
+                            "type for it."}),
                 "hub_repo": ("STRING", {"default": "", "tooltip": "Download from this Hugging Face repo instead "
                              "(Unsloth's names: <Model>-<component>-FP8.safetensors, then .pt).",
                              "advanced": True}),

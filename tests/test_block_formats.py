@@ -279,7 +279,7 @@ def test_family_plus_nvfp4_plans_the_nvfp4_repo_and_fp8_keeps_its_own(family, re
     assert [c.repo for c in nv.candidates] == [repo] and f"{repo.split('/')[1]}.pt" in nv.candidates[0].filenames
     fp8 = sources.plan(sources.Wanted(family=family, scheme="fp8"))
     assert all(c.repo.endswith("-FP8") for c in fp8.candidates)
-    assert sources.repo_schemes(repo) == ("nvfp4",)
+    assert families.hosted_schemes(repo) == ("nvfp4",)
     assert any(p.repo == repo and p.scheme == "nvfp4" for p in sources.presets())
 
 

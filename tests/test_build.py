@@ -22,7 +22,6 @@ from prequant_core import builder, families, formats, schemes
 from prequant_core.formats import checkpoint, dense_sources
 from prequant_core.load import opening, metadata
 from prequant_core.formats import fingerprint
-from prequant_core.families import keymap
 from prequant_core.builder import output_file, writers
 from prequant_core.schemes import qtensor, quantize
 from prequant_core.errors import BuildError, UnknownFamilyError
@@ -310,12 +309,12 @@ def test_comfyui_layout_file_is_converted_with_comfyuis_key_map(comfy, dense_fil
     assert got.metadata["fingerprint"]["modules"] == ref.metadata["fingerprint"]["modules"]
     assert_same_tensors(got.tensors, ref.tensors)
     assert not any(".qkv." in k for k in got.tensors), "output keys are diffusers names"
-    # streamed remapping == keymap.to_diffusers on the in-memory dict
+    # streamed remapping == the in-memory remap of the whole dict
     src = dense_sources.SafetensorsSource([dense_files["comfyui"]])
     shapes = {k: i.shape for k, i in src.infos().items()}
     kmap = comfy_utils.z_image_to_diffusers(fam.config_from_shapes(shapes))
     streamed = dict(dense_sources.RemappedSource(src, kmap).items())
-    in_memory = keymap.to_diffusers(dict(src.items()), kmap)
+    in_memory = tiny_models.comfy_to_diffusers(dict(src.items()), kmap)
     assert list(streamed) and sorted(streamed) == sorted(in_memory)
     assert all(torch.equal(streamed[k], in_memory[k]) for k in streamed)
     # without ComfyUI's key map the core refuses and says how to get one
@@ -433,7 +432,7 @@ def test_node_builds_from_comfyuis_own_unetloader(comfy, models_dir, tmp_path):
         sd = load_file(path)
         fam = families.get("z-image")
         kmap = comfy_utils.z_image_to_diffusers(fam.config_from_shapes({k: tuple(v.shape) for k, v in sd.items()}))
-        diff = keymap.to_diffusers(sd, kmap)
+        diff = tiny_models.comfy_to_diffusers(sd, kmap)
         q, skipped = quantize.quantize_tensors(diff, "int8", exclude=schemes.exclude_tokens("int8"))
         ck = formats.read(built)
         assert ck.metadata["fingerprint"]["modules"] == fingerprint.compute(q)["modules"] and len(ck.quantized_keys) > 20

@@ -102,8 +102,8 @@ def test_a_repos_schemes_come_from_unsloths_table_not_its_suffix(monkeypatch):
     monkeypatch.setenv("UNSLOTH_DIFFUSION_PREQUANT_COMFY", "0")  # the artifact chain alone; twins: test_comfy_twins.py
     from prequant_core import families
     from prequant_core.load import sources
-    assert sources.repo_schemes("unsloth/Qwen-Image-FP8") == ("int8", "fp8")
-    assert sources.repo_schemes("unsloth/Z-Image-Turbo-NVFP4") == ("nvfp4",)
+    assert families.hosted_schemes("unsloth/Qwen-Image-FP8") == ("int8", "fp8")
+    assert families.hosted_schemes("unsloth/Z-Image-Turbo-NVFP4") == ("nvfp4",)
     assert "Qwen-Image / int8" in sources.preset_labels() and "Wan2.2-TI2V-5B / nvfp4" in sources.preset_labels()
     q = sources.plan(sources.Wanted(None, "unsloth/Qwen-Image-FP8", None, None)).candidates[0]
     assert q.scheme is None and "Qwen-Image-INT8.safetensors" in q.filenames and "transformer_int8.pt" in q.filenames

@@ -44,11 +44,11 @@ def test_every_scheme_record_is_complete_and_unique():
     assert [s.name for s in recs] == ["int8", "fp8", "nvfp4", "mxfp8"]
     assert len({s.suffix.lower() for s in recs}) == len(recs) and all(s.suffix.startswith("-") for s in recs)
     assert schemes.names() == ("int8", "fp8", "nvfp4", "mxfp8", "int8-weight-only", "fp8-weight-only")
-    assert schemes.block_schemes() == ("nvfp4", "mxfp8")
+    assert tuple(s.name for s in recs if s.block_size) == ("nvfp4", "mxfp8")
     # Unsloth's builder rules, one record each (docs/FORMAT.md section 4)
     assert {s.name: (s.require_bf16, s.require_divisible) for s in recs} == {
         "int8": (False, 0), "fp8": (True, 16), "nvfp4": (False, 16), "mxfp8": (True, 32)}
-    assert {s.kind for s in recs} == set(qtensor.row_kinds() + qtensor.block_kinds())
+    assert {s.kind for s in recs} == {c.kind for c in registry.codecs()}
 
 
 def test_a_scheme_is_unknown_without_its_registry_line(tmp_path):
@@ -118,7 +118,7 @@ def _q4toy_file(tmp_path, name="Z-Image-Turbo-Q4TOY.safetensors"):
 def test_a_new_weight_kind_is_unknown_without_its_registry_line():
     t = toy_kind.quantize(_dense()["layers.0.attention.qkv.weight"])
     assert not qtensor.is_quantized(t) and qtensor.scheme_of(t) is None
-    assert "int4toy" not in registry.kinds() and "int4toy" not in qtensor.row_kinds()
+    assert "int4toy" not in registry.kinds() and "int4toy" not in {c.kind for c in registry.codecs()}
     with pytest.raises(ValueError):
         devices.choose("int4toy", False, devices.Device("cpu"))
     # nor its ComfyUI-native layout, its activation settings or its file rule
@@ -128,7 +128,7 @@ def test_a_new_weight_kind_is_unknown_without_its_registry_line():
 
 def test_a_new_weight_kind_is_one_module_and_one_line(tmp_path, with_toy_kind):
     # listed: a scheme name, a weight kind (per row: no block size), the safetensors container only
-    assert "q4toy" in schemes.names() and "int4toy" in registry.kinds() and "int4toy" in qtensor.row_kinds()
+    assert "q4toy" in schemes.names() and "int4toy" in registry.kinds() and "int4toy" in {c.kind for c in registry.codecs() if not c.block}
     assert "q4toy" in containers.writes_schemes(containers.by_name("safetensors"))
     assert "q4toy" not in containers.writes_schemes(containers.by_name("pt"))
 

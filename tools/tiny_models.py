@@ -56,3 +56,15 @@ def linear_weight_keys(tensors) -> list[str]:
     """The Linear weights of a state dict, as the builder tells them (``schemes.quantize.is_linear_weight``)."""
     from prequant_core.schemes.quantize import is_linear_weight
     return [k for k, v in tensors.items() if is_linear_weight(k, v)]
+
+
+def comfy_to_diffusers(tensors: dict, key_map: dict) -> dict:
+    """A ComfyUI-layout dense state dict -> diffusers' layout (fused weights split by rows), all at once in memory:
+    the reference the builder's streamed remap (``formats.dense_sources.RemappedSource``) is held to."""
+    from prequant_core.families.keymap import parse_target
+    out = {}
+    for dk, target in key_map.items():
+        t = parse_target(dk, target)
+        if t.name in tensors:
+            out[dk] = tensors[t.name] if t.rows is None else tensors[t.name].narrow(0, *t.rows)  # (offset, length)
+    return out

@@ -123,16 +123,6 @@ def _plain_parts(weights):
             yield w
 
 
-def to_diffusers(tensors: Mapping, key_map: Mapping) -> dict:
-    """The reverse: ComfyUI-layout state dict -> diffusers layout (fused weights split by rows)."""
-    out = {}
-    for dk, target in key_map.items():
-        t = parse_target(dk, target)
-        if t.name in tensors:
-            out[dk] = tensors[t.name] if t.rows is None else _qtensor().slice_rows(tensors[t.name], *t.rows)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Row permutations (exact on per-row quantized tensors)
 

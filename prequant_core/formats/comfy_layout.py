@@ -18,7 +18,6 @@ from .. import schemes
 from ..schemes import registry
 from ..schemes.native_layout import LOGICAL_DTYPE, ComfyLayout, Stored
 
-CONVROT_SINCE = "0.27.0"
 # Side tensors ComfyUI 0.33 loads for some formats only (``QUANT_ALGOS[fmt]["parameters"]`` in comfy/quant_ops.py:
 # ``pre_quant_scale`` is nvfp4's alone). On a layer of another format its loader (comfy/ops.py
 # ``_load_quantized_module``) leaves the tensor in the state dict, ``load_state_dict(strict=False)`` drops it (logged

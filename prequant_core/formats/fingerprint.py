@@ -17,7 +17,7 @@ import json
 import os
 import stat
 import tempfile
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 
@@ -100,9 +100,9 @@ def of_tensor(t) -> str | None:
     return None if o is None else _digest(o)
 
 
-def compute(tensors: Mapping, skipped: Iterable[str] | None = None) -> dict:
-    """The fingerprint block for a state dict, in state-dict order (``skipped`` is ignored: Unsloth lists the
-    uncovered ``.weight`` keys itself; the argument is kept for callers that pass their filter's view)."""
+def compute(tensors: Mapping) -> dict:
+    """The fingerprint block for a state dict, in state-dict order (Unsloth lists the uncovered ``.weight`` keys
+    itself)."""
     mods, skip = {}, []
     for k, v in tensors.items():
         if not is_weight_key(k):

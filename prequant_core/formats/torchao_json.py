@@ -12,8 +12,7 @@ import json
 import torch
 
 from ..schemes import registry
-from ..schemes.json_values import (LOGICAL, DecodeError, _need, decode_act_kwargs, decode_dtype,  # noqa: F401
-                                   decode_enum, decode_granularity)
+from ..schemes.json_values import LOGICAL, DecodeError, _need
 
 
 def decode_weight(entry_json: str, parts: dict):

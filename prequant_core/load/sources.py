@@ -41,11 +41,6 @@ def model_suffixes() -> tuple[str, ...]:
     return (*sorted((s.suffix for s in schemes.registry.all_schemes()), key=len, reverse=True), *OTHER_SUFFIXES)
 
 
-def repo_schemes(repo: str) -> tuple[str, ...]:
-    """The schemes a hosted repo holds, in the order tried (the family table: a repo's suffix does not say)."""
-    return families.hosted_schemes(repo)
-
-
 def family_schemes(fam) -> tuple[str, ...]:
     """Every scheme some hosted repo of ``fam`` holds, in a stable order."""
     return tuple(dict.fromkeys(s for sch in fam.hosted.values() for s in sch))
@@ -247,7 +242,7 @@ def with_comfy_twins(names: list[str], *, lead: bool) -> list[str]:
 def schemes_for_repo(repo: str) -> tuple[str, ...]:
     """What scheme ``auto`` tries in a repo, in order: the scheme its name's suffix says first where the repo holds
     it, then the rest of what the family table says it holds (e.g. unsloth/Qwen-Image-FP8: fp8, then int8)."""
-    held = repo_schemes(repo)
+    held = families.hosted_schemes(repo)  # the family table: a repo's suffix does not say
     named = families.schemes_from_suffix(repo)[:1]
     return tuple(dict.fromkeys([*[s for s in named if s in held], *held]))
 

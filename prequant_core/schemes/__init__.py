@@ -18,11 +18,6 @@ def names() -> tuple[str, ...]:
     return registry.names()
 
 
-def block_schemes() -> tuple[str, ...]:
-    """The schemes with per-block scales (docs/FORMAT.md section 9)."""
-    return tuple(s.name for s in registry.all_schemes() if s.block_size)
-
-
 @dataclasses.dataclass(frozen=True)
 class SchemeRules:
     name: str

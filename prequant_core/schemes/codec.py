@@ -231,14 +231,6 @@ def _first_row(b: torch.Tensor, step: int, mask: int, carry: int) -> tuple[int, 
     return None
 
 
-def scan_plan(codes: torch.Tensor) -> str:
-    """Which pass ``first_special_row`` makes over 2-D ``codes``: "run" (its storage run, front to back, whatever
-    the layout) or "rows" (its logical rows, block by block: a view with gaps or repeats, which the layout rule
-    refuses before any scan)."""
-    b = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
-    return "run" if dense_run(b) is not None else "rows"
-
-
 def first_special_row(codes: torch.Tensor, dtype: torch.dtype) -> tuple[int, int] | None:
     """(row, count of such rows in its block) of the first row of float8 ``codes`` (stored as ``dtype`` or as bytes)
     that holds a NaN (or, for e5m2, an infinity); None when every code is a number. One pass over the storage run the
@@ -347,7 +339,6 @@ class Codec:
     kind: str = ""  # what ``qtensor.kind_of`` says and ``QSpec.kind`` holds
     type_name: str = ""  # the in-memory class's name, as pickles and torchao's JSON ``_type`` spell it
     block: int = 0  # scales per block of this many input columns; 0: one scale per row
-    part_names: tuple = ("codes", "scale")  # the plain parts, rows first (what ComfyUI holds, in this order)
     code_dtypes: tuple = ()  # per-row kinds: the dtypes a stranger's codes may have
     # the attributes an instance may carry (a file supplies nothing else; tensor_fields checks)
     fields: frozenset = frozenset()
@@ -389,10 +380,6 @@ class Codec:
 
     def assemble(self, tensors: tuple, spec: QSpec):  # implement: the inverse of ``parts``
         raise NotImplementedError
-
-    def logical_cols(self, tensors: tuple) -> int:
-        """The dense weight's width, from the parts (NVFP4 packs two codes a byte)."""
-        return tensors[0].shape[1]
 
     def dequantize(self, tensors: tuple, spec: QSpec, dtype: torch.dtype) -> torch.Tensor:  # implement
         """The dense weight, bit for bit what torchao's own ``dequantize(dtype)`` gives, on any device."""

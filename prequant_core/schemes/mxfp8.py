@@ -68,7 +68,6 @@ class MXFP8Codec(Codec):
     """torchao's ``MXTensor`` (float8 elements) as ``(codes e4m3 as bytes [out, in], block exponents e8m0 as bytes
     [out, in/32])``: bytes decoded through tables, so the same parts run on devices with no float8 dtype."""
     kind, type_name, block = "mxfp8", "MXTensor", BLOCK
-    part_names = ("codes", "block exponents")
     fields = frozenset({"qdata", "scale", "elem_dtype", "block_size", "orig_dtype", "kernel_preference",
                         "act_quant_kwargs", "is_swizzled_scales"})
     fingerprint_fields = ("qdata", "scale")

@@ -66,7 +66,6 @@ class NVFP4Codec(Codec):
     scales can be fused (a ``QParts`` then: no torchao tensor holds them)."""
     kind, type_name, block = "nvfp4", "NVFP4Tensor", BLOCK
     rows_alone = False  # the rows a patch changes share one fresh row scale, from the maximum over all of them
-    part_names = ("codes", "block scales", "row scale")
     fields = frozenset({"qdata", "scale", "block_size", "orig_dtype", "per_tensor_scale", "act_per_tensor_scale",
                         "is_swizzled_scales", "use_triton_kernel", "act_quant_kwargs"})
     fingerprint_fields = ("qdata", "scale", "per_tensor_scale")
@@ -77,9 +76,6 @@ class NVFP4Codec(Codec):
     def tensor_type(self):
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
         return NVFP4Tensor
-
-    def logical_cols(self, tensors):
-        return tensors[0].shape[1] * 2
 
     def parts(self, t):
         c_.require_block_torchao()
@@ -111,7 +107,7 @@ class NVFP4Codec(Codec):
     def assemble(self, tensors, spec):
         q, s, row = tensors
         if not self.torchao_form(tensors):
-            return QParts(tensors, spec, self.logical_cols(tensors))
+            return QParts(tensors, spec, tensors[0].shape[1] * 2)  # two codes a byte
         kw = spec.as_kwargs()
         pts = row[0, 0].clone() if kw.get("per_tensor") or bool(row[0, 0] != 1) else None
         t = self.tensor_type()(q, s.view(torch.float8_e4m3fn), BLOCK, spec.dtype, pts,

@@ -19,11 +19,6 @@ from .codec import (BLOCK_TORCHAO, ROTATION_ATTR, QParts, QSpec, decode_table,  
                     dequantize_rows, require_block_torchao)
 
 
-def row_kinds() -> tuple[str, ...]:
-    """The weight kinds with one scale per row, from the registry at call time."""
-    return tuple(c.kind for c in registry.codecs() if not c.block)
-
-
 def block_kinds() -> tuple[str, ...]:
     """The weight kinds with per-block scales."""
     return tuple(c.kind for c in registry.codecs() if c.block)

@@ -10,7 +10,7 @@ import re
 import torch
 
 from .. import families
-from ..families import HostedEncoder, base_tail, normalize_base
+from ..families import HostedEncoder, normalize_base
 from ..families import encoders as kinds
 from ..formats.checkpoint import KNOWN_FORMATS, LAYERWISE_CAST, TEXT_ENCODER_FORMAT_INT8_CONVROT, TEXT_ENCODER_FORMAT_V1
 from ..schemes import qtensor

@@ -405,13 +405,8 @@ def _open_archive(fh: OpenedFile, mmap: bool):
     return data, load_record
 
 
-def unpickle(src, *, mmap: bool = True):
-    """The container object, with v1 tensors as inert records. Refuses any name outside the allowlist."""
-    with opened(src) as fh:
-        return _unpickle(fh, mmap)
-
-
 def _unpickle(fh: OpenedFile, mmap: bool):
+    """The container object, with v1 tensors as inert records. Refuses any name outside the allowlist."""
     path = fh.path
     data, load_record = _open_archive(fh, mmap)
     try:
@@ -522,7 +517,7 @@ def read_legacy_v1(src, *, mmap: bool = True) -> Checkpoint:
 
 def _read(fh: OpenedFile, mmap: bool) -> Checkpoint:
     path = fh.path
-    obj = unpickle(fh, mmap=mmap)
+    obj = _unpickle(fh, mmap)
     if not isinstance(obj, dict) or "state_dict" not in obj:
         raise CorruptCheckpointError("This legacy .pt file is not a pre-quantized transformer container.", path=path,
                                      expected="a dict with 'format', 'metadata' and 'state_dict'",
