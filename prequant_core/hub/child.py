@@ -10,7 +10,7 @@ version>}``). Parent -> child (stdin): the request ``{"repo", "names", "revision
 "endpoint", "local_dirs", "etag_timeout", "token"}`` (``local_dirs``: each name's own staging folder, empty for the
 HF cache; the token travels here, never in argv or the environment of the process table), then ``go`` or ``stop`` after each ``meta``. Child -> parent (stdout):
 ``{"event": "entry", "name", "detail"}`` (not in the repo: the next name follows), ``{"event": "meta", "name",
-"size", "etag", "commit"}``, ``{"event": "done", "name", "path"}``, ``{"event": "error", "name", "kind", "detail"}``.
+"size", "etag", "commit"}``, ``{"event": "done", "name", "path"}``, ``{"event": "error", "name", "failure", "detail"}``.
 The child exits when its stdin closes (the parent is gone).
 """
 from __future__ import annotations
@@ -64,9 +64,10 @@ def main() -> int:
             url = hf_hub_url(req["repo"], fn, revision=req["revision"], endpoint=req["endpoint"])
             meta = get_hf_file_metadata(url, token=token, timeout=req["etag_timeout"], endpoint=req["endpoint"])
         except Exception as e:  # noqa: BLE001 - sorted and reported
-            kind, detail = classify(e)
-            _say({"event": "entry" if kind == "entry" else "error", "name": fn, "kind": kind, "detail": detail})
-            if kind == "entry":
+            failure, detail = classify(e)
+            _say({"event": "entry" if failure == "entry" else "error", "name": fn, "failure": failure,
+                  "detail": detail})
+            if failure == "entry":
                 continue
             return 1
         _say({"event": "meta", "name": fn, "size": int(meta.size or 0), "etag": meta.etag,
@@ -78,8 +79,8 @@ def main() -> int:
                                    endpoint=req["endpoint"],
                                    local_dir=(req.get("local_dirs") or {}).get(fn))
         except Exception as e:  # noqa: BLE001
-            kind, detail = classify(e)
-            _say({"event": "error", "name": fn, "kind": "entry" if kind == "entry" else kind, "detail": detail})
+            failure, detail = classify(e)
+            _say({"event": "error", "name": fn, "failure": failure, "detail": detail})
             return 1
         _say({"event": "done", "name": fn, "path": path})
         return 0

@@ -47,7 +47,7 @@ def _names(exc: BaseException) -> set:
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
-    """(kind, short detail) of an exception from the client: entry, not-cached, revision, auth, repo, offline, http,
+    """(failure, short detail) of an exception from the client: entry, not-cached, revision, auth, repo, offline, http,
     network, metadata, corrupt, xet, disk or other."""
     try:
         from huggingface_hub import errors as E
@@ -128,25 +128,25 @@ TOKEN_FIX = ("Set the HF_TOKEN environment variable (or run `hf auth login`) bef
 
 def raise_for(failure: tuple[str, str], exc: BaseException | None, *, repo: str, revision: str, fn: str,
               tried: list[tuple[str, str]]) -> None:
-    """The typed error for a failed transfer of ``fn``: ``failure`` is (kind, detail) as ``classify`` gives them,
+    """The typed error for a failed transfer of ``fn``: ``failure`` is (failure, detail) as ``classify`` gives them,
     ``exc`` the client's exception (None where the child reported it), ``tried`` the names tried before."""
-    kind, detail = failure
+    why, detail = failure
     at = where(repo, revision)
     detail = redact(detail)  # the client quotes URLs back, credentials included
     tried = tried + [(fn, detail)]
     url = f"{shown_endpoint()}/{repo}"
-    if kind == "auth":
+    if why == "auth":
         raise HubAuthError(f"{at} refused access ({detail}).", reasons=reasons_of(tried),
                            fix=TOKEN_FIX.format(url=url)) from exc
-    if kind == "repo":
+    if why == "repo":
         raise HubNotFoundError(f"{at} does not exist, or it is private and no valid token was sent.",
                                reasons=reasons_of(tried),
                                fix="Check the repo id spelling. For a private repo: " + TOKEN_FIX.format(url=url)) from exc
-    if kind == "revision":
+    if why == "revision":
         raise HubNotFoundError(f"{at}: revision '{revision}' does not exist.", reasons=reasons_of(tried),
                                fix="Give an existing branch, tag or full commit hash in 'revision', or leave it "
                                    "empty for the default branch.") from exc
-    if kind in ("network", "offline"):
+    if why in ("network", "offline"):
         # One plain sentence for the user; the client's raw exception (retries, pools, quoted reprs) goes to the
         # server log only.
         log.warning("[prequant] could not reach %s for %s/%s: %s", shown_endpoint(), repo, fn, detail)
@@ -156,16 +156,16 @@ def raise_for(failure: tuple[str, str], exc: BaseException | None, *, repo: str,
                                       "names were not tried because this was not a 'file not found' answer. To use "
                                       "files already downloaded, set HF_HUB_OFFLINE=1; or put the file into "
                                       "ComfyUI/models/prequant/.") from exc
-    if kind in ("http", "metadata"):
+    if why in ("http", "metadata"):
         raise HubUnavailableError(f"{at} answered with an error ({detail}).", reasons=reasons_of(tried),
                                   fix="This is a server-side problem, not a missing file, so no other file name was "
                                       "tried and nothing was kept. Try again later, or set HF_HUB_OFFLINE=1 to use "
                                       "files already in the cache.") from exc
-    if kind == "xet":
+    if why == "xet":
         raise HubDownloadError(f"Downloading {fn} from {at} needs the hf_xet package ({detail}).",
                                reasons=reasons_of(tried), fix="pip install hf_xet (inside ComfyUI's Python environment), "
                                                             "then queue the prompt again.") from exc
-    if kind == "corrupt":
+    if why == "corrupt":
         raise HubDownloadError(f"Downloading {fn} from {at} gave a file of the wrong size ({detail}); it was not "
                                "kept.", reasons=reasons_of(tried), fix="Queue the prompt again; if it keeps failing, the "
                                                                      "server or a proxy is altering the file.") from exc

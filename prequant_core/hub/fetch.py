@@ -123,15 +123,15 @@ def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext
     attempt = 0
     while names:
         out = fetch_in_child(job, names, ctx)
-        if out.kind == "done":
+        if out.result == "done":
             return out.fetched
-        if out.kind == "exhausted":
+        if out.result == "exhausted":
             break
-        if out.kind == "entry-late":
+        if out.result == "entry-late":
             names = names[names.index(out.name) + 1:]
             continue
         fn = out.name
-        if out.kind in ("network", "http", "metadata", "offline") and not out.started:
+        if out.result in ("network", "http", "metadata", "offline") and not out.started:
             # The client's own rule: when the Hub cannot answer, a copy of this very file already in the cache for
             # this revision is served. Never another name.
             hit = cached_file(repo, [fn], rev, cache)
@@ -139,20 +139,20 @@ def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext
                 log.warning("[prequant] %s unreachable (%s); using the cached %s", redact(ep), redact(out.detail), fn)
                 progress(file_size(hit[1]) or 0, file_size(hit[1]) or 0)
                 return Fetched(hit[1], repo, rev, fn, None, file_size(hit[1]) or 0, False, folder, tried)
-        if out.kind == "network" and out.gained > 0 and attempt < resume_attempts:
+        if out.result == "network" and out.gained > 0 and attempt < resume_attempts:
             attempt += 1
             log.warning("[prequant] download of %s interrupted at %d bytes (%s); resuming (%d/%d)", fn, out.have,
                         out.detail, attempt, resume_attempts)
             names = names[names.index(fn):]
             continue
-        if out.kind == "network" and out.have > 0:
+        if out.result == "network" and out.have > 0:
             raise HubDownloadError(
                 f"Downloading {fn} from {where(repo, rev)} was interrupted ({out.detail}).",
                 reasons=reasons_of(tried + [(fn, f"interrupted at {out.have} of {out.total} bytes")]),
                 fix=f"Queue the prompt again: the {out.have} bytes received are kept and the download resumes from "
                     "there.")
         discard_partial(out.partial)
-        raise_for((out.kind, out.detail), None, repo=repo, revision=rev, fn=fn, tried=tried)
+        raise_for((out.result, out.detail), None, repo=repo, revision=rev, fn=fn, tried=tried)
 
     raise HubNotFoundError(f"None of the expected file names is in {where(repo, rev)}.", reasons=reasons_of(tried),
                            fix=f"Check which files the repo holds ({shown_endpoint()}/{repo}/tree/{rev}); pick the other "

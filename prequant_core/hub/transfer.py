@@ -94,7 +94,7 @@ class _Slot:
 
 @dataclasses.dataclass
 class _Outcome:
-    kind: str  # done | exhausted | an error kind of errors.classify
+    result: str  # done | exhausted | entry-late | a failure of errors.classify (network, auth, ...)
     name: str | None = None
     detail: str = ""
     fetched: Fetched | None = None
@@ -137,7 +137,7 @@ class _Child:
             try:
                 self.q.put(json.loads(text))
             except ValueError:
-                self.q.put({"event": "error", "kind": "other", "detail": text.strip()[:200]})
+                self.q.put({"event": "error", "failure": "other", "detail": text.strip()[:200]})
         self.q.put({"event": "gone", "code": self.p.wait()})
 
     def line(self, timeout: float) -> dict | None:
@@ -208,7 +208,7 @@ def fetch_in_child(job: Job, names, ctx: LoadContext) -> _Outcome:
             if ev == "exhausted":
                 return _Outcome("exhausted")
             if ev in ("error", "gone"):
-                return _Outcome(msg.get("kind", "other"), msg.get("name") or pending[0],
+                return _Outcome(msg.get("failure", "other"), msg.get("name") or pending[0],
                                 msg.get("detail") or f"the download process ended ({msg.get('code')})")
             if ev == "meta":
                 fn = msg["name"]
@@ -390,7 +390,7 @@ def _transfer(child, meta, job: Job, ctx: LoadContext, slot: _Slot) -> _Outcome:
             if partial.restarts:  # a client that never resumes: its partial is of no use to the next attempt
                 partial.discard_own()
                 have = 0
-            return _Outcome(msg.get("kind", "other"), fn, msg.get("detail") or "the download process ended",
+            return _Outcome(msg.get("failure", "other"), fn, msg.get("detail") or "the download process ended",
                             started=True, have=have, gained=have - have0, total=total, partial=partial)
         if total and done > total:
             child.kill()
