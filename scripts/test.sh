@@ -74,7 +74,7 @@ extras_of() {
     test_registry.py) echo comfy-cli ;;
     test_example_workflows.py) echo comfy-templates ;;
     test_families.py) echo diffusers042 comfy-kitchen ;;
-    test_diffusers_loader.py | test_unsloth_conformance.py) echo diffusers042 ;;
+    test_diffusers_loader.py | test_unsloth_conformance.py | test_video_sampling.py) echo diffusers042 ;;
     test_comfy_native.py | test_comfy_native_comfy.py | test_comfy_twins.py | test_dynamic_vram.py) echo comfy-kitchen ;;
     test_hub_staging.py) echo hf24 ;;
   esac
