@@ -556,6 +556,60 @@ def test_unsloths_video_family_files_load_through_the_node(comfy, prequant_dir, 
     assert torch.isfinite(got).all() and 0 < rel < 0.1
 
 
+BLOCK_BUILDS = [(f, s) for f in ("ltx-2", "minimax-h3") for s in ("nvfp4", "mxfp8")]
+
+
+@pytest.mark.parametrize("family,scheme", BLOCK_BUILDS, ids=["-".join(b) for b in BLOCK_BUILDS])
+def test_the_packs_block_scheme_builds_of_the_video_families_equal_load_time_quantization(comfy, prequant_dir, family,
+                                                                                          scheme):
+    """Issue 60 #1: this pack's own NVFP4 and MXFP8 builds of LTX-2.3 and MiniMax-H3 (int8: above) load through the
+    node into ComfyUI 0.33's class and compute what the node computes quantizing the same dense file at load, bit
+    for bit (LTX-2.3's connectors from their own file in both). An older ComfyUI refuses the family by version."""
+    import folder_paths
+    from safetensors.torch import save_file
+    fam = families.get(family)
+    if not hosts_here(comfy, fam):
+        with pytest.raises(ComfyVersionError) as e:
+            comfy_model(comfy).check_loadable(fam)
+        assert fam.arch.min_comfy in str(e.value)
+        return
+    nodes_, pack = comfy
+    rec = _record(family)
+    c = fam.arch.companion
+    dense_sd = {k[len("dense."):]: v.to(torch.bfloat16).contiguous() for k, v in rec.items() if k.startswith("dense.")}
+    body = {k: v for k, v in dense_sd.items() if not (c and k.startswith(c.prefix))}
+    t = tf.DIFFUSERS_ONLY[family]
+    name = f"{t.file_stem}-{scheme.upper()}.pt"  # the container Unsloth's block-scheme files use
+    builder.build_from_tensors(body, builder.Target(os.path.join(prequant_dir, name), overwrite=True),
+                               builder.Recipe(scheme, family=fam, base_model_id=t.base_model_id))
+    dense_name = f"{t.file_stem}-dense-{scheme}.safetensors"
+    made = [os.path.join(folder_paths.get_folder_paths("diffusion_models")[0], dense_name)]
+    os.makedirs(os.path.dirname(made[0]), exist_ok=True)
+    save_file(body, made[0])
+    if c:
+        made.append(os.path.join(os.path.dirname(prequant_dir), c.local_name))
+        save_file({k[len(c.prefix):]: v for k, v in dense_sd.items() if k.startswith(c.prefix)}, made[-1])
+    load = nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load
+    try:
+        with torch.inference_mode():
+            pre = load("families/" + name, scheme=scheme)
+            at_load = load(pack.nodes.paths.NONE_CHOICE, policy="quantize dense", dense_fallback=dense_name,
+                           scheme=scheme, family=family)
+    finally:
+        for f in made:
+            os.remove(f)
+    assert pre["ui"]["prequant"][0]["scheme"] == scheme and pre["ui"]["prequant"][0]["family"] == family
+    model = pre["result"][0]
+    assert type(model.model.model_config).__name__ == fam.comfy_models[0]
+    assert any(getattr(m, "prequant_spec", None) is not None and m.prequant_spec.kind == schemes.get(scheme)[0].kind
+               for m in model.model.diffusion_model.modules())
+    got, want = (_recorded_velocity(r["result"][0], rec)[0] for r in (pre, at_load))
+    d = _recorded_velocity(comfy_model(comfy).build_patcher(fam, "diffusers", dense_sd), rec)[0]
+    rel = _relative(got, d)
+    print(f"[{family} {scheme}] node vs dense ComfyUI model: relative difference {rel:.3f}")
+    assert torch.isfinite(got).all() and torch.equal(got, want) and 0 < rel < 0.2
+
+
 def _load_with_companion(fam, loads, extra: dict, models_prequant: str):
     """A family whose ComfyUI class holds weights its files lack (LTX-2.3's text connectors): offline and without
     them, the node refuses naming the base repo's file it needs (before building anything), for the pre-quantized
