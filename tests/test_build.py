@@ -566,11 +566,11 @@ def test_node_refuses_existing_output(comfy, node_built):
     assert os.stat(path).st_mtime_ns == before.st_mtime_ns
 
 
-def test_disk_space_is_checked_before_writing(small_dense, tmp_path):
+def test_disk_space_is_checked_before_writing(small_dense, tmp_path, monkeypatch):
     folder = tmp_path / "small"
     folder.mkdir()
     dest = folder / "x.safetensors"
-    # injected free-space probe: the boundary is the estimated output size
+    # the free space ComfyUI's disk would report, set at the estimated output size's boundary
     seen = {}
 
     def probe(estimate_offset):
@@ -582,10 +582,12 @@ def test_disk_space_is_checked_before_writing(small_dense, tmp_path):
                                            schemes.LayerFilter("int8", 512, tuple(schemes.exclude_tokens("int8"))))
     seen["estimate"] = est
     with pytest.raises(BuildError, match="Not enough free disk space") as e:
-        builder.build(small_dense, builder.Target(dest), builder.Recipe("int8"), free_space=probe(-1))
+        monkeypatch.setattr(output_file, "default_free_space", probe(-1))
+        builder.build(small_dense, builder.Target(dest), builder.Recipe("int8"))
     assert seen["folder"] == str(folder) and e.value.expected and e.value.found and e.value.fix
     assert os.listdir(folder) == []
-    res = builder.build(small_dense, builder.Target(dest), builder.Recipe("int8"), free_space=probe(0))
+    monkeypatch.setattr(output_file, "default_free_space", probe(0))
+    res = builder.build(small_dense, builder.Target(dest), builder.Recipe("int8"))
     assert res.file_bytes <= est and n_q == res.quantized
 
 
@@ -601,9 +603,9 @@ def test_disk_space_on_a_real_small_filesystem(small_dense, tmp_path):
         with pytest.raises(BuildError, match="Not enough free disk space"):
             builder.build(small_dense, builder.Target(mnt / "x.safetensors"), builder.Recipe("int8"))
         assert os.listdir(mnt) == []
-        with pytest.raises(BuildError, match="disk filled up"):
-            builder.build(small_dense, builder.Target(mnt / "x.safetensors"), builder.Recipe("int8"),
-                          free_space=lambda p: 1 << 40)
+        with pytest.raises(BuildError, match="disk filled up"), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(output_file, "default_free_space", lambda p: 1 << 40)
+            builder.build(small_dense, builder.Target(mnt / "x.safetensors"), builder.Recipe("int8"))
         assert os.listdir(mnt) == [], "partial file removed"
     finally:
         subprocess.run(["umount", str(mnt)], check=False)

@@ -41,7 +41,7 @@ EXTENSIONS = {c.name: c.extension for c in containers.writable()}
 
 # The pieces live in their own modules (dense_sources, quantize, output_file, writers); callers import them from there.
 from ..formats.dense_sources import KeyMapArg, check_dense, open_input  # noqa: E402
-from .output_file import (FreeSpaceFn, _refuse_existing, atomic_output, check_free_space, check_output_name,
+from .output_file import (_refuse_existing, atomic_output, check_free_space, check_output_name,
                           estimate_output_bytes, human_bytes)  # noqa: E402
 from ..schemes.quantize import ProgressFn, quantize_items, quantize_tensors  # noqa: E402
 from .writers import BuildProgress, write_checkpoint, write_error  # noqa: E402
@@ -173,14 +173,13 @@ def default_filename(base_model_id: str, scheme: str, container: str, component:
 
 
 def build(input, target: Target, recipe: Recipe, *, key_map: KeyMapArg = None, layout: str | None = None,
-          progress: BuildProgress | None = None, free_space: FreeSpaceFn | None = None) -> BuildResult:
+          progress: BuildProgress | None = None) -> BuildResult:
     """Dense model -> pre-quantized checkpoint at ``target`` (diffusers key names, every docs/FORMAT.md metadata
     field), made as ``recipe`` says (its component recorded in the metadata and checked by loaders).
 
-    The builder's one entry for every client (the node, the command line, a script): seven parameters, the input,
-    where and what, then how the input is read (``key_map``: ComfyUI's diffusers -> ComfyUI map, or ``fn(family,
-    shapes) -> map``, for ComfyUI-layout input only; ``layout`` forces one) and the host's two services (``progress``;
-    ``free_space(folder) -> bytes``, default ``shutil.disk_usage``).
+    The builder's one entry for every client (the node, the command line, a script): the input, where and what, then
+    how the input is read (``key_map``: ComfyUI's diffusers -> ComfyUI map, or ``fn(family, shapes) -> map``, for
+    ComfyUI-layout input only; ``layout`` forces one) and the host's progress.
     ``input``: a state dict, a ``Source``, a dense ``.safetensors`` path or a diffusers folder.
     Refuses (``BuildError``) before reading any weight: existing output, unknown family, too little disk space.
     """
@@ -213,7 +212,7 @@ def build(input, target: Target, recipe: Recipe, *, key_map: KeyMapArg = None, l
         raise BuildError("No Linear layer passes the filter, so nothing would be quantized.", path=src.path,
                          expected=f"Linear layers with in and out features >= min_features ({min_features})",
                          fix="Lower min_features.")
-    check_free_space(folder, estimate, free_space)
+    check_free_space(folder, estimate)
 
     total = len(infos)
     qprog = (lambda done, tot: progress("quantize", done, tot, "")) if progress else None
@@ -265,7 +264,7 @@ def build_comfy_native(tensors: Mapping, target: Target, recipe: Recipe, *, prog
                          "quantized.", path=dest, fix="Lower min_features.")
     meta = {"base_model_id": base_model_id, "family": family.name, "scheme": scheme}
     nbytes = sum(t.numel() * t.element_size() for t in out.values())
-    check_free_space(os.path.dirname(dest), nbytes, None)
+    check_free_space(os.path.dirname(dest), nbytes)
     try:
         with atomic_output(dest, overwrite=overwrite) as tmp:
             comfy_native.write_native(tmp, out, layers, meta)

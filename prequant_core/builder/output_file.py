@@ -11,7 +11,7 @@ import shutil
 import socket
 import stat
 import time
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 
@@ -23,7 +23,6 @@ from ..safe_text import is_clean
 from ..units import human_bytes
 
 
-FreeSpaceFn = Callable[[str], int]  # folder -> free bytes
 TEMP_PREFIX = ".prequant-"
 TEMP_SUFFIX = ".partial"
 _TEMP_RE = re.compile(r"^\.prequant-([0-9a-f]{8})-(\d+)-[A-Za-z0-9_]+\.partial$")
@@ -69,10 +68,9 @@ def check_writable(folder: str) -> None:
                          fix="Pick a folder you can write files in (e.g. ComfyUI/models/prequant).")
 
 
-def check_free_space(folder: str, needed: int, free_space: FreeSpaceFn | None = None) -> int:
-    if free_space is None:
-        check_writable(folder)
-    free = (free_space or default_free_space)(folder)
+def check_free_space(folder: str, needed: int) -> int:
+    check_writable(folder)
+    free = default_free_space(folder)
     if free < needed:
         raise BuildError("Not enough free disk space for the output; nothing was written.", path=folder,
                          expected=f"at least {human_bytes(needed)} free (estimated output size)",
