@@ -43,7 +43,15 @@ def test_a_variant_naming_a_hosted_model_picks_its_repo():
 def test_an_unknown_preset_is_refused_with_the_list():
     with pytest.raises(HubError, match="Unknown preset 'No Such Model / fp8'") as e:
         sources.get_preset("No Such Model / fp8")
-    assert "Z-Image-Turbo / fp8" in e.value.expected
+    assert "Z-Image-Turbo / fp8" in e.value.expected and e.value.expected.startswith("none, ")
+    assert e.value.fix == "Pick a preset from the list (the list follows the families this pack supports)."
+    # the text-encoder loader's presets: the same refusal, its own list and words
+    from prequant_core.text_encoders import sources as encoder_sources
+    assert encoder_sources.get_preset("none") is None
+    with pytest.raises(HubError, match="Unknown text-encoder preset 'Z-Image-Turbo / fp8'") as e:
+        encoder_sources.get_preset("Z-Image-Turbo / fp8")
+    assert "Z-Image / text_encoder" in e.value.expected and "Z-Image-Turbo / fp8" not in e.value.expected
+    assert e.value.fix == "Pick a preset from the list (one per family with a hosted text encoder)."
 
 
 def test_hub_origin_needs_a_scheme_and_an_origin_folder():

@@ -307,13 +307,18 @@ def preset_labels() -> list[str]:
 
 
 def get_preset(label: str | None) -> Preset | None:
+    return pick(label, presets(), "preset", "the list follows the families this pack supports")
+
+
+def pick(label: str | None, listed: list[Preset], what: str, why: str) -> Preset | None:
+    """The preset named ``label`` among ``listed`` (None for "none"); an unknown one is refused, listing them."""
     if not label or label.strip().lower() == PRESET_NONE:
         return None
-    for p in presets():
+    for p in listed:
         if p.label == label:
             return p
-    raise HubError(f"Unknown preset '{label}'.", expected=", ".join(preset_labels()), found=str(label),
-                   fix="Pick a preset from the list (the list follows the families this pack supports).")
+    raise HubError(f"Unknown {what} '{label}'.", expected=", ".join([PRESET_NONE] + [p.label for p in listed]),
+                   found=str(label), fix=f"Pick a preset from the list ({why}).")
 
 
 def _clean(s: str | None) -> str | None:

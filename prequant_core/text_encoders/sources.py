@@ -39,13 +39,7 @@ def preset_labels() -> list[str]:
 
 
 def get_preset(label: str | None) -> Preset | None:
-    if not label or label.strip().lower() == sources.PRESET_NONE:
-        return None
-    for p in presets():
-        if p.label == label:
-            return p
-    raise HubError(f"Unknown text-encoder preset '{label}'.", expected=", ".join(preset_labels()), found=str(label),
-                   fix="Pick a preset from the list (one per family with a hosted text encoder).")
+    return sources.pick(label, presets(), "text-encoder preset", "one per family with a hosted text encoder")
 
 
 def component_for(family: str | None, component: str | None) -> str | None:
