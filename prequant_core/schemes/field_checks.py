@@ -10,7 +10,7 @@ from ..safe_text import escape
 from .codec import row_block_accepted as block_accepted
 
 
-class _Bad(Exception):
+class Bad(Exception):
     def __init__(self, field: str, expected: str, found):
         super().__init__(field)
         self.field, self.expected, self.found = field, expected, found
@@ -20,53 +20,48 @@ def _found(v) -> str:
     return f"{type(v).__name__} {escape(repr(v)[:80])}"
 
 
-def _need(ok: bool, field: str, expected: str, value) -> None:
+def need(ok: bool, field: str, expected: str, value) -> None:
     if not ok:
-        raise _Bad(field, expected, _found(value))
+        raise Bad(field, expected, _found(value))
 
 
-def _bool(v, field):
-    _need(isinstance(v, bool), field, "true or false", v)
+def bool_(v, field):
+    need(isinstance(v, bool), field, "true or false", v)
 
 
-def _int(v, field, allowed=None):
-    _need(isinstance(v, int) and not isinstance(v, bool) and (allowed is None or v in allowed), field,
+def int_(v, field, allowed=None):
+    need(isinstance(v, int) and not isinstance(v, bool) and (allowed is None or v in allowed), field,
           f"an integer{'' if allowed is None else ' in ' + str(sorted(allowed))}", v)
 
 
-def _enum(v, cls, field):
-    _need(isinstance(v, cls), field, f"a {cls.__name__}", v)
+def enum(v, cls, field):
+    need(isinstance(v, cls), field, f"a {cls.__name__}", v)
 
 
-def _opt_float(v, field, lo=None):
-    _need(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+def opt_float(v, field, lo=None):
+    need(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
                         and abs(v) != float("inf") and (lo is None or v >= lo)), field,
           "none or a finite number" + ("" if lo is None else f" >= {lo}"), v)
 
 
-def _scalar(v, field):
-    _need(v is None or (isinstance(v, torch.Tensor) and type(v) is torch.Tensor and v.dtype == torch.float32
+def scalar(v, field):
+    need(v is None or (isinstance(v, torch.Tensor) and type(v) is torch.Tensor and v.dtype == torch.float32
                         and v.numel() == 1), field, "none or one float32 number", v)
 
 
-def _granularity(v, field):
+def granularity(v, field):
     from torchao.quantization import PerRow, PerTensor
-    _need(type(v) in (PerRow, PerTensor) or (isinstance(v, (list, tuple)) and len(v) == 2
+    need(type(v) in (PerRow, PerTensor) or (isinstance(v, (list, tuple)) and len(v) == 2
                                              and all(type(g) in (PerRow, PerTensor) for g in v)),
           field, "PerRow / PerTensor granularity", v)
     for g in (v if isinstance(v, (list, tuple)) else (v,)):
         if type(g) is PerRow:
-            _int(g.dim, field + ".dim", {-1, 1})
+            int_(g.dim, field + ".dim", {-1, 1})
 
 
-def _block(v, field, shape, whole_ok=False):
-    _need(block_accepted(v, shape, whole_ok), field, f"[1, {shape[-1] if len(shape) else -1}] (one block per row)", v)
+def block(v, field, shape, whole_ok=False):
+    need(block_accepted(v, shape, whole_ok), field, f"[1, {shape[-1] if len(shape) else -1}] (one block per row)", v)
 
 
-def _dataclass_of(v, cls, field):
-    _need(type(v) is cls and dataclasses.is_dataclass(v), field, f"a {cls.__name__} or none", v)
-
-
-Bad = _Bad
-need, bool_, int_, enum, opt_float, scalar = _need, _bool, _int, _enum, _opt_float, _scalar
-granularity, block, dataclass_of = _granularity, _block, _dataclass_of
+def dataclass_of(v, cls, field):
+    need(type(v) is cls and dataclasses.is_dataclass(v), field, f"a {cls.__name__} or none", v)
