@@ -568,10 +568,7 @@ def test_the_packs_block_scheme_builds_of_the_video_families_equal_load_time_qua
     import folder_paths
     from safetensors.torch import save_file
     fam = families.get(family)
-    if not hosts_here(comfy, fam):
-        with pytest.raises(ComfyVersionError) as e:
-            comfy_model(comfy).check_loadable(fam)
-        assert fam.arch.min_comfy in str(e.value)
+    if refused_here(comfy, fam):
         return
     nodes_, pack = comfy
     rec = _record(family)
@@ -636,6 +633,17 @@ def _load_with_companion(fam, loads, extra: dict, models_prequant: str):
     assert res[0]["ui"]["prequant"][0]["companion"] == f"{c.local_name} (local)"
     assert f"with {c.local_name} (local)" in res[0]["ui"]["text"][0]
     return tuple(r["result"][0] for r in res)
+
+
+def refused_here(comfy, fam) -> bool:
+    """Whether this ComfyUI lacks the class the pack maps ``fam`` into, having checked that the refusal names the
+    version that has it."""
+    if hosts_here(comfy, fam):
+        return False
+    with pytest.raises(ComfyVersionError) as e:
+        comfy_model(comfy).check_loadable(fam)
+    assert fam.arch.min_comfy in str(e.value)
+    return True
 
 
 def hosts_here(comfy, fam) -> bool:
@@ -737,10 +745,7 @@ def test_a_newer_family_in_comfyuis_class_equals_diffusers_forward(comfy, family
     audio-to-video gate zeroed in both models: ComfyUI 0.33's block feeds its video-to-audio attention the video after
     the audio-to-video update, diffusers the video before it (the pack follows ComfyUI's forward, not its own)."""
     fam = families.get(family)
-    if not hosts_here(comfy, fam):
-        with pytest.raises(ComfyVersionError) as e:
-            comfy_model(comfy).check_loadable(fam)
-        assert fam.arch.min_comfy in str(e.value)
+    if refused_here(comfy, fam):
         return
     rec = _record(family)
     dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
@@ -772,10 +777,7 @@ def test_minimax_h3_dense_adaln_form_in_comfyuis_class_equals_diffusers_forward(
     what diffusers computes, both streams."""
     from prequant_core.families import minimax_h3
     fam = families.get("minimax-h3")
-    if not hosts_here(comfy, fam):
-        with pytest.raises(ComfyVersionError) as e:
-            comfy_model(comfy).check_loadable(fam)
-        assert fam.arch.min_comfy in str(e.value)
+    if refused_here(comfy, fam):
         return
     rec = _record("minimax-h3", dense_form=True)
     dense_sd = {k[len("dense."):]: v.clone() for k, v in rec.items() if k.startswith("dense.")}
@@ -844,10 +846,7 @@ def test_a_krea2_file_whose_heads_cannot_be_is_refused_naming_the_tensor(comfy, 
     file, naming the file and the tensor. A ComfyUI without the Krea2 class refuses the family before any file."""
     fam = families.get("krea-2")
     load = comfy[0].NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load
-    if not hosts_here(comfy, fam):
-        with pytest.raises(ComfyVersionError) as e:
-            comfy_model(comfy).check_loadable(fam)
-        assert fam.arch.min_comfy in str(e.value)
+    if refused_here(comfy, fam):
         return
     name = f"Krea-2-{case}-ComfyUI.safetensors"
     path = os.path.join(prequant_dir, name)
