@@ -211,10 +211,12 @@ def make_ops(base):
                     else:
                         if ts[0].device != dev:  # low-VRAM streaming: only the codes travel
                             ts = tuple(t.to(dev, non_blocking=True) for t in ts)
-                        bias = self.bias
+                        bias, functions = self.bias, self.prequant_bias_functions()
                         if bias is not None:
-                            bias = bias.to(device=dev, dtype=bias_dtype)
-                            for f in self.prequant_bias_functions():
+                            # ComfyUI's LowVramPatch adds a LoRA's diff_b in place: on a copy, never the layer's
+                            # own bias (as ComfyUI's cast_bias_weight copies a bias that has functions)
+                            bias = bias.to(device=dev, dtype=bias_dtype, copy=bool(functions))
+                            for f in functions:
                                 bias = f(bias)
                     if self.prequant_weight_functions():
                         # LoRA in low-VRAM mode or under DynamicVRAM: patched per call

@@ -58,7 +58,10 @@ CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_
             tests/test_legacy_v1_records.py tests/test_comfy_native_records.py tests/test_dense_sources.py
             tests/test_diffusers_loader_parts.py tests/test_fingerprint.py tests/test_nvfp4.py tests/test_pickle_guard.py
             tests/test_pt_safe_globals.py tests/test_qtensor.py tests/test_report.py tests/test_sources.py
-            tests/test_tokenizer_source.py tests/test_validate_tensors.py)
+            tests/test_tokenizer_source.py tests/test_validate_tensors.py tests/test_keymap_edges.py
+            tests/test_builder_inputs.py tests/test_placement_edges.py tests/test_route_choice.py
+            tests/test_container_headers.py tests/test_codec_edges.py tests/test_metadata_edges.py
+            tests/test_encoder_kinds.py tests/test_hub_transfer_edges.py tests/test_plain_values.py)
 # The ComfyUI tier's heaviest files; every other tests/test_*.py follows them.
 COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conformance_comfy.py
              tests/test_diffusers_loader.py tests/test_concurrency.py tests/test_hub.py tests/test_build.py
@@ -75,7 +78,8 @@ extras_of() {
     test_example_workflows.py) echo comfy-templates ;;
     test_families.py) echo diffusers042 comfy-kitchen ;;
     test_diffusers_loader.py | test_unsloth_conformance.py | test_video_sampling.py) echo diffusers042 ;;
-    test_comfy_native.py | test_comfy_native_comfy.py | test_comfy_twins.py | test_dynamic_vram.py) echo comfy-kitchen ;;
+    test_comfy_native.py | test_comfy_native_comfy.py | test_comfy_twins.py | test_dynamic_vram.py | \
+      test_node_edge_inputs.py) echo comfy-kitchen ;;
     test_hub_staging.py) echo hf24 ;;
   esac
 }

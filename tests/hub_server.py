@@ -72,6 +72,8 @@ class Fault:
     extra: int = 0  # GET body: send (and announce) this many bytes more than the file has
     hang: bool = False  # never answer at all (hold the connection open)
     redirect_to: str | None = None  # answer 302 to this address instead
+    after: int = 0  # let this many matching requests through first (a file removed between two requests)
+    code: str | None = None  # with ``status``: the Hub's X-Error-Code (EntryNotFound ...)
 
     def applies(self, method: str, repo: str, filename: str, where: str) -> bool:
         return (self.repo == repo and self.filename == filename and (self.method in (None, method))
@@ -173,6 +175,9 @@ class HubServer:
         with self.lock:
             for f in self.faults:
                 if f.applies(method, repo, filename, where):
+                    if f.after > 0:
+                        f.after -= 1
+                        continue
                     if f.times is not None:
                         f.times -= 1
                     return f
@@ -287,7 +292,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if f and f.redirect_to:
             return self._plain(rec, 302, headers={"Location": f.redirect_to})
         if f and f.status:
-            return self._plain(rec, f.status, message=f"injected {f.status}")
+            return self._plain(rec, f.status, code=f.code, message=f"injected {f.status}")
         err = self._auth_error(repo)
         if err:
             status, code, msg = err

@@ -80,7 +80,9 @@ def main() -> int:
                                    local_dir=(req.get("local_dirs") or {}).get(fn))
         except Exception as e:  # noqa: BLE001
             failure, detail = classify(e)
-            _say({"event": "error", "name": fn, "failure": failure, "detail": detail})
+            # a 404 EntryNotFound now (the file removed since the metadata): the parent moves on to the next name
+            _say({"event": "entry" if failure == "entry" else "error", "name": fn, "failure": failure,
+                  "detail": detail})
             return 1
         _say({"event": "done", "name": fn, "path": path})
         return 0

@@ -20,7 +20,7 @@ from ..file_handle import opened
 READ_HEADER = "header"  # length + JSON header only
 READ_MMAP = "mmap"  # torch.load(mmap=True): pickle only, tensor bytes mapped, untouched
 READ_FULL = "full"  # the full reader: every tensor loaded (kinds the light paths do not understand)
-HEAD_BYTES = 16
+HEAD_BYTES = 32  # enough for the longest mark read here ("version https://git-lfs", 23 bytes)
 
 
 @dataclasses.dataclass
