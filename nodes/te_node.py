@@ -62,13 +62,14 @@ def _refuse_unhostable(kind: encoders.EncoderKind, title: str, path: str | None 
                           found=kind.name, fix=f"Use {own}; Prequant Info describes this file.")
 
 
-def _tokenizer(kind: encoders.EncoderKind, base: str | None, ctx: LoadContext):
+def _tokenizer(kind: encoders.EncoderKind, ck, ctx: LoadContext):
     found = tokenizer_source.from_comfy_files(kind, paths.encoder_dirs())
     if found is not None:
         return found
+    base = ck.metadata.get("base_model_id")
     if not base:
         raise ValidationError(f"The {kind.name} tokenizer is not in the file, and the file names no base model to "
-                              "take it from.", expected=f"base_model_id in the file, or a ComfyUI "
+                              "take it from.", path=ck.path, expected=f"base_model_id in the file, or a ComfyUI "
                               f"{kind.comfy_file_hint} in models/text_encoders", found="neither",
                               fix=f"Put ComfyUI's {kind.comfy_file_hint} into models/text_encoders (its tokenizer is "
                                   "used), or use the file hosted by Unsloth.")
@@ -193,7 +194,7 @@ class PrequantLoadTextEncoder:
                                       fix="The file is truncated or of another encoder size; download it again.")
             tok = None
             if kind.tokenizer == encoders.TOKENIZER_SPIECE:
-                tok = _tokenizer(kind, ck.metadata.get("base_model_id"), ctx)
+                tok = _tokenizer(kind, ck, ctx)
                 tensors[tokenizer_source.SPIECE_KEY] = tok.data
             extra = []
             if hosted.with_encoders:  # one input, one file: read once, whatever the family names it
@@ -201,7 +202,7 @@ class PrequantLoadTextEncoder:
                 extra_path = paths.resolve_comfy_encoder(with_encoder)
                 if extra_path is None:
                     raise ValidationError(f"{fam.title}'s CLIP takes a {name} encoder next to this {kind.name}.",
-                                          expected=f"a {name} file in with_encoder (from models/text_encoders)",
+                                          path=ck.path, expected=f"a {name} file in with_encoder (from models/text_encoders)",
                                           found="none", fix=f"Pick ComfyUI's {name}.safetensors in with_encoder, as "
                                                             "DualCLIPLoader takes it.")
                 import comfy.utils

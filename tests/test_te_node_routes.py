@@ -75,7 +75,7 @@ def test_a_gemma2_file_without_a_base_model_and_no_donor_is_refused_naming_both_
         os.remove(path)
     assert e.value.message == ("The Gemma2-2B tokenizer is not in the file, and the file names no base model to "
                                "take it from.")
-    assert e.value.found == "neither"
+    assert e.value.found == "neither" and e.value.path == path  # the file is named
     assert e.value.expected == ("base_model_id in the file, or a ComfyUI gemma_2_2b_fp16.safetensors in "
                                 "models/text_encoders")
     assert "Put ComfyUI's gemma_2_2b_fp16.safetensors into models/text_encoders" in e.value.fix
@@ -164,13 +164,13 @@ def test_flux1s_t5_without_a_clip_l_is_refused_naming_the_input_to_set(comfy, fl
     """FLUX.1's CLIP is T5-XXL plus CLIP-L (DualCLIPLoader): with with_encoder left at none (the default, or passed)
     the node asks for the CLIP-L file instead of building half a CLIP."""
     from prequant_core.errors import ValidationError
-    name, _ = flux_t5
+    name, t5_path = flux_t5
     for kw in ({}, {"with_encoder": "none"}, {"with_encoder": ""}):
         with pytest.raises(ValidationError) as e:
             _node(comfy).load(name, **kw)
         assert e.value.message == "FLUX.1's CLIP takes a clip_l encoder next to this T5-XXL.", kw
         assert e.value.expected == "a clip_l file in with_encoder (from models/text_encoders)"
-        assert e.value.found == "none"
+        assert e.value.found == "none" and e.value.path == t5_path  # the file is named
         assert e.value.fix == "Pick ComfyUI's clip_l.safetensors in with_encoder, as DualCLIPLoader takes it."
 
 
