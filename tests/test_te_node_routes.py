@@ -6,13 +6,13 @@ ComfyUI beside it), a file recording a component its family hosts no encoder und
 (which files are the pack's pre-cast encoders, which are ComfyUI's own)."""
 from __future__ import annotations
 
-import io
 import os
 
 import pytest
 import torch
 
 import unsloth_te_builder as te_builder
+from tools import tiny_assets
 
 LUMINA_BASE = "Alpha-VLLM/Lumina-Image-2.0"
 LUMINA_REPO = "unsloth/Lumina-Image-2.0-FP8"
@@ -28,17 +28,6 @@ def _folder(models_dir, sub):
     d = os.path.join(models_dir, sub)
     os.makedirs(d, exist_ok=True)
     return d
-
-
-def _spiece_model() -> bytes:
-    """A small SentencePiece model with Gemma's special ids (pad 0, eos 1, bos 2, unk 3), trained here."""
-    import sentencepiece as spm
-    words = "a watercolor painting of the lighthouse at dawn soft light cat dog photo".split()
-    lines = [" ".join(words[(i * j) % len(words)] for j in range(1, 9)) for i in range(1, 200)]
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=40, model_type="bpe",
-                                   pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
-    return buf.getvalue()
 
 
 def _tiny_gemma(path, base_model_id):
@@ -98,7 +87,7 @@ def test_a_listed_name_the_user_lacks_is_downloaded_by_the_preset_and_its_tokeni
     assert not os.path.exists(repo_dir) and LUMINA_NAME not in pack.nodes.paths.encoder_choices()
     src = _tiny_gemma(tmp_path / LUMINA_NAME, LUMINA_BASE)
     spm = tmp_path / "tokenizer.model"
-    spm.write_bytes(_spiece_model())
+    spm.write_bytes(tiny_assets.spiece_model())
     hub.commit(LUMINA_REPO, {LUMINA_NAME: src})
     hub.commit(LUMINA_BASE, {"tokenizer/tokenizer.model": str(spm)})
     node = _node(comfy)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import unsloth_te_builder as te_builder
+from tools import tiny_assets
 from conftest import ROOT
 from prequant_core import report
 from prequant_core.errors import CorruptCheckpointError, ValidationError
@@ -211,21 +212,9 @@ def test_the_family_download_takes_the_pt_when_the_repo_has_no_safetensors(hub, 
                                                                        component="text_encoder"), LoadContext.of(download_dir=str(dest), model_dirs=[str(dest)]))
 
 
-def spiece_model() -> bytes:
-    """A tiny SentencePiece model, trained here (the tokenizer bytes are parsed by SentencePiece on the way in)."""
-    import io
-    import sentencepiece as spm
-    words = "a watercolor painting of the lighthouse at dawn soft light cat dog photo".split()
-    lines = [" ".join(words[(i * j) % len(words)] for j in range(1, 9)) for i in range(1, 200)]
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=40, model_type="bpe",
-                                   pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
-    return buf.getvalue()
-
-
 def test_the_tokenizer_comes_from_the_base_repo_once(hub, tmp_path):
     model = tmp_path / "tokenizer.model"
-    model.write_bytes(spiece_model())
+    model.write_bytes(tiny_assets.spiece_model())
     hub.commit("Alpha-VLLM/Lumina-Image-2.0", {"tokenizer/tokenizer.model": str(model)})
     kind = encoders.for_class("Gemma2Model")
     first = tokenizer_source.from_hub(kind, "Alpha-VLLM/Lumina-Image-2.0")
@@ -336,7 +325,7 @@ BROKEN_SPIECE = {  # what a damaged or mistaken spiece_model may hold
     "garbage": lambda: bytes(range(256)) * 64,
     "one-byte": lambda: b"\x0a",
     "nul": lambda: b"\x00" * 4096,
-    "padded": lambda: spiece_model() + b"\x00" * 4096,  # a real model with NULs after it: larger than its proto
+    "padded": lambda: tiny_assets.spiece_model() + b"\x00" * 4096,  # a real model with NULs after it: larger than its proto
 }
 
 
@@ -355,7 +344,7 @@ def test_a_tokenizer_donor_that_sentencepiece_cannot_read_is_refused_naming_the_
     assert e.value.path == str(donor) and "tokenizer donor gemma_2_2b_fp16.safetensors" in e.value.message
     assert "SentencePiece model" in e.value.expected and "SentencePiece:" in e.value.found, str(e.value)
     assert "Remove or replace gemma_2_2b_fp16.safetensors" in e.value.fix and "not at fault" in e.value.fix
-    good = spiece_model()
+    good = tiny_assets.spiece_model()
     write_donor(str(donor), good)
     assert bytes(tokenizer_source.from_comfy_files(kind, [str(tmp_path)]).data.numpy()) == good
 

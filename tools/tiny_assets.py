@@ -47,3 +47,17 @@ def install(models_dir: str) -> dict:
         if not os.path.exists(p):
             fn(p)
     return {"clip": CLIP_NAME, "vae": VAE_NAME}
+
+
+def spiece_model() -> bytes:
+    """A tiny SentencePiece model with Gemma's special ids (pad 0, eos 1, bos 2, unk 3), trained here (a tokenizer
+    is parsed by SentencePiece on the way in, so it must be a real one)."""
+    import io
+
+    import sentencepiece as spm
+    words = "a watercolor painting of the lighthouse at dawn soft light cat dog photo".split()
+    lines = [" ".join(words[(i * j) % len(words)] for j in range(1, 9)) for i in range(1, 200)]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=40, model_type="bpe",
+                                   pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
+    return buf.getvalue()
