@@ -184,8 +184,9 @@ def test_a_rename_a_comfyui_release_made_stays_a_version_mismatch(comfy, flux):
     """The rename ComfyUI 0.33 made (FLUX's q/k norms: '.scale' before, '.weight' since; the family's
     ``comfy_renames``): tensors named as the other side of it are a version mismatch naming the release, whichever
     side this ComfyUI is on, and never a damaged file."""
-    from prequant_core.errors import ComfyVersionError
+    from prequant_core.errors import ComfyVersionError, CorruptCheckpointError
     from prequant_core.families import FAMILIES
+    from prequant_core.load import placement
     _, pack = comfy
     cm = pack.nodes.comfy_model
     fam = families.get(FAMILY)
@@ -207,6 +208,13 @@ def test_a_rename_a_comfyui_release_made_stays_a_version_mismatch(comfy, flux):
     assert "ComfyUI 0.33.0 renamed" in msg and "not a damaged file" in msg and "/models/flux.safetensors" in msg, msg
     older = cm._older_than(cm.comfy_version(), rename.since)
     assert ("Update ComfyUI to 0.33.0" in e.value.fix) == older, e.value.fix
+    # the renamed names plus one tensor no release ever named: a damaged file, not a version mismatch (left to the
+    # placement's own check, which names the tensors)
+    extra = {**flipped, "double_blocks.0.img_attn.norm.query_norm.bias": torch.zeros(1)}
+    assert cm.check_names_match(model, extra, fam, "/models/flux.safetensors") is None
+    with pytest.raises(CorruptCheckpointError) as e:
+        placement.assign(model, extra, path="/models/flux.safetensors")
+    assert "query_norm.bias" in str(e.value) and e.value.path == "/models/flux.safetensors"
     # and the renames are data: only the families built from ComfyUI's FLUX layers carry this one
     assert {f.name for f in FAMILIES.values() if rename in f.arch.comfy_renames} == {
         "flux.1", "flux.2-klein", "flux.2-dev", "hunyuanimage-2.1", "hunyuanvideo-1.5"}
