@@ -3,7 +3,8 @@ two inputs, a CLIP asked for ComfyUI's native layout, a MODEL whose family nothi
 DEVELOPING's entry has it) or whose ComfyUI class two families share, a MODEL without a diffusion model; the
 loader's list with an unreadable .safetensors in diffusion_models; an API prompt still passing the removed hf_token;
 PREQUANT_MATMUL=quantized on fp8 layers whose codes are e5m2 (ComfyUI-native float8_e5m2), which torchao's fp8 matmul
-does not take; a quantized tensor for something other than a Linear's weight."""
+does not take; a quantized tensor for something other than a Linear's weight; a ComfyUI encoder file assigned beside a
+pre-cast one (non-strict) and the pre-cast one (strict) into ComfyUI's real CLIP-L class."""
 from __future__ import annotations
 
 import logging
@@ -223,3 +224,38 @@ def test_load_state_dict_on_a_packs_dense_layer_loads_through_comfyuis_own_loade
         result = layer.load_state_dict(new)
     assert not result.missing_keys and not result.unexpected_keys, (name, result)
     assert all(torch.equal(getattr(layer, k), v) for k, v in new.items()), name
+
+
+def test_a_comfyui_encoder_file_beside_a_pre_cast_one_is_assigned_as_clip_loader_assigns_it(comfy):
+    """The with_encoder file (FLUX.1's CLIP-L next to its T5) is assigned non-strictly, as ComfyUI's own CLIPLoader
+    loads it: a tensor ComfyUI's class does not hold (a CLIP-L file's ``position_ids``) is ignored, one the file does
+    not provide (``text_projection``) is allocated as zeros, never left on the meta device; every other tensor lands
+    as given. The pre-cast file itself is assigned strictly: the same extra tensor is refused, naming the file."""
+    from comfy import sd1_clip
+    from prequant_core.errors import CorruptCheckpointError
+    cc = comfy[1].nodes.comfy_clip
+
+    def skeleton():
+        with torch.device("meta"):  # ComfyUI's real CLIP-L class, as the loader builds it before assigning
+            return sd1_clip.SDClipModel(device="meta")
+    model = skeleton()
+    shapes = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict(keep_vars=True).items()}
+    assert "transformer.text_projection.weight" in shapes
+    g = torch.Generator().manual_seed(0)
+    sd = {k: torch.randn(s, generator=g).to(torch.float16) if dt.is_floating_point else torch.zeros(s, dtype=dt)
+          for k, (s, dt) in shapes.items() if k != "transformer.text_projection.weight"}
+    sd["transformer.text_model.embeddings.position_ids"] = torch.arange(77)[None]
+    cc._assign(model, sd, "/models/text_encoders/clip_l.safetensors", strict=False)
+    got = model.state_dict(keep_vars=True)
+    assert not [k for k, v in got.items() if v.is_meta], "nothing is left unallocated"
+    assert "transformer.text_model.embeddings.position_ids" not in got
+    proj = got["transformer.text_projection.weight"]
+    assert isinstance(proj, torch.nn.Parameter) and not proj.requires_grad and not proj.any()
+    assert proj.shape == shapes["transformer.text_projection.weight"][0]
+    for k, v in sd.items():
+        if k in got:
+            assert torch.equal(got[k].to(v.dtype), v), k
+    with pytest.raises(CorruptCheckpointError) as e:
+        cc._assign(skeleton(), sd, "/models/prequant/x-text_encoder-FP8.safetensors", strict=True)
+    assert e.value.path == "/models/prequant/x-text_encoder-FP8.safetensors"
+    assert e.value.found == "1 unexpected: transformer.text_model.embeddings.position_ids", e.value.found
