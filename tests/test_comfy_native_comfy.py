@@ -253,6 +253,27 @@ def test_a_pre_quant_scale_on_an_fp8_layer_is_ignored_as_stock_comfyui_ignores_i
     assert diff < 1e-3, f"stock ComfyUI and this pack must compute the same model from the same file: {diff}"
 
 
+def test_a_native_build_from_a_diffusers_layout_dense_file_writes_what_the_comfyui_layout_file_gives(comfy, wan):
+    """Build Prequant Checkpoint, container comfyui-native, from a dense file in diffusers' layout (as Unsloth's and
+    diffusers' dense files are): mapped to ComfyUI's names first, tensor for tensor the file the same node writes from
+    the same weights in ComfyUI's layout."""
+    from safetensors.torch import load_file, save_file
+    nodes, _ = comfy
+    from_comfy_layout = load_file(os.path.join(_folder("."), _build(nodes, wan, "fp8")))
+    dense_name = "wan-tiny-dense-diffusers.safetensors"
+    save_file({k: v.contiguous() for k, v in tf.dense(WRITE_FAMILY, seed=0).items()},
+              os.path.join(_folder("."), dense_name))
+    with torch.inference_mode():
+        res = nodes.NODE_CLASS_MAPPINGS["PrequantBuildCheckpoint"]().build(
+            dense_file=dense_name, scheme="fp8", min_features=64, base_model_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+            family="auto", filename="from-diffusers-layout.safetensors", container="comfyui-native", overwrite=True)
+    info = res["ui"]["prequant_build"][0]
+    assert info["container"] == "comfyui-native" and info["input_layout"] == "diffusers", info
+    got = load_file(info["path"])
+    assert sorted(got) == sorted(from_comfy_layout) and any(k.endswith(".comfy_quant") for k in got)
+    assert all(torch.equal(got[k], from_comfy_layout[k]) for k in got)
+
+
 def _build(nodes, tiny, scheme: str) -> str:
     """Build Prequant Checkpoint, container comfyui-native, from a dense file in models/diffusion_models."""
     from safetensors.torch import save_file
