@@ -265,6 +265,13 @@ def test_another_files_error_names_that_file_and_clears_the_checkpoint():
     from prequant_core.errors import CorruptCheckpointError
     own = OSError(5, "Input/output error", "/models/prequant/x.safetensors")
     assert isinstance(_raised(own), CorruptCheckpointError)
+    # a name no path can be (a NUL inside: the OS call raises before it resolves) is still another file's, named
+    odd = FileNotFoundError(2, "No such file or directory", "tokenizer\x00.json")
+    e = _raised(odd)
+    assert isinstance(e, InternalError) and "tokenizer\x00.json" in e.message, e.message
+    # an OSError naming no file at all, or a read with no checkpoint path: the reader's own failure
+    assert isinstance(_raised(OSError(5, "Input/output error")), CorruptCheckpointError)
+    assert isinstance(_raised(missing, path=None), CorruptCheckpointError)
 
 
 def test_a_failure_after_the_file_was_judged_asks_for_a_report():
