@@ -128,3 +128,30 @@ def test_a_file_removed_between_the_two_requests_is_skipped_for_the_next_name(hu
     assert [r["status"] for r in hub.requests("HEAD", NAME, route="resolve")][-1] == 404
     assert not hub.body_gets(NAME), "no byte of the removed file was asked for"
 
+
+
+def test_a_mirror_file_says_its_revision_only_through_a_well_formed_source_record(tmp_path):
+    """``hub.local.mirror_revision``: the revision a converted mirror file records in its ``unsloth_source`` header
+    entry (what a pinned revision is checked against); any other file, or a record that does not say one, proves
+    nothing (None), never an error."""
+    import json as json_
+    from safetensors.torch import save_file
+    import torch
+    from prequant_core.hub import local
+    t = {"w": torch.zeros(2, 2)}
+
+    def mirror(name, meta):
+        p = str(tmp_path / name)
+        save_file(t, p, metadata=meta)
+        return p
+    rec = {"file": "X.pt", "sha256": "0" * 64, "bytes": 1, "repo": REPO, "revision": "a1b2c3"}
+    assert local.mirror_revision(mirror("ok.safetensors", {local.SOURCE_KEY: json_.dumps(rec)})) == "a1b2c3"
+    assert local.mirror_revision(str(tmp_path / "copy.pt")) is None  # a .pt copy records nothing
+    for name, meta in [("none.safetensors", {}), ("garbage.safetensors", {local.SOURCE_KEY: "{not json"}),
+                       ("list.safetensors", {local.SOURCE_KEY: "[1, 2]"}),
+                       ("empty.safetensors", {local.SOURCE_KEY: json_.dumps({**rec, "revision": ""})}),
+                       ("number.safetensors", {local.SOURCE_KEY: json_.dumps({**rec, "revision": 7})})]:
+        assert local.mirror_revision(mirror(name, meta)) is None, name
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\xff" * 8 + b"{")  # a header length past the end: unreadable
+    assert local.mirror_revision(str(broken)) is None
