@@ -256,3 +256,19 @@ def test_the_tables_read_from_the_family_records_are_unchanged():
         "HunyuanVideo-1.5-Diffusers-720p_t2v-NVFP4.pt",)
     assert declared(hy, "nvfp4", "transformer_2") == () and declared(hy, "fp8") == ()
     assert declared("UNSLOTH/minimax-h3-fp8", "int8") == ("MiniMax-H3-INT8-ConvRot.pt",)  # repo ids: any case
+
+
+def test_families_sharing_names_are_told_apart_by_shapes_and_unreadable_shapes_fall_back_to_the_first():
+    """Wan 2.2 TI2V-5B and T2V-A14B share every tensor name; the patch embedding's input channels tell them apart
+    (48 / 16). Shapes the test cannot read (the tensor missing, or of another rank) pick neither by shape: the first
+    family with those names is taken, as without shapes, never an exception."""
+    keys = ["condition_embedder.time_proj.weight", "blocks.0.attn1.to_q.weight", "patch_embedding.weight"]
+    def pick(shapes):
+        fam, layout = families.detect(keys, shapes=shapes)
+        return fam.name, layout
+    assert pick({"patch_embedding.weight": (3072, 48, 1, 2, 2)}) == ("wan2.2-ti2v-5b", "diffusers")
+    assert pick({"patch_embedding.weight": (5120, 16, 1, 2, 2)}) == ("wan2.2-t2v-a14b", "diffusers")
+    first = pick(None)
+    assert first[0] in ("wan2.2-ti2v-5b", "wan2.2-t2v-a14b")
+    assert pick({"patch_embedding.weight": (5120,)}) == first  # IndexError inside the test
+    assert pick({"blocks.0.attn1.to_q.weight": (64, 64)}) == first  # KeyError inside the test
