@@ -194,6 +194,14 @@ def test_rotation_refusals_name_field_expected_and_found(meta_change, words):
     assert not v.ok and all(w in text for w in words), text
 
 
+def test_a_rotation_list_of_many_bad_names_is_refused_naming_the_first_five():
+    """A stranger's list may be long: the refusal names five of its bad entries, not thousands."""
+    tensors, meta = _rotation_file(fqns=[f"zz{i}" for i in range(8)])
+    reasons = layer_policy.rotation_reasons(_ckpt(tensors, meta, FORMAT_V2))
+    assert [r.split("'")[1] for r in reasons] == [f"zz{i}" for i in range(5)]
+    assert all("no weight in the file" in r for r in reasons)
+
+
 def test_valid_rotation_marks_only_the_listed_weights():
     tensors, meta = _rotation_file()
     ck = _ckpt(tensors, meta, FORMAT_V2)
