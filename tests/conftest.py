@@ -104,6 +104,30 @@ def absent_comfy_tokenizer() -> str | None:
 NONE = "(none: use path or hub_repo)"  # the loader's checkpoint choice that defers to path / hub_repo
 
 
+def low_vram(model):
+    """The model as ComfyUI loads it when the device has no room for it (each Linear streamed, a LoRA applied per
+    call): ComfyUI never loads partially on a CPU by itself, so the memory it may load into is capped."""
+    m = model.clone()
+    load = m.partially_load
+    m.partially_load = lambda device_to, extra_memory=0, force_patch_weights=False: load(
+        device_to, 1, force_patch_weights=force_patch_weights)
+    return m
+
+
+def unsloth_video_file(family: str, kind: str, path: str) -> None:
+    """A tiny video-family file as Unsloth's builder writes it (tests/unsloth_builder.py, never this pack's writer),
+    run in a subprocess with diffusers 0.42.1 first on the path (the pinned diffusers lacks these classes)."""
+    import subprocess
+    import sys
+    side = os.path.join(ROOT, ".cache", "diffusers042")
+    dev_py = os.path.join(ROOT, ".venv", "bin", "python")
+    p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable,
+                        os.path.join(ROOT, "tests", "unsloth_builder.py"), family, kind, path], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT, os.path.join(ROOT, "tests")])))
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
 def load_path(comfy, path, **kw):
     """Load Prequant Transformer on ``path``, run as ComfyUI runs a node; the MODEL."""
     with torch.inference_mode():  # as ComfyUI runs every node

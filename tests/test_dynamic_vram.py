@@ -11,16 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import load_path, sample, with_lora
-
-
-def _low_vram(model):
-    """ComfyUI never loads partially on a CPU by itself: the memory it may load into is capped."""
-    m = model.clone()
-    load = m.partially_load
-    m.partially_load = lambda device_to, extra_memory=0, force_patch_weights=False: load(
-        device_to, 1, force_patch_weights=force_patch_weights)
-    return m
+from conftest import load_path, low_vram, sample, with_lora
 
 
 @pytest.mark.parametrize("scheme,container", [("int8", "safetensors"), ("fp8", "pt"), ("nvfp4", "pt"),
@@ -41,7 +32,6 @@ def test_a_load_with_dynamic_vram_on_builds_and_samples_as_without(comfy, prequa
     on = load_path(comfy, path)
     assert torch.equal(sample(on), off)
     mm.unload_all_models()
-
 
 
 def test_native_unsloth_and_load_time_quantized_models_build_with_dynamic_vram_on(comfy, zimage_dense, models_dir,
@@ -82,7 +72,7 @@ def _dynamic_vram_style(model):
     weight's LoRA attached as ``weight_lowvram_function``, not in ``weight_function``. A CPU never builds the dynamic
     patcher (its ``__new__`` hands back a plain one), so a load callback moves the low-VRAM patches there."""
     import comfy.model_patcher as mp
-    m = _low_vram(model)
+    m = low_vram(model)
 
     def as_dynamic(patcher, *_):
         for mod in patcher.model.modules():

@@ -503,21 +503,13 @@ def test_unsloths_video_family_files_load_through_the_node(comfy, prequant_dir, 
     into ComfyUI 0.33's class (LTX-2.3 with its text connectors from their own file); fp8 computes what this pack
     quantizing the same dense weights at load computes, bit for bit; int8 ConvRot stays as close to dense as plain
     int8. An older ComfyUI refuses them naming 0.33.0."""
-    import subprocess
-    import sys
-    from conftest import ROOT
+    from conftest import unsloth_video_file
     from safetensors.torch import save_file
     fam = families.get(family)
     stem = tf.DIFFUSERS_ONLY[family].file_stem
     name = f"{stem}-unsloth-{kind}.{container}"
     path = os.path.join(prequant_dir, name)
-    side = os.path.join(ROOT, ".cache", "diffusers042")
-    dev_py = os.path.join(ROOT, ".venv", "bin", "python")
-    p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable, os.path.join(ROOT, "tests",
-                        "unsloth_builder.py"), family, kind, path], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT, os.path.join(ROOT, "tests")])),
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+    unsloth_video_file(family, kind, path)
     nodes_, pack = comfy
     load = lambda: nodes_.NODE_CLASS_MAPPINGS["PrequantLoadTransformer"]().load(  # noqa: E731
         "families/" + name, scheme="int8" if kind == "convrot" else kind)

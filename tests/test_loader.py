@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import BASE_ID, NONE, load_path, make_lora, sample, with_lora
+from conftest import BASE_ID, NONE, load_path, low_vram, make_lora, sample, with_lora
 from prequant_core import families, schemes
 from prequant_core.schemes import quantize
 
@@ -243,16 +243,6 @@ def test_a_file_changed_under_a_loras_backup_drops_the_model_and_unpatch_never_r
         assert "Queue the prompt again" in e.value.fix
 
 
-def _low_vram(model):
-    """The model as ComfyUI loads it when the device has no room for it: ComfyUI never loads partially on a CPU by
-    itself, so the memory it may load into is capped (each Linear streamed, a LoRA applied per call)."""
-    m = model.clone()
-    load = m.partially_load
-    m.partially_load = lambda device_to, extra_memory=0, force_patch_weights=False: load(
-        device_to, 1, force_patch_weights=force_patch_weights)
-    return m
-
-
 def test_a_lora_in_low_vram_mode_gives_the_merged_output(comfy, prequant_files, allow_dir, models_dir, monkeypatch):
     """Low-VRAM mode applies a LoRA per call (ComfyUI's weight_function): the pack runs ComfyUI's LowVramPatch
     through the same row blocks as the merge, so each call computes the very codes the merged LoRA stores and the
@@ -271,7 +261,7 @@ def test_a_lora_in_low_vram_mode_gives_the_merged_output(comfy, prequant_files, 
     real = pack.nodes.lora_rows.patched_parts
     monkeypatch.setattr(pack.nodes.lora_rows, "patched_parts",
                         lambda *a, **k: per_call.append(k.get("give_back_pages", True)) or real(*a, **k))
-    streamed = sample(_low_vram(lora_model))
+    streamed = sample(low_vram(lora_model))
     assert per_call and not any(per_call), "every patch ran per call (low-VRAM), none was merged"
     assert torch.equal(dm.layers[0].attention.qkv.weight, codes), "the stored codes stay the file's"
     assert torch.equal(streamed, merged)

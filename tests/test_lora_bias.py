@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from conftest import load_path
+from conftest import load_path, low_vram
 
 LAYER = "cap_embedder.1"  # the tiny Z-Image's one quantized Linear with a bias (1536 x 768)
 BIAS_KEY = f"diffusion_model.{LAYER}.bias"
@@ -127,16 +127,6 @@ def test_another_packs_weight_function_gets_the_dense_weight_and_its_result_runs
     assert torch.allclose(no_bias, x.float() @ dense.T, rtol=5e-2, atol=5e-2 * no_bias.abs().max().item())
 
 
-def _low_vram(model):
-    """The model as ComfyUI loads it when the device has no room for it (each Linear streamed, a LoRA applied per
-    call): ComfyUI never loads partially on a CPU by itself, so the memory it may load into is capped."""
-    m = model.clone()
-    load = m.partially_load
-    m.partially_load = lambda device_to, extra_memory=0, force_patch_weights=False: load(
-        device_to, 1, force_patch_weights=force_patch_weights)
-    return m
-
-
 def test_a_bias_lora_in_low_vram_mode_adds_its_difference_once_per_call_and_leaves_the_bias_as_loaded(
         comfy, int8_model):
     """Low-VRAM mode applies a LoRA's ``diff_b`` per call through ComfyUI's LowVramPatch, which adds it in place: the
@@ -157,7 +147,7 @@ def test_a_bias_lora_in_low_vram_mode_adds_its_difference_once_per_call_and_leav
     with torch.no_grad():
         merged = op(x)
     mm.unload_all_models()
-    low = _low_vram(_with(comfy, int8_model, lora))
+    low = low_vram(_with(comfy, int8_model, lora))
     mm.load_models_gpu([low])
     try:
         assert op.prequant_bias_functions(), "the LoRA runs per call here"

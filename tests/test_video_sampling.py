@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import unsloth_video_file
 from prequant_core import families
 from tools import tiny_families as tf
 
@@ -104,13 +102,7 @@ def test_unsloths_video_file_samples_through_the_node_as_the_stock_loader_sample
 
     # Unsloth's file of the tiny model (its builder, run with diffusers 0.42.1)
     name = f"{tf.DIFFUSERS_ONLY[family].file_stem}-unsloth-{kind}.{container}"
-    side = os.path.join(ROOT, ".cache", "diffusers042")
-    dev_py = os.path.join(ROOT, ".venv", "bin", "python")
-    p = subprocess.run([dev_py if os.path.exists(dev_py) else sys.executable,
-                        os.path.join(ROOT, "tests", "unsloth_builder.py"), family, kind, str(models / "prequant" / name)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([side, ROOT, os.path.join(ROOT, "tests")])))
-    assert p.returncode == 0, p.stderr[-3000:]
+    unsloth_video_file(family, kind, str(models / "prequant" / name))
 
     # the same weights, dense, in ComfyUI's own layout (the model ComfyUI's class holds, as its checkpoints store it;
     # LTX-2.3's with its configuration, which ComfyUI reads from a checkpoint's metadata alone)

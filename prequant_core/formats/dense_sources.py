@@ -173,7 +173,7 @@ class RemappedSource(Source):
     ``qkv``) or ``(comfy_key, slice_or_None, row_permutation)`` (a function, e.g. ``comfy.utils.swap_scale_shift``,
     or a name in ``keymap.ROW_PERMUTATIONS``; it must be its own inverse, which is checked).
 
-    Each ComfyUI tensor is read once and split; ``tools.tiny_models.comfy_to_diffusers`` does the same on a dict, all at once."""
+    Each ComfyUI tensor is read once and split, never the whole state dict at once."""
 
     def __init__(self, base: Source, key_map: Mapping, *, ignore: Iterable[str] = ()):
         self.base, self.path, self.hints = base, base.path, base.hints

@@ -46,12 +46,21 @@ def _next_command() -> str:
     return _inbox.pop(0)
 
 
+def _report(fn: str, exc: BaseException) -> str:
+    """Tell the parent why ``fn`` failed: a 404 EntryNotFound as an ``entry`` (the next name follows), anything else
+    as an ``error``; the failure, as ``errors.classify`` names it."""
+    from prequant_core.hub.errors import classify  # imported by main() already (before "ready")
+    failure, detail = classify(exc)
+    _say({"event": "entry" if failure == "entry" else "error", "name": fn, "failure": failure, "detail": detail})
+    return failure
+
+
 def main() -> int:
     req = json.loads(sys.stdin.readline())
     threading.Thread(target=_watch_parent, daemon=True).start()
     import huggingface_hub
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
-    from prequant_core.hub.errors import classify
+    from prequant_core.hub import errors  # noqa: F401 - loaded before "ready": a failure's report imports nothing new
     # The client writes what it receives in chunks of this size (10 MB by default); smaller chunks let the parent see
     # progress (and a stall) from the partial file's size. This process only: other tools keep their setting.
     constants.DOWNLOAD_CHUNK_SIZE = CHUNK
@@ -64,10 +73,7 @@ def main() -> int:
             url = hf_hub_url(req["repo"], fn, revision=req["revision"], endpoint=req["endpoint"])
             meta = get_hf_file_metadata(url, token=token, timeout=req["etag_timeout"], endpoint=req["endpoint"])
         except Exception as e:  # noqa: BLE001 - sorted and reported
-            failure, detail = classify(e)
-            _say({"event": "entry" if failure == "entry" else "error", "name": fn, "failure": failure,
-                  "detail": detail})
-            if failure == "entry":
+            if _report(fn, e) == "entry":
                 continue
             return 1
         _say({"event": "meta", "name": fn, "size": int(meta.size or 0), "etag": meta.etag,
@@ -79,10 +85,7 @@ def main() -> int:
                                    endpoint=req["endpoint"],
                                    local_dir=(req.get("local_dirs") or {}).get(fn))
         except Exception as e:  # noqa: BLE001
-            failure, detail = classify(e)
-            # a 404 EntryNotFound now (the file removed since the metadata): the parent moves on to the next name
-            _say({"event": "entry" if failure == "entry" else "error", "name": fn, "failure": failure,
-                  "detail": detail})
+            _report(fn, e)  # a 404 now (the file removed since the metadata): the parent tries the next name
             return 1
         _say({"event": "done", "name": fn, "path": path})
         return 0
