@@ -148,3 +148,17 @@ def test_the_opened_file_is_reached_by_its_handle_whatever_happens_to_its_name(t
         with pytest.raises(ValueError, match="invalid whence 7"):
             r.raw.seek(0, 7)
         assert r.seek(5) == 5 and r.read(3) == bytes([5, 6, 7])
+
+
+def test_a_git_lfs_pointer_is_named_so_by_the_command_line_in_a_fresh_process(tmp_path):
+    """What a user meets first: ``python -m prequant_core info`` on the pointer a clone without git-lfs leaves, in a
+    process of its own (nothing imported before the reader)."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    p = tmp_path / "Z-Image-Turbo-FP8.safetensors"
+    p.write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 12345678\n")
+    r = subprocess.run([sys.executable, "-m", "prequant_core", "info", str(p)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"File: {p}" in r.stderr and "a Git LFS pointer (the file itself was not downloaded)" in r.stderr, r.stderr
