@@ -18,7 +18,7 @@ if need browser && ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chro
   echo "[setup] installing Debian's chromium for the browser test"
   apt_once chromium
 fi
-# Debian's strace for the load-trace test (tests/test_load_trace.py: how often a load opens the checkpoint)
+# Debian's strace for the load-trace test (tests/load/test_load_trace.py: how often a load opens the checkpoint)
 if need strace && ! command -v strace >/dev/null 2>&1; then
   echo "[setup] installing Debian's strace for the load-trace test"
   apt_once strace
@@ -28,19 +28,19 @@ if need browser && [ ! -d tests/browser/node_modules/playwright-core ]; then
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null
 fi
 # ComfyUI's newest front end (comfyui-frontend-package 1.58.1, static files only) for the folding check of
-# tests/test_browser_fold.py, served by ComfyUI 0.3.75's server through --front-end-root.
+# tests/project/test_browser_fold.py, served by ComfyUI 0.3.75's server through --front-end-root.
 if need frontend158 && [ ! -f .cache/frontend158/comfyui_frontend_package/static/index.html ]; then
   echo "[setup] comfyui-frontend-package 1.58.1 into .cache/frontend158 (the newer front end's folding check)"
   pipq .venv/bin/python -m pip install -q --no-deps --target .cache/frontend158 comfyui-frontend-package==1.58.1
 fi
 # ComfyUI's own workflow templates (comfyui-workflow-templates-json, Comfy-Org's template files, JSON only): the
 # workflows of families that need a newer ComfyUI than any tested here are held against them
-# (tests/test_example_workflows.py).
+# (tests/project/test_example_workflows.py).
 if need comfy-templates && [ ! -d .cache/comfy-templates/comfyui_workflow_templates_json/templates ]; then
   echo "[setup] comfyui-workflow-templates-json 0.1.123 into .cache/comfy-templates (ComfyUI's own templates)"
   pipq .venv/bin/python -m pip install -q --no-deps --target .cache/comfy-templates comfyui-workflow-templates-json==0.1.123
 fi
-# huggingface_hub 2.4.0 (with its own dependencies) for the download child only, in tests/test_hub_staging.py: newer
+# huggingface_hub 2.4.0 (with its own dependencies) for the download child only, in tests/hub/test_hub_staging.py: newer
 # clients write a fresh partial file on every attempt and never resume, which the download watcher must follow.
 if need hf24 && [ ! -f .cache/hf24/huggingface_hub/__init__.py ]; then
   echo "[setup] huggingface_hub 2.4.0 into .cache/hf24 (the newer client's downloads, tests only)"
@@ -51,7 +51,7 @@ if need torchao014 && [ ! -f .cache/torchao014/torchao/__init__.py ]; then
   echo "[setup] torchao 0.14.1 into .cache/torchao014 (legacy v1 test fixtures)"
   pipq .venv/bin/python -m pip install -q --no-deps --target .cache/torchao014 torchao==0.14.1
 fi
-# The Comfy Registry's own tooling (comfy-cli: `comfy node validate` / `comfy node pack`) for tests/test_registry.py,
+# The Comfy Registry's own tooling (comfy-cli: `comfy node validate` / `comfy node pack`) for tests/project/test_registry.py,
 # in its own venv inside the checkout (its pins must not move the dev env's packages).
 if need comfy-cli && { [ ! -x .cache/comfy-cli/bin/comfy ] || ! .cache/comfy-cli/bin/python -m ruff --version >/dev/null 2>&1; }; then
   echo "[setup] comfy-cli 1.23.0 into .cache/comfy-cli (Registry validator)"

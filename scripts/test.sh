@@ -46,27 +46,27 @@ fi
 
 # The core tier's files (the first leg)
 # (each list heaviest first, from the durations each leg prints: xdist hands files out in this order)
-CORE_TESTS=(tests/test_unsloth_conformance.py tests/test_fuzz.py tests/test_hub_hostile.py tests/test_build_faults.py
-            tests/test_hostile_files.py tests/test_block_formats.py tests/test_unsloth_parity.py tests/test_bad_input.py
-            tests/test_core_tier.py tests/test_int8_cpu.py tests/test_cpu_weight_only.py tests/test_registry.py tests/test_comfy_native.py
-            tests/test_pages.py tests/test_format_registry.py tests/test_readme_tables.py tests/test_scheme_registry.py
-            tests/test_family_registry.py
-            tests/test_harness.py tests/test_text_encoder_files.py tests/test_cli.py tests/test_comfy_twins.py
-            tests/test_verified_cache.py tests/test_hub_staging.py tests/test_lora_requant.py
-            tests/test_text_encoder_int8.py tests/test_zero_rows.py tests/test_nan_codes.py tests/test_companion_source.py
-            tests/test_hub_errors.py tests/test_mxfp8.py tests/test_output_file.py tests/test_encoder_checks.py
-            tests/test_legacy_v1_records.py tests/test_comfy_native_records.py tests/test_dense_sources.py
-            tests/test_diffusers_loader_parts.py tests/test_fingerprint.py tests/test_nvfp4.py tests/test_pickle_guard.py
-            tests/test_pt_safe_globals.py tests/test_qtensor.py tests/test_report.py tests/test_sources.py
-            tests/test_tokenizer_source.py tests/test_validate_tensors.py tests/test_keymap_edges.py
-            tests/test_builder_inputs.py tests/test_placement_edges.py tests/test_route_choice.py
-            tests/test_container_headers.py tests/test_codec_edges.py tests/test_metadata_edges.py
-            tests/test_encoder_kinds.py tests/test_hub_transfer_edges.py tests/test_plain_values.py)
-# The ComfyUI tier's heaviest files; every other tests/test_*.py follows them.
-COMFY_HEAVY=(tests/test_browser.py tests/test_compile.py tests/test_unsloth_conformance_comfy.py
-             tests/test_diffusers_loader.py tests/test_concurrency.py tests/test_hub.py tests/test_build.py
-             tests/test_example_workflows.py tests/test_server.py tests/test_families.py tests/test_loader.py
-             tests/test_legacy_formats.py tests/test_fresh_clone.py)
+CORE_TESTS=(tests/families/test_unsloth_conformance.py tests/formats/test_fuzz.py tests/hub/test_hub_hostile.py tests/builder/test_build_faults.py
+            tests/formats/test_hostile_files.py tests/schemes/test_block_formats.py tests/families/test_unsloth_parity.py tests/load/test_bad_input.py
+            tests/test_core_tier.py tests/schemes/test_int8_cpu.py tests/schemes/test_cpu_weight_only.py tests/project/test_registry.py tests/formats/test_comfy_native.py
+            tests/families/test_pages.py tests/formats/test_format_registry.py tests/project/test_readme_tables.py tests/schemes/test_scheme_registry.py
+            tests/families/test_family_registry.py
+            tests/project/test_harness.py tests/text_encoders/test_text_encoder_files.py tests/cli/test_cli.py tests/hub/test_comfy_twins.py
+            tests/load/test_verified_cache.py tests/hub/test_hub_staging.py tests/schemes/test_lora_requant.py
+            tests/text_encoders/test_text_encoder_int8.py tests/schemes/test_zero_rows.py tests/schemes/test_nan_codes.py tests/load/test_companion_source.py
+            tests/hub/test_hub_errors.py tests/schemes/test_mxfp8.py tests/builder/test_output_file.py tests/text_encoders/test_encoder_checks.py
+            tests/formats/test_legacy_v1_records.py tests/formats/test_comfy_native_records.py tests/formats/test_dense_sources.py
+            tests/test_diffusers_loader_parts.py tests/formats/test_fingerprint.py tests/schemes/test_nvfp4.py tests/formats/test_pickle_guard.py
+            tests/formats/test_pt_safe_globals.py tests/schemes/test_qtensor.py tests/test_report.py tests/load/test_sources.py
+            tests/text_encoders/test_tokenizer_source.py tests/formats/test_validate_tensors.py tests/families/test_keymap_edges.py
+            tests/builder/test_builder_inputs.py tests/load/test_placement_edges.py tests/load/test_route_choice.py
+            tests/formats/test_container_headers.py tests/schemes/test_codec_edges.py tests/load/test_metadata_edges.py
+            tests/text_encoders/test_encoder_kinds.py tests/hub/test_hub_transfer_edges.py tests/formats/test_plain_values.py)
+# The ComfyUI tier's heaviest files; every other test file (tests/test_*.py, tests/<room>/test_*.py) follows them.
+COMFY_HEAVY=(tests/project/test_browser.py tests/nodes/test_compile.py tests/families/test_unsloth_conformance_comfy.py
+             tests/test_diffusers_loader.py tests/nodes/test_concurrency.py tests/hub/test_hub.py tests/builder/test_build.py
+             tests/project/test_example_workflows.py tests/nodes/test_server.py tests/families/test_families.py tests/nodes/test_loader.py
+             tests/formats/test_legacy_formats.py tests/project/test_fresh_clone.py)
 # The extras a test file needs beyond the dev venv (scripts/setup_test_extras.sh names them).
 extras_of() {
   case "$(basename "${1%%::*}")" in
@@ -135,6 +135,9 @@ run012() {  # pytest on ComfyUI 0.12.1: its venv's python, tools/comfy_headless.
     "$c012/venv/bin/python" -m pytest "$@"
 }
 
+# every test file: tests/ holds prequant_core's top-level modules' tests, tests/<room>/ those of each package room and
+# nodes/, tests/project/ the project's own (tests/project/test_harness.py: the folders mirror the package)
+mapfile -t ALL_TESTS < <(find tests -name node_modules -prune -o -name 'test_*.py' -print | sort)
 args=("$@")
 if [ "${1:-}" = "--changed" ]; then
   # Test files touched since origin/main (or HEAD when there is no remote), and the test files that import a
@@ -144,11 +147,11 @@ if [ "${1:-}" = "--changed" ]; then
   picked=()
   for f in "${touched[@]}"; do
     case "$f" in
-      tests/test_*.py) [ -f "$f" ] && picked+=("$f") ;;
+      tests/*test_*.py) [ -f "$f" ] && picked+=("$f") ;;
       prequant_core/*.py | nodes/*.py | tools/*.py)
         mod="$(basename "${f%.py}")"
         [ "$mod" = "__init__" ] && mod="$(basename "$(dirname "$f")")"
-        while IFS= read -r t; do picked+=("$t"); done < <(grep -lwE "$mod" tests/test_*.py || true) ;;
+        while IFS= read -r t; do picked+=("$t"); done < <(grep -lwE "$mod" "${ALL_TESTS[@]}" || true) ;;
     esac
   done
   mapfile -t picked < <(printf '%s\n' "${picked[@]}" | sed '/^$/d' | sort -u)
@@ -212,7 +215,7 @@ leg_done core "$r"; [ "$r" -eq 0 ] || rc=$r
 echo "[test] ComfyUI tier: the real ComfyUI 0.33.0 in-process, as a server, and in the browser"
 "$root/scripts/setup_comfyui033.sh"
 COMFY_TESTS=()  # every other test file, the heaviest first
-for f in "${COMFY_HEAVY[@]}" tests/test_*.py; do
+for f in "${COMFY_HEAVY[@]}" "${ALL_TESTS[@]}"; do
   skip=0
   for c in "${CORE_TESTS[@]}" "${COMFY_TESTS[@]}"; do [ "$f" = "$c" ] && skip=1; done
   [ "$skip" -eq 1 ] || COMFY_TESTS+=("$f")
@@ -241,16 +244,16 @@ leg_done comfyui-0.33.0 "$r"; [ "$r" -eq 0 ] || rc=$r
 #                        weights" per ModelPatcher copy instead of on the shared model, so a clone used after a LoRA'd
 #                        clone is not unpatched (nor can the pack see that it is patched); a stock dense Linear stays
 #                        patched there too
-COMPAT_TESTS=(tests/test_server.py tests/test_families.py tests/test_loader.py tests/test_matmul_path.py
-              tests/test_info.py tests/test_block_formats_comfy.py tests/test_comfyui_version.py tests/test_fallback.py
-              tests/test_comfy_native_comfy.py tests/test_text_encoder_comfy.py tests/test_text_encoder_server.py
-              tests/test_lora_rows.py)
-COMPAT_DESELECT=(--deselect tests/test_families.py::test_prequant_equals_load_time_quantization)
+COMPAT_TESTS=(tests/nodes/test_server.py tests/families/test_families.py tests/nodes/test_loader.py tests/schemes/test_matmul_path.py
+              tests/test_info.py tests/schemes/test_block_formats_comfy.py tests/project/test_comfyui_version.py tests/load/test_fallback.py
+              tests/formats/test_comfy_native_comfy.py tests/text_encoders/test_text_encoder_comfy.py tests/text_encoders/test_text_encoder_server.py
+              tests/nodes/test_lora_rows.py)
+COMPAT_DESELECT=(--deselect tests/families/test_families.py::test_prequant_equals_load_time_quantization)
 COMFY012_DESELECT=("${COMPAT_DESELECT[@]}"
-                   --deselect tests/test_loader.py::test_stock_lora_loader_on_quantized_weights
-                   --deselect tests/test_text_encoder_server.py::test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub
-                   --deselect tests/test_matmul_path.py::test_weight_only_stock_lora
-                   --deselect tests/test_text_encoder_comfy.py::test_build_from_a_clip_refuses_its_lora_and_reads_pristine_weights_after_another_branchs_lora)
+                   --deselect tests/nodes/test_loader.py::test_stock_lora_loader_on_quantized_weights
+                   --deselect tests/text_encoders/test_text_encoder_server.py::test_the_preset_downloads_by_unsloths_name_and_later_runs_need_no_hub
+                   --deselect tests/schemes/test_matmul_path.py::test_weight_only_stock_lora
+                   --deselect tests/text_encoders/test_text_encoder_comfy.py::test_build_from_a_clip_refuses_its_lora_and_reads_pristine_weights_after_another_branchs_lora)
 echo "[test] ComfyUI 0.3.75 tier: ${#COMPAT_TESTS[@]} files on the real ComfyUI 0.3.75, in-process and as a server"
 r=0; PREQUANT_EXPECT_COMFYUI=0.3.75 .venv/bin/python -m pytest "${par[@]}" "${slow[@]}" "${COMPAT_TESTS[@]}" \
   "${COMPAT_DESELECT[@]}" "$@" || r=$?

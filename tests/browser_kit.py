@@ -1,4 +1,4 @@
-"""What the browser tests share (tests/test_browser.py, tests/test_browser_fold.py): finding Chromium and node,
+"""What the browser tests share (tests/project/test_browser.py, tests/project/test_browser_fold.py): finding Chromium and node,
 a one-node workflow, the loader's earlier saved layouts and the inputs each node shows by default."""
 from __future__ import annotations
 

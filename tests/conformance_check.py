@@ -2,7 +2,7 @@
 kind x container, each validated (fingerprint included), described by Info, loaded into the family's diffusers class
 by ``prequant_core.diffusers_loader``, and compared with this pack quantizing the same dense weights at load.
 
-Used in-process by tests/test_unsloth_conformance.py and, for families whose diffusers class needs diffusers 0.42,
+Used in-process by tests/families/test_unsloth_conformance.py and, for families whose diffusers class needs diffusers 0.42,
 as ``python tests/conformance_check.py FAMILY FOLDER`` in a subprocess with that diffusers first on the path (prints
 one JSON list).
 """

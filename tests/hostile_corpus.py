@@ -2,7 +2,7 @@
 
 Each file is small on disk (a sparse file where the attack is a declared size) and aims at one way a stranger's
 file could hurt the server that reads it: a crash in C code, memory far beyond what the file declares, a hang, an
-uncaught exception, escape sequences in printed text. ``tests/test_hostile_files.py`` feeds every file to every
+uncaught exception, escape sequences in printed text. ``tests/formats/test_hostile_files.py`` feeds every file to every
 entry point in a separate worker process and asserts the outcome, the time and the memory per file.
 """
 from __future__ import annotations

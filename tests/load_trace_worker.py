@@ -1,5 +1,5 @@
 """Loads through Load Prequant Transformer on the real ComfyUI (in-process, ComfyUI's own node import) each plus
-one sampling step, between marker files that tests/test_load_trace.py finds in strace's log. Also counts, from
+one sampling step, between marker files that tests/load/test_load_trace.py finds in strace's log. Also counts, from
 inside, how often the archive's zip index is parsed by anything but torch.load itself (zipfile, torch's zip reader).
 
 argv: ComfyUI base folder, the marker folder, then the checkpoints' names in its models/prequant, loaded one after

@@ -1,5 +1,5 @@
 """A tiny assembler of protocol-2 pickle opcodes, for crafted pickles whose every byte the test shows: what torch.save
-never writes, but a stranger's file may hold (tests/test_legacy_formats.py, tests/test_legacy_v1_records.py)."""
+never writes, but a stranger's file may hold (tests/formats/test_legacy_formats.py, tests/formats/test_legacy_v1_records.py)."""
 from __future__ import annotations
 
 import struct

@@ -1,4 +1,4 @@
-"""The server the server tests share (tests/test_server.py, tests/test_concurrency.py): a real ComfyUI on the
+"""The server the server tests share (tests/nodes/test_server.py, tests/nodes/test_concurrency.py): a real ComfyUI on the
 loopback with tiny Z-Image files of this pack's builder, the example workflow as an API prompt, an image's digest."""
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def _assert_identical(r: dict):
 @pytest.mark.parametrize("scheme", ["int8", "fp8"])
 @pytest.mark.parametrize("family", ["z-image", "qwen-image", "hunyuanvideo-1.5"])  # every family, Unsloth-made files:
 def test_builder_file_loads_into_the_diffusers_class_equal_to_load_time_quantization(tmp_path, family, scheme):
-    """This pack's own builder output (every family's Unsloth-made files: tests/test_unsloth_conformance.py)."""
+    """This pack's own builder output (every family's Unsloth-made files: tests/families/test_unsloth_conformance.py)."""
     _assert_identical(diffusers_check.check(family, scheme, "safetensors", str(tmp_path)))
 
 

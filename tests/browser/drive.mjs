@@ -1,4 +1,4 @@
-// Drives the real ComfyUI front end in headless Chromium (Debian's /usr/bin/chromium) for tests/test_browser.py.
+// Drives the real ComfyUI front end in headless Chromium (Debian's /usr/bin/chromium) for tests/project/test_browser.py.
 //
 //   node drive.mjs '<json>'   with {url, workflow, screenshot, out, chromium, userDataDir, timeoutMs}
 //

@@ -1,5 +1,5 @@
 // Loads workflows into the real ComfyUI front end in headless Chromium (Debian's /usr/bin/chromium), for
-// tests/test_browser.py, and reports what the front end made of each: missing node types and missing models it
+// tests/project/test_browser.py, and reports what the front end made of each: missing node types and missing models it
 // would warn about (its own hooks, app.showMissingNodesError / app.showMissingModelsError), toasts (workflow schema
 // validation alerts), every node's widget values by name, and the workflow and prompt it would save / queue.
 //

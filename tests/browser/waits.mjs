@@ -1,5 +1,5 @@
 // What the loader node says while a user waits, in the real front end (headless Debian Chromium), for
-// tests/test_browser.py (a Hub download from the slowed loopback Hub; a run against a Hub that cannot be reached).
+// tests/project/test_browser.py (a Hub download from the slowed loopback Hub; a run against a Hub that cannot be reached).
 //
 //   node waits.mjs '<json>'   with {url, workflow, loaderId, runs: [{inputs}], out, shotDir, shotName,
 //                             chromium, userDataDir, timeoutMs, show}

@@ -1,4 +1,4 @@
-// Every shipped workflow in the real ComfyUI front end (headless Debian Chromium), for tests/test_browser.py:
+// Every shipped workflow in the real ComfyUI front end (headless Debian Chromium), for tests/project/test_browser.py:
 // what a user sees when they open it and after the loader has run.
 //
 //   node workflows.mjs '<json>'   with {url, workflows: [{name, workflow, run: {loader input: value} for the run}],

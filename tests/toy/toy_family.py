@@ -2,7 +2,7 @@
 Unsloth-style repos. Every fact about it is here: its architecture (markers, classes, config from shapes, int8
 exclusions, a ComfyUI parameter default) and its hosting (base, repos and the schemes each holds, a declared file
 name, an excluded base, a ConvRot repo, a hosted text encoder whose bytes it shares with Z-Image, an NVFP4 layer
-policy and the one it replaced). tests/test_family_registry.py adds it with one registry line (``families.MODULES``)
+policy and the one it replaced). tests/families/test_family_registry.py adds it with one registry line (``families.MODULES``)
 and follows it through naming, detection, Hub file names, building, validation, Info, the encoder and policy checks;
 without the line it is unknown."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A scheme with a weight kind this pack does not ship, as one module: "q4toy", 4-bit codes (held in int8, -7..7)
-with one float32 scale per row, in its own tensor class. tests/test_scheme_registry.py adds it with one registry
+with one float32 scale per row, in its own tensor class. tests/schemes/test_scheme_registry.py adds it with one registry
 line and follows it through listing, building, writing, reading, validation, Info, the fingerprint and the matmul
 choice. Nothing here is int8's: the class, its parts, its JSON, its checks and its arithmetic are the codec's own.
 

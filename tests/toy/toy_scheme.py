@@ -1,5 +1,5 @@
 """A scheme this pack does not ship, as one module: "q8toy", int8 weights (int8's torchao config and quantizer)
-whose Unsloth-style rule asks both dims of a layer to divide by 32. tests/test_scheme_registry.py adds it with one
+whose Unsloth-style rule asks both dims of a layer to divide by 32. tests/schemes/test_scheme_registry.py adds it with one
 registry line and follows it through naming, building, validation, Info and the matmul choice."""
 from prequant_core.schemes import int8
 from prequant_core.schemes.record import Scheme

@@ -1,5 +1,5 @@
 """NaN (and e5m2 infinite) float8 codes under a finite scale: refused naming the tensor and the row, in every float8
-weight (Unsloth's fp8, MXFP8 elements; ComfyUI-native e4m3 / e5m2 in tests/test_comfy_native.py). The scan reads
+weight (Unsloth's fp8, MXFP8 elements; ComfyUI-native e4m3 / e5m2 in tests/formats/test_comfy_native.py). The scan reads
 eight bytes at a time (prequant_core.schemes.codec.first_special_row) over the storage run the codes occupy, whatever
 the layout (row-major, a ``.pt``'s transposed weight, an odd storage offset: issue 58): held here against the
 byte-by-byte rule for every alignment, width and layout. Core tier: no ComfyUI."""

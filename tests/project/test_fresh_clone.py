@@ -73,7 +73,7 @@ def mirror():
 def test_the_test_command_runs_in_a_clone_with_only_a_loopback_mirror(tmp_path, mirror):
     clone = _clone(str(tmp_path))
     assert not os.path.exists(os.path.join(clone, "..", "shared"))
-    r = subprocess.run(["scripts/test.sh", "tests/test_comfyui_version.py", "-q", "-p", "no:cacheprovider"],
+    r = subprocess.run(["scripts/test.sh", "tests/project/test_comfyui_version.py", "-q", "-p", "no:cacheprovider"],
                        cwd=clone, env=_env(PREQUANT_COMFYUI_MIRROR=mirror), capture_output=True, text=True,
                        timeout=1800)
     out = r.stdout + r.stderr

@@ -2,7 +2,7 @@
 read in both containers, judged like Unsloth's loader judges them (tag, scheme, component, base with its
 equivalence groups, te_class) plus the family's own encoder, described by Info and ``info`` / ``verify``, named and
 downloaded from a loopback Hub. Every file comes from tests/unsloth_te_builder.py (Unsloth's builder restated, tiny
-configs of the real transformers classes); ComfyUI is not imported here (tests/test_text_encoder_comfy.py runs the
+configs of the real transformers classes); ComfyUI is not imported here (tests/text_encoders/test_text_encoder_comfy.py runs the
 node in ComfyUI)."""
 from __future__ import annotations
 

@@ -253,7 +253,7 @@ def test_fp8_kernels_pinned_to_torch_and_activation_floor_supplied(pt_fp8, tmp_p
 # --- Hub: family-declared names first, excluded bases, the new families -----------------------------------------------
 
 def test_filename_order_declared_names_first(monkeypatch):
-    monkeypatch.setenv(sources.TWIN_ENV, "0")  # the twins' places: tests/test_comfy_twins.py
+    monkeypatch.setenv(sources.TWIN_ENV, "0")  # the twins' places: tests/hub/test_comfy_twins.py
     assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8") == (  # the repo's ConvRot build first
         "Qwen-Image-2.1-INT8-ConvRot.safetensors", "Qwen-Image-2.1-INT8.safetensors", "Qwen-Image-2.1-INT8.pt",
         "transformer_int8.pt")

@@ -5,7 +5,7 @@ tensor, per row, ConvRot with per-layer groups), in both markings (per-layer ``.
 ``_quantization_metadata`` header). Each layer's weight, as the pack holds and computes it, equals ComfyUI's own
 dequantization of the same bytes (comfy-kitchen's eager reference functions). Core tier: no ComfyUI needed.
 The ComfyUI side (the node on 0.3.75 / 0.12.1, and files this pack writes loading in stock ComfyUI):
-tests/test_comfy_native_comfy.py.
+tests/formats/test_comfy_native_comfy.py.
 """
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def test_a_pre_quant_scale_on_a_format_comfyui_does_not_apply_it_to_is_ignored_a
                for n in metadata.validate(got, metadata.Request()).notes)
     if fmt != "float8_e4m3fn":
         return  # one fresh process is enough: the reader is the same for every format
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from conftest import ROOT as root
     p = subprocess.run([sys.executable, "-m", "prequant_core", "info", smoothed, "--json"], capture_output=True,
                        text=True, cwd=root, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -266,7 +266,7 @@ def test_a_nan_scale_in_an_older_scaled_fp8_file_is_refused_by_the_command_line(
     sd["blocks.0.mlp.0.scale_weight"] = torch.tensor(NAN)
     sd["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
     save_file(sd, path)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from conftest import ROOT as root
     p = subprocess.run([sys.executable, "-m", "prequant_core", "info", path], capture_output=True, text=True,
                        cwd=root, timeout=300)
     assert p.returncode == 2 and "not finite" in p.stderr and "blocks.0.mlp.0.weight" in p.stderr, p.stderr[-2000:]

@@ -302,7 +302,7 @@ def test_v2_v3_tags_without_their_fields_are_refused_naming_them(comfy, prequant
     assert formats.read(str(path)).format_tag == tag
     with pytest.raises(errors.ValidationError) as e:
         opening.open_checkpoint(str(path), metadata.Request(scheme="int8"), model_dirs=[str(folder)])
-    # v2 / v3 files load (tests/test_block_formats*.py); a tag whose fields are absent is refused, saying which
+    # v2 / v3 files load (tests/schemes/test_block_formats*.py); a tag whose fields are absent is refused, saying which
     assert f"format tag is '{tag}'" in str(e.value) and f"'{feature}'" in str(e.value)
     allow_dir(folder)
     with pytest.raises(errors.PrequantError) as e:  # the node says the same

@@ -34,14 +34,14 @@ from prequant_core.load.metadata import Request
 
 CASE_LIMIT_S = 30  # one file through every entry point; a hang is reported after this
 PEAK_LIMIT_BYTES = 256 * 2**20  # resident growth for one file, whatever it declares
-WORKER = os.path.join(os.path.dirname(__file__), "hostile_worker.py")
+WORKER = os.path.join(ROOT, "tests", "hostile_worker.py")
 ENTRY_POINTS = ("read", "info", "verify", "load")
 
 
 class Worker:
     def __init__(self):
         self.r, w = os.pipe()
-        env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"))
         self.proc = subprocess.Popen([sys.executable, WORKER, str(w)], stdin=subprocess.PIPE, pass_fds=(w,),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env,
                                      cwd=ROOT)

@@ -189,7 +189,7 @@ def test_the_recipe_counts_the_files_a_family_touches():
     defined = [f.name for m in families.MODULES
                for f in importlib.import_module(f"prequant_core.families.{m}").FAMILIES]
     assert defined == list(families.FAMILIES)
-    # (3) its tiny model (Z-Image's is tests/test_loader.py's), (4) Unsloth's table in the conformance corpus
+    # (3) its tiny model (Z-Image's is tests/nodes/test_loader.py's), (4) Unsloth's table in the conformance corpus
     from tools import tiny_families as tf
     import unsloth_builder as ub
     assert set(tf.TINY) | set(tf.DIFFUSERS_ONLY) | {"z-image"} == set(families.FAMILIES) == set(ub.FAMILIES)

@@ -1,6 +1,6 @@
 """A LoRA-patched weight is requantized a few rows at a time (the patch's memory, issue 38): per-row kinds give the
 same bytes as quantizing the whole weight at once. (The originals the patch keeps give their pages back through
-prequant_core.families.pages, tests/test_pages.py; through a real LoRA: tests/test_loader.py.)"""
+prequant_core.families.pages, tests/families/test_pages.py; through a real LoRA: tests/nodes/test_loader.py.)"""
 from __future__ import annotations
 
 import torch

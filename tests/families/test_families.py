@@ -26,7 +26,7 @@ SCHEMES = ("int8", "fp8")
 
 def test_every_registered_family_has_a_tiny_model():
     """Adding a family means adding its tiny model and thereby these tests."""
-    # z-image: tests/test_loader.py; DIFFUSERS_ONLY (no ComfyUI class here): tests/test_diffusers_loader.py
+    # z-image: tests/nodes/test_loader.py; DIFFUSERS_ONLY (no ComfyUI class here): tests/test_diffusers_loader.py
     assert set(FAMILIES) | set(tf.DIFFUSERS_ONLY) == set(families.FAMILIES) - {"z-image"}
     # a diffusers-only family is either not mapped into ComfyUI yet, or mapped with a record of its diffusers forward
     # to prove the map against (its class needs a diffusers newer than the pinned one: a subprocess makes the record)
@@ -124,7 +124,7 @@ def test_comfy_model_equals_diffusers_forward(comfy, family):
 
 
 # Files of this pack's own builder; every family's files as Unsloth's builder writes them (int8, fp8, NVFP4, v3 policy,
-# ConvRot) go through the node in tests/test_unsloth_conformance_comfy.py. Here the families whose int8 files keep
+# ConvRot) go through the node in tests/families/test_unsloth_conformance_comfy.py. Here the families whose int8 files keep
 # family-specific layers dense, and FLUX.1.
 OWN_WRITER_FAMILIES = ("flux.1", "qwen-image", "hunyuanvideo-1.5")
 

@@ -1,4 +1,4 @@
-"""The video families beyond what tests/test_families.py checks for every family (ComfyUI vs diffusers forward,
+"""The video families beyond what tests/families/test_families.py checks for every family (ComfyUI vs diffusers forward,
 pre-quantized == load-time quantization, real-size skeletons): Wan 2.2 A14B's two experts (the ``component`` a file
 records, the loader's ``component`` input, the high-noise / low-noise two-sampler graph), the Hub names of the
 NVFP4-only repos (per expert, per HunyuanVideo 1.5 variant), and memory on the low-VRAM (streaming) path with a

@@ -3,7 +3,7 @@ them (tests/unsloth_builder.py, which never imports this pack) for int8, fp8, wh
 policy and int8 ConvRot (v2), each as a ``.pt`` and as a converted ``.safetensors``, pass validation (Unsloth's
 pinned fields, the fingerprint in full mode), Prequant Info, and load into the family's diffusers class equal to
 this pack quantizing the same dense weights at load (NVFP4: its exact dequantization). ComfyUI's side of the same
-corpus: tests/test_unsloth_conformance_comfy.py.
+corpus: tests/families/test_unsloth_conformance_comfy.py.
 
 The bugs this corpus found: the ``require_bf16`` rule (every NVFP4 file was refused), the ConvRot Hadamard
 (Sylvester's ordering instead of Unsloth's regular one: relative error 0.5 against the dense model), the

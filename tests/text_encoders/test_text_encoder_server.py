@@ -3,11 +3,11 @@ workflow posted to /prompt reaches it: what does not fit is refused with the rea
 component, another base, a transformer file, an encoder of another size, Qwen-Image 2.1's encoder on a ComfyUI
 without its class), and the family's hosted file is asked for by Unsloth's name on the loopback Hub, downloaded into
 models/prequant and taken from there once the Hub is gone (0.3.75: the 0.12.1 venv's huggingface_hub is another
-release than the one the loopback Hub is written against, as for tests/test_hub.py).
+release than the one the loopback Hub is written against, as for tests/hub/test_hub.py).
 
 The encoders are tiny real-class files (the restated Unsloth builder): ComfyUI builds each encoder from its fixed
 config, so a tiny one ends at the shape check, which names the tensor. Conditioning identity needs a full-size
-encoder: tests/test_text_encoder_comfy.py (in-process, both versions)."""
+encoder: tests/text_encoders/test_text_encoder_comfy.py (in-process, both versions)."""
 from __future__ import annotations
 
 import os

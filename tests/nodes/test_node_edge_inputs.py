@@ -171,7 +171,7 @@ def test_a_quantized_tensor_for_anything_but_a_linear_weight_is_refused(comfy, p
 
 
 def test_forcing_the_quantized_matmul_leaves_e5m2_fp8_layers_weight_only(comfy, monkeypatch):
-    """PREQUANT_MATMUL=quantized forces torchao's fp8 matmul on a CPU (tests/test_matmul_path.py), which takes e4m3
+    """PREQUANT_MATMUL=quantized forces torchao's fp8 matmul on a CPU (tests/schemes/test_matmul_path.py), which takes e4m3
     weights only: a ComfyUI-native float8_e5m2 file's layers stay weight-only under it and sample exactly as the
     default load does, while the same file's e4m3 twin runs quantized."""
     import comfy_quantizer as cq

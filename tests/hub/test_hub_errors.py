@@ -4,7 +4,7 @@ xet, a failed transfer).
 
 Every exception here is the installed client library's own class (huggingface_hub's typed errors carrying a real
 ``requests.Response``; requests', urllib3's and httpx's transport errors), built as the client builds them; the
-download path that raises them against a loopback Hub runs in tests/test_hub*.py. Core tier: no ComfyUI.
+download path that raises them against a loopback Hub runs in tests/hub/. Core tier: no ComfyUI.
 """
 from __future__ import annotations
 

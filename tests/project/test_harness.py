@@ -28,6 +28,12 @@ NEEDS = {
 }
 
 
+# every test file: tests/ for prequant_core's own modules, tests/<room>/ for each of its packages and nodes/,
+# tests/project/ for what checks the project as a whole (README, workflows, browser, set-up)
+TEST_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "tests", "**", "test_*.py"), recursive=True)
+                    if "node_modules" not in p)
+
+
 def _array(name: str) -> list[str]:
     m = re.search(rf"^{name}=\((.*?)\)", TEXT, re.M | re.S)
     assert m, f"{name}=(...) is gone from scripts/test.sh"
@@ -51,14 +57,26 @@ def test_every_listed_file_exists_and_each_test_file_runs_in_one_leg():
     assert len(set(core)) == len(core) and len(set(heavy)) == len(heavy)
     assert not set(core) & set(heavy), "a file listed both in the core tier and in the ComfyUI tier"
     assert not set(core) & set(on012), "a core-tier file listed for the compatibility legs (0.3.75, 0.12.1)"
-    every = {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py"))}
+    every = {os.path.relpath(p, ROOT) for p in TEST_FILES}
     assert set(core) <= every and set(heavy) <= every
+
+
+def test_the_test_folders_mirror_the_package():
+    """A test file sits where the code it tests sits: tests/<room>/ for prequant_core/<room>/ and nodes/, tests/ for
+    prequant_core's top-level modules, tests/project/ for the project as a whole; no folder that no room has."""
+    rooms = {d for d in os.listdir(os.path.join(ROOT, "prequant_core"))
+             if os.path.isfile(os.path.join(ROOT, "prequant_core", d, "__init__.py"))} | {"nodes", "project"}
+    folders = {os.path.relpath(os.path.dirname(p), os.path.join(ROOT, "tests")) for p in TEST_FILES}
+    assert folders <= rooms | {"."}, f"test folders no package room has: {sorted(folders - rooms - {'.'})}"
+    assert len(folders) >= 10
+    names = [os.path.basename(p) for p in TEST_FILES]
+    assert len(set(names)) == len(names), "two test files of one name: pytest imports them as one module"
 
 
 def test_no_test_file_imports_another():
     """What two test files share lives in a helper module (server_kit, browser_kit, ...): importing a test file would
     collect its tests again and tie one file's fixtures to another's."""
-    for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py")):
+    for p in TEST_FILES:
         text = open(p, encoding="utf-8").read()
         assert not re.search(r"^\s*(from|import) test_\w+", text, re.M), f"{os.path.basename(p)} imports a test file"
 
@@ -71,7 +89,7 @@ def test_core_tier_files_do_not_start_comfyui():
 
 
 def test_a_file_run_alone_gets_the_extras_it_needs():
-    files = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "test_*.py"))
+    files = sorted(os.path.relpath(p, ROOT) for p in TEST_FILES
                    if not p.endswith("test_harness.py"))  # it names every marker itself
     answers = _extras_of(files + ["tests/test_core_tier.py"])
     checked = 0

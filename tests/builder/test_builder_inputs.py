@@ -18,7 +18,7 @@ from prequant_core.errors import BuildError
 
 
 def small_dense(cols=512):
-    """A few real-width Linear weights under Z-Image's diffusers names (as tests/test_build.py's small_dense)."""
+    """A few real-width Linear weights under Z-Image's diffusers names (as tests/builder/test_build.py's small_dense)."""
     g = torch.Generator().manual_seed(1)
     sd = {f"layers.0.attention.{p}.weight": torch.randn(cols, cols, generator=g).bfloat16()
           for p in ("to_q", "to_k", "to_v")}

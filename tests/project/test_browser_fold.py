@@ -1,5 +1,5 @@
 """The loader as a small node (issue 37): the inputs a first-time user does not set are marked ``advanced`` (at most
-five shown). Two real front ends, headless Chromium (tests/test_browser.py has the set-up), both served by ComfyUI
+five shown). Two real front ends, headless Chromium (tests/project/test_browser.py has the set-up), both served by ComfyUI
 0.3.75's server: its own (comfyui-frontend-package 1.32.9) and 1.58.1 (the newest on PyPI, ``--front-end-root``).
 
 Both carry the flag to each widget's options; 1.58.1 folds it in Nodes 2.0 and its side panel, but neither folds it

@@ -167,7 +167,7 @@ def test_info_and_loader_panels_in_the_real_front_end(prequant_files, tmp_path):
 
 # --- every shipped workflow, and workflows saved with the loader's earlier input orders -------------------------
 
-# (the Krea 2 and Qwen-Image 2.1 workflows need ComfyUI 0.38.1's nodes: tests/test_example_workflows.py holds them
+# (the Krea 2 and Qwen-Image 2.1 workflows need ComfyUI 0.38.1's nodes: tests/project/test_example_workflows.py holds them
 # against ComfyUI's own templates instead)
 SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "example_workflows")) if f.endswith(".json") and not
                  needs_newer_comfyui(json.load(open(os.path.join(ROOT, "example_workflows", f), encoding="utf-8"))))
@@ -239,7 +239,7 @@ def test_every_example_workflow_and_old_saved_layouts_load_in_the_real_front_end
         shown = next(n for n in r["nodes"] if n["type"] == "PrequantLoadTransformer")["widgets"]
         assert list(shown) == order and list(shown.values()) == loader["widgets_values"], (f, shown)
         # the inputs marked advanced reach the front end and fold (the pack's extension; "Show Advanced" in the
-        # node's menu draws them: tests/test_browser_fold.py)
+        # node's menu draws them: tests/project/test_browser_fold.py)
         drawn = {n["type"]: n for n in r["nodes"]}
         assert set(drawn[LOADER_TYPE]["advanced"]) == set(order) - set(DEFAULT_SHOWN[LOADER_TYPE]), f
         assert drawn[LOADER_TYPE]["shown"] == DEFAULT_SHOWN[LOADER_TYPE], f

@@ -12,7 +12,8 @@ import zipfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
+
 VENV = os.path.join(ROOT, ".cache", "comfy-cli", "bin")
 COMFY = os.path.join(VENV, "comfy")
 DEV_ONLY = ("tests/", "bench/", "tools/", "scripts/", ".ci/", "pytest.ini", "requirements-dev.txt")

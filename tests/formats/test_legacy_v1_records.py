@@ -1,5 +1,5 @@
 """Legacy torchao-v1 ``.pt`` weights (``prequant_core/formats/containers/legacy_v1.py``) beyond the int8 file
-tests/test_legacy_formats.py reads: a weight-only ``AffineQuantizedTensor`` (read), parameters and tensors carrying
+tests/formats/test_legacy_formats.py reads: a weight-only ``AffineQuantizedTensor`` (read), parameters and tensors carrying
 Python attributes beside the weights (read), and each v1 record this
 pack does not read refused by what it is (``decode_aqt`` / ``decode_weight`` / ``_read``): activations quantized
 asymmetrically, a non-zero zero point, per-group scales, another quantization range or zero-point domain, another
@@ -177,7 +177,7 @@ def test_a_container_with_mistyped_entries_is_corrupt(files, name, message):
 
 
 # ---- crafted pickles: what torch.save never writes from these objects, but a stranger's file may hold -------------
-# a tiny protocol-2 assembler (as in tests/test_legacy_formats.py), so every byte of each payload is visible here
+# a tiny protocol-2 assembler (as in tests/formats/test_legacy_formats.py), so every byte of each payload is visible here
 
 _g, _s, _int = asm.global_, asm.string, asm.int32
 MARK, TUPLE, EMPTY_TUPLE, REDUCE, POP, EMPTY_DICT, SETITEMS, STOP, NEWOBJ, BUILD, NEWFALSE = \

@@ -183,7 +183,7 @@ def _tiny_qwen3vl_dense() -> dict:
 
 
 def test_qwen_image_21s_int8_encoder_is_refused_naming_the_comfyui_that_has_its_class(comfy, models_dir, monkeypatch):
-    """Unsloth's int8 ConvRot Qwen3-VL-8B (tests/test_text_encoder_int8.py reads it): ComfyUI's class for it arrives
+    """Unsloth's int8 ConvRot Qwen3-VL-8B (tests/text_encoders/test_text_encoder_int8.py reads it): ComfyUI's class for it arrives
     in 0.38.1. The preset is refused before any download (offline here: a download attempt would fail with the
     Hub's error instead), a local file after it is judged, both naming the version and ComfyUI's own file."""
     from prequant_core.errors import ComfyVersionError, ValidationError

@@ -5,7 +5,7 @@ config of the real transformers class.
 
 ComfyUI's class for this encoder arrives in 0.38.1, which no ComfyUI here has: the pack reads, judges and describes
 the file (Info, ``info`` / ``verify``), names it on the Hub the way Unsloth's resolver does, and refuses to build it
-(tests/test_text_encoder_comfy.py: the node, naming the version). Core tier: no ComfyUI."""
+(tests/text_encoders/test_text_encoder_comfy.py: the node, naming the version). Core tier: no ComfyUI."""
 from __future__ import annotations
 
 from prequant_core.load.context import LoadContext
