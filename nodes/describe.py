@@ -1,5 +1,5 @@
 """What the nodes say they accept, made from the registries the code uses (schemes, containers, families, ComfyUI's
-formats), so a description cannot go stale when one of them grows (tests/test_node_docs.py compares)."""
+formats), so a description cannot go stale when one of them grows (tests/nodes/test_node_docs.py compares)."""
 from __future__ import annotations
 
 from prequant_core import families, schemes

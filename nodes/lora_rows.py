@@ -7,7 +7,7 @@ patch only: a plain LoRA (``up @ down``: row i of the difference is row i of ``u
 and ``strength_model``. Everything else (DoRA's norms, LoHa / LoKr / OFT and other adapters, a conversion
 ``function`` such as a row permutation, padding) is left whole: ``row_local`` says no and the layer is patched in one
 block, as ComfyUI would. So is a kind whose rows are requantized together (the codec's ``rows_alone``: NVFP4). Cutting changes no number: each element is the same sum of the same products (the
-LoRA's rank-deep dot products; checked on the real layer shapes, tests/test_lora_rows.py).
+LoRA's rank-deep dot products; checked on the real layer shapes, tests/nodes/test_lora_rows.py).
 """
 from __future__ import annotations
 

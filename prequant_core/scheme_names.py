@@ -2,7 +2,7 @@
 with it before torch loads. Each row names a scheme, which is also its module in ``schemes/`` (that module's
 ``SCHEME`` record holds everything else about it), and whether files may record its weight-only variant.
 ``schemes/registry.py`` imports the modules from this table, in its order, and refuses a record that disagrees with
-its row; adding a scheme is its module plus its row here (tests/test_scheme_registry.py)."""
+its row; adding a scheme is its module plus its row here (tests/schemes/test_scheme_registry.py)."""
 from __future__ import annotations
 
 WEIGHT_ONLY_TAIL = "-weight-only"

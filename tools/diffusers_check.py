@@ -102,7 +102,7 @@ def build_file(family: str, scheme: str, path: str) -> str:
 
 def forward_record(family: str, path: str, inputs_path: str | None = None) -> str:
     """The family's tiny model (float32) and one forward pass of its diffusers class, saved for a ComfyUI process that
-    cannot import this diffusers: ``{"dense": state dict, "inputs": ..., "output": ...}`` (tests/test_families.py
+    cannot import this diffusers: ``{"dense": state dict, "inputs": ..., "output": ...}`` (tests/families/test_families.py
     holds ComfyUI's model with the mapped weights against it). ``inputs_path``: inputs the ComfyUI side laid out (a
     packed sequence's positions and row kinds, as ComfyUI's model builds them), for a record that takes them."""
     from safetensors.torch import load_file, save_file

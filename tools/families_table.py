@@ -1,6 +1,6 @@
 """The README's Families table, made from the family registry (repos, the schemes each really holds, the Hub file names
 tried in order) so it cannot drift from what the loader does. ``python -m tools.families_table --write`` rewrites the
-table between its markers in README.md; tests/test_readme_tables.py fails when the README's copy is stale.
+table between its markers in README.md; tests/project/test_readme_tables.py fails when the README's copy is stale.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ each widget's label and value are drawn in full. Then it keeps each workflow's c
 their y order) and rewrites positions and sizes: a column is as wide as its widest need (at least 320; the loader
 460), nodes are stacked at their drawn height with room for a title and a gap, the loader gets room for its result
 panel and Save Image for its preview, the note sits above, and the view opens at 75 % with the loader in sight.
-tests/test_browser.py checks the result in the browser (no overlap before or after a run, labels in full).
+tests/project/test_browser.py checks the result in the browser (no overlap before or after a run, labels in full).
 """
 from __future__ import annotations
 

@@ -429,7 +429,7 @@ DENSE_FORM = "dense_form"  # a record input asking for the class as built rather
 def _h3_record(m, inputs: dict | None = None) -> dict:
     """MiniMax-H3's class on the packed sequence ComfyUI's MiniMaxH3 builds (``inputs``, laid out by the ComfyUI side
     with ComfyUI's own PackedLayout: text, audio, video rows, their rotary positions, modality tags and distinct
-    timesteps; tests/test_families.py ``_h3_inputs``): the video and audio velocity rows, in ComfyUI's row order.
+    timesteps; tests/families/test_families.py ``_h3_inputs``): the video and audio velocity rows, in ComfyUI's row order.
     All in float32: the curve form's cast of the block modulation to the stack's dtype (bfloat16 as hosted) is left
     out, as a float32 ComfyUI model computes it. Without inputs: nothing (the record then holds the weights only,
     ``dense_from_subprocess``)."""

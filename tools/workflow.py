@@ -17,7 +17,7 @@ LOADER_FAMILY_SLOT = 4  # the loader's widgets_values: checkpoint, preset, hub_r
 def needs_newer_comfyui(workflow: dict) -> str | None:
     """The ComfyUI version a workflow needs when no ComfyUI the tests run has its family's model class (the family
     record has no unet config: Krea 2, Qwen-Image 2.1, ...), else None. Such a workflow cannot be queued here: it is
-    checked against ComfyUI's own template of that model instead (tests/test_example_workflows.py)."""
+    checked against ComfyUI's own template of that model instead (tests/project/test_example_workflows.py)."""
     from prequant_core import families
     need = None
     for n in workflow["nodes"]:

@@ -7,7 +7,7 @@ readable at 640 x 375).
     .venv/bin/python -m tools.workflow_cards            # every shipped workflow
     .venv/bin/python -m tools.workflow_cards z_image_turbo_prequant
 
-Deterministic: ``card(workflow)`` gives the same pixels for the same workflow (tests/test_readme_tables.py holds each
+Deterministic: ``card(workflow)`` gives the same pixels for the same workflow (tests/project/test_readme_tables.py holds each
 shipped picture against it, so a changed workflow with a stale picture fails).
 """
 from __future__ import annotations

@@ -378,7 +378,7 @@ function setupLegacyInputs(node, cls) {
 // classic canvas, their default, a widget folds when its own `advanced` is set, which neither derives from the
 // input's spec. Setting it here gives the canvas the small node, and the node's menu its "Show Advanced" /
 // "Hide Advanced". A front end without that toggle draws every input as before; the values are saved and queued
-// either way (tests/test_browser_fold.py).
+// either way (tests/project/test_browser_fold.py).
 function foldAdvanced(node) {
   if (typeof node.toggleAdvanced !== "function") return;
   let folded = false;

@@ -1,6 +1,6 @@
 """What the command line offers, importable without torch, so that ``--help`` and argument errors answer at once
 (importing torch and torchao takes seconds). Family names come from the family registry itself (torch-free); the
-container and component lists restate ``formats/containers`` and ``text_encoders/checks.py``, and tests/test_cli.py
+container and component lists restate ``formats/containers`` and ``text_encoders/checks.py``, and tests/cli/test_cli.py
 fails until a name added there is named here too."""
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ ComfyUI key map where ComfyUI has none, ComfyUI's renames and parameter defaults
 (``Hosting``: base repos, Unsloth's hosted repos and the file names they declare, excluded bases, hosted text
 encoders and the bases sharing their bytes, Unsloth's NVFP4 layer policies). Every table keyed by family elsewhere
 is read from here (``nvfp4_policies``, ``encoder_groups``, ``aliases``, ``declared_filenames`` ...). Adding a family
-is one new module and its name in ``MODULES`` (tests/test_family_registry.py); docs/DEVELOPING.md lists the files
+is one new module and its name in ``MODULES`` (tests/families/test_family_registry.py); docs/DEVELOPING.md lists the files
 outside the pack its tests ask for (its tiny model, its workflow, ...).
 
 Everything ComfyUI-specific is named here as data (class and key-map names, a config derived from shapes, parameter

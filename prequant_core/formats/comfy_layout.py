@@ -5,7 +5,7 @@ format natively (docs/FORMAT.md section 6).
 Each format is its scheme's: the scheme module declares it (``Scheme.comfy_layouts``, a
 ``schemes.native_layout.ComfyLayout`` each: the facts as data, and the module's functions reading ComfyUI's parts
 into the pack's weight and writing them), with the byte layout restated from ComfyUI's and comfy-kitchen's sources and
-checked against comfy-kitchen's eager (CPU) reference functions in tests/test_comfy_native.py. Here: the formats looked
+checked against comfy-kitchen's eager (CPU) reference functions in tests/formats/test_comfy_native.py. Here: the formats looked
 up through the registry at call time, the steps every format shares, and what ComfyUI has that no scheme here runs.
 """
 from __future__ import annotations

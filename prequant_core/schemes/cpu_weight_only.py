@@ -6,7 +6,7 @@ element-at-a-time float8 -> float32 conversion (~3 ns a weight): at 1056 tokens 
 steps 1.3-1.5x ComfyUI's dense one. Here a block of rows (``BLOCK_ELEMENTS`` weights) is decoded into a small
 buffer that stays in cache and multiplied into its columns of the output (the BLAS writes in place, with the output's
 row stride): the weights are the same numbers, bit for bit, and the output equals the whole-weight matmul's on the
-real layer shapes (tests/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the whole
+real layer shapes (tests/schemes/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the whole
 weight to one block.
 
 float8 codes are widened through fp16 bit patterns, which the CPU converts with vector instructions: e5m2 *is*

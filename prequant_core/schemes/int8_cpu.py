@@ -16,7 +16,7 @@ no BLAS, a widened copy of the whole weight per call). Two exact ways round it, 
   and the int32 sum of those pieces is the same integer. One block of weight rows is widened at a time.
 
 What follows the sums is torchao's own scaling, in its order: the output is bit for bit torchao's
-(tests/test_int8_cpu.py). Anything other than torchao's symmetric per-token activation quantization without
+(tests/schemes/test_int8_cpu.py). Anything other than torchao's symmetric per-token activation quantization without
 pre-scaling goes to torchao itself.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 in ``scheme_names.TABLE`` (torch-free, so the command line reads the same list). Everything that depends on a scheme
 (names, repo suffixes, rules, torchao configs, containers, ComfyUI-native layouts both ways, activation settings,
 file rules, matmul kinds) is read from these records at call time, so a scheme added to the table is known
-everywhere, and a test's toy scheme added to ``SCHEMES`` too (tests/test_scheme_registry.py)."""
+everywhere, and a test's toy scheme added to ``SCHEMES`` too (tests/schemes/test_scheme_registry.py)."""
 from __future__ import annotations
 
 import importlib
