@@ -87,10 +87,6 @@ def _host_tag() -> str:
     return hashlib.md5(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 
-def temp_name() -> str:
-    return f"{TEMP_PREFIX}{_host_tag()}-{os.getpid()}-{secrets.token_hex(6)}{TEMP_SUFFIX}"
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         import psutil  # ComfyUI depends on it; the plain os.kill probe below would *terminate* the process on Windows
@@ -220,7 +216,7 @@ def atomic_output(dest: str, *, overwrite: bool = False):
     if not os.path.isdir(folder):
         raise BuildError("The output folder does not exist.", path=folder, fix="Create it or pick another folder.")
     clean_stale_temps(folder)
-    tmp = os.path.join(folder, temp_name())
+    tmp = os.path.join(folder, f"{TEMP_PREFIX}{_host_tag()}-{os.getpid()}-{secrets.token_hex(6)}{TEMP_SUFFIX}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError as e:  # /proc, a read-only mount, no permission: the folder, not a bug

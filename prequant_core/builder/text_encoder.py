@@ -24,14 +24,10 @@ from .recipe import Target
 SKIP_PATTERNS = ("pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$")
 
 
-def _module(key: str) -> str:
-    return key.rsplit(".", 1)[0] if "." in key else ""
-
-
 def cast_keys(kind: encoders.EncoderKind, shapes: Mapping[str, tuple]) -> set[str]:
     """The keys (transformers names) the layerwise cast stores as float8: a module's weight and bias when the module
     is a Linear / Conv (its weight has 2 or more dimensions) that no skip rule names."""
-    tied_out = {_module(k) for k, _ in kind.tied if k.startswith("lm_head")}
+    tied_out = {k.rsplit(".", 1)[0] if "." in k else "" for k, _ in kind.tied if k.startswith("lm_head")}
     skip = SKIP_PATTERNS + tuple(re.escape(m) for m in kind.keep_dense) + tuple(f"^{re.escape(m)}$" for m in tied_out)
     out = set()
     for k, shape in shapes.items():

@@ -69,18 +69,14 @@ def _feed(h, cls: str, items) -> bool:
     return covered
 
 
-def attrs_of(cls: str) -> tuple | None:
-    codec = registry.codec_named(cls)
-    return codec.fingerprint_fields if codec is not None else LEGACY_ATTRS.get(cls)
-
-
 def origin(t) -> tuple | None:
     """(class name, ((attribute, value), ...)) for a torchao tensor as Unsloth's table sees it, else None."""
     o = getattr(t, ORIGIN_ATTR, None)
     if o is not None:
         return o
     cls = type(t).__name__
-    names = attrs_of(cls)
+    codec = registry.codec_named(cls)
+    names = codec.fingerprint_fields if codec is not None else LEGACY_ATTRS.get(cls)
     if names is None:
         return None
     return cls, tuple((a, getattr(t, a, None)) for a in names)

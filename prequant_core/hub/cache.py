@@ -12,10 +12,6 @@ if TYPE_CHECKING:  # the download child imports this module: no torch, so not so
     from ..load import sources
 
 
-def _is_true(v: str | None) -> bool:
-    return str(v or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
 def client_constants():
     try:
         import huggingface_hub  # noqa: F401
@@ -55,7 +51,8 @@ def cache_dir(env: Mapping[str, str] | None = None) -> str:
 
 def is_offline(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return bool(client_constants().HF_HUB_OFFLINE) or _is_true(env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE"))
+    said = str(env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").strip().upper()
+    return bool(client_constants().HF_HUB_OFFLINE) or said in {"1", "ON", "YES", "TRUE"}
 
 
 def storage_folder(repo: str, cache: str | None = None) -> str:

@@ -26,11 +26,6 @@ def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str],
 MIRROR_ENV = "UNSLOTH_DIFFUSION_PREQUANT_MIRROR"
 
 
-def _mirror_roots(env: Mapping[str, str] | None = None) -> list[str]:
-    env = os.environ if env is None else env
-    return [r for r in (env.get(MIRROR_ENV) or "").split(os.pathsep) if r.strip()]
-
-
 def mirror_file(repo: str, filenames: Iterable[str], env: Mapping[str, str] | None = None,
                 revision: str | None = None) -> tuple[str, str, str] | None:
     """(repo file name, path, root) of the first name an operator mirror holds, else None.
@@ -52,7 +47,7 @@ def mirror_file(repo: str, filenames: Iterable[str], env: Mapping[str, str] | No
         names.append(fn)
     names = list(dict.fromkeys(names))
     owner, _, name = repo.partition("/")
-    for root in _mirror_roots(env):
+    for root in filter(str.strip, ((os.environ if env is None else env).get(MIRROR_ENV) or "").split(os.pathsep)):
         real_root = os.path.realpath(os.path.expanduser(root))
         for fn in names:
             parts = [owner, name, *fn.split("/")]

@@ -105,10 +105,6 @@ class _Outcome:
     partial: object = None  # the partial file (path or finder), for clean-up
 
 
-def _child_cmd() -> list[str]:
-    return [sys.executable, "-m", "prequant_core.hub.child"]
-
-
 def _child_env() -> dict:
     import prequant_core  # the folder holding the package goes on the child's path, wherever this module sits in it
     root = os.path.dirname(os.path.dirname(os.path.abspath(prequant_core.__file__)))
@@ -125,8 +121,9 @@ class _Child:
         import queue
         import subprocess
         import threading
-        self.p = subprocess.Popen(_child_cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, env=_child_env(), text=True, bufsize=1)
+        self.p = subprocess.Popen([sys.executable, "-m", "prequant_core.hub.child"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_child_env(), text=True,
+                                  bufsize=1)
         self.p.stdin.write(json.dumps(request) + "\n")
         self.p.stdin.flush()
         self.q: queue.Queue = queue.Queue()

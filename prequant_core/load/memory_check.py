@@ -112,12 +112,6 @@ def logical_bytes(ckpt) -> int:
     return total
 
 
-def _is_cuda(device) -> bool:
-    if device is None:
-        return False
-    return str(getattr(device, "type", device)).split(":")[0] == "cuda"
-
-
 def check(path: str, declared: int, guard: Guard | None = None) -> Budget:
     """Raise ``MemoryBudgetError`` when ``declared`` bytes cannot be placed; else the figures used."""
     guard = guard or Guard()
@@ -137,7 +131,7 @@ def check(path: str, declared: int, guard: Guard | None = None) -> Budget:
                 f"{ENV_VAR}=0 skips this check.")
         err.where, err.needed, err.available = "host", host_needed, host_free
         raise err
-    if _is_cuda(guard.device) and not guard.lowvram:
+    if str(getattr(guard.device, "type", guard.device)).split(":")[0] == "cuda" and not guard.lowvram:
         dev_free = int((guard.device_free or cuda_free)(guard.device)) + int(guard.device_reclaimable)
         budget.device, budget.device_needed, budget.device_available = str(guard.device), int(declared), dev_free
         if declared > dev_free:

@@ -163,7 +163,8 @@ def filenames(repo: str, scheme: str, component: str = "transformer", base_model
         if rec.legacy_pt and not weight_only:  # old releases: transformer_<scheme>.pt
             names.append(f"transformer_{s}.pt")
     names = list(dict.fromkeys(names))
-    if comfy_twins_enabled() and not families.video_hosted(repo):
+    twins = os.environ.get(TWIN_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+    if twins and not families.video_hosted(repo):
         names = with_comfy_twins(names, lead=rec.twin_leads and not weight_only)
     return tuple(names)
 
@@ -178,10 +179,6 @@ TWIN_TAG = "-ComfyUI"
 TWIN_SUFFIX = TWIN_TAG + ".safetensors"
 TWIN_ENV = "UNSLOTH_DIFFUSION_PREQUANT_COMFY"  # 0 / off / false / no: never ask for a twin
 _ARTIFACT_SUFFIXES = (".safetensors", ".pt", ".pth")
-
-
-def comfy_twins_enabled() -> bool:
-    return os.environ.get(TWIN_ENV, "").strip().lower() not in ("0", "off", "false", "no")
 
 
 def is_comfy_twin(name: str) -> bool:

@@ -122,9 +122,3 @@ def spec(scheme: str, dtype: torch.dtype = torch.bfloat16):
     if key not in _SPECS:
         _SPECS[key] = qtensor.parts(quantize_weight(torch.ones(16, 32, dtype=dtype), key[0]))[1]
     return _SPECS[key]
-
-
-def scheme_of_kind(kind: str, dynamic: bool = True) -> str:
-    """The scheme name weights of ``kind`` are, with or without activation quantization."""
-    s = registry.by_kind(kind)
-    return s.label(weight_only=not dynamic and s.weight_only)

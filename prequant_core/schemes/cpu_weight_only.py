@@ -5,9 +5,10 @@ ComfyUI computes in float32 on a CPU. Dequantizing a whole weight per call there
 element-at-a-time float8 -> float32 conversion (~3 ns a weight): at 1056 tokens that made the fp8 / NVFP4 / MXFP8
 steps 1.3-1.5x ComfyUI's dense one. Here a block of rows (``BLOCK_ELEMENTS`` weights) is decoded into a small
 buffer that stays in cache and multiplied into its columns of the output (the BLAS writes in place, with the output's
-row stride): the weights are the same numbers, bit for bit, and the output equals the whole-weight matmul's on the
-real layer shapes (tests/schemes/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the whole
-weight to one block.
+row stride): the weights are the same numbers, bit for bit, and the output is the whole-weight matmul's up to the
+order the BLAS sums a block of rows in (another shape to it: on some CPUs a few outputs in a hundred differ in their
+last float32 bits; tests/schemes/test_cpu_weight_only.py), while the layer's transient float32 copy shrinks from the
+whole weight to one block.
 
 float8 codes are widened through fp16 bit patterns, which the CPU converts with vector instructions: e5m2 *is*
 fp16's top byte; e4m3's sign, exponent and mantissa land in fp16's fields when shifted by 7, which reads as the code's
@@ -26,18 +27,14 @@ BLOCK_ELEMENTS = 2 ** 21  # weights per block: 8 MiB in float32 (546 rows of 384
 Fill = Callable[[int, int, torch.Tensor], None]  # fill(i, j, out): weight rows i:j as float32 into out [j - i, K]
 
 
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(getattr(compiler, "is_compiling", lambda: False)())
-
-
 def applies(input: torch.Tensor, codes: torch.Tensor) -> bool:
     """float32 on a CPU, run eagerly and without a gradient to carry. Under torch.compile (ComfyUI's
     TorchCompileModel) the whole-weight form stays, one graph the compiler fuses as it likes, where the block loop and
     its per-block NaN test would break the graph; an input that needs a gradient (a training node) keeps ``F.linear``,
     as the BLAS writing into the output in place records none."""
     return (input.dtype == torch.float32 and input.device.type == "cpu" and codes.device.type == "cpu"
-            and not (input.requires_grad and torch.is_grad_enabled()) and not _compiling())
+            and not (input.requires_grad and torch.is_grad_enabled())
+            and not getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)())
 
 
 def block_rows(k: int) -> int:

@@ -68,13 +68,6 @@ class MatmulChoice:
         return f"{self.path} matmul ({self.reason}{extra})"
 
 
-def _scheme(kind: str, dynamic: bool) -> str:
-    s = schemes.registry.by_kind(kind)
-    if dynamic or s.weight_only:
-        return schemes.scheme_of_kind(kind, dynamic)
-    return f"{s.name} (weights only)"
-
-
 def choose(kind: str, dynamic: bool, device: Device, override: str | None = None) -> MatmulChoice:
     """The matmul for weights of ``kind`` ("int8" / "float8") on ``device``.
 
@@ -84,10 +77,12 @@ def choose(kind: str, dynamic: bool, device: Device, override: str | None = None
     """
     if kind not in schemes.registry.kinds():
         raise ValueError(f"unknown quantized weight kind {kind!r}")
-    scheme = _scheme(kind, dynamic)
+    s = schemes.registry.by_kind(kind)
+    scheme = s.label(weight_only=not dynamic and s.weight_only) if dynamic or s.weight_only \
+        else f"{s.name} (weights only)"
     where = device.label()
     # per-block kinds (nvfp4, mxfp8) dequantize by table on any device: their weight-only path is said as such
-    wo = ": dequantized at matmul" if schemes.registry.by_kind(kind).block_size else ""
+    wo = ": dequantized at matmul" if s.block_size else ""
     if schemes.registry.codec(kind).float8_codes and not device.holds_float8():  # nothing fp8 can run or sit there
         return MatmulChoice(WEIGHT_ONLY, kind, dynamic, f"{scheme} on {where}: no float8 dtype on {device.type}",
                             codes_as_bytes=True)

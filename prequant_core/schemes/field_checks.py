@@ -16,13 +16,9 @@ class Bad(Exception):
         self.field, self.expected, self.found = field, expected, found
 
 
-def _found(v) -> str:
-    return f"{type(v).__name__} {escape(repr(v)[:80])}"
-
-
 def need(ok: bool, field: str, expected: str, value) -> None:
     if not ok:
-        raise Bad(field, expected, _found(value))
+        raise Bad(field, expected, f"{type(value).__name__} {escape(repr(value)[:80])}")
 
 
 def bool_(v, field):

@@ -10,19 +10,15 @@ from .checks import COMPONENTS
 from ..load.sources import Candidate, Candidates, Preset
 
 
-def _declared(repo: str, component: str) -> list:
-    """The hosted encoders a family declares for this repo and component (Unsloth's TE_INT8_CONVROT_FILES)."""
-    r = repo.strip().lower()
-    return [e for fam in families.FAMILIES.values() for e in fam.hosting.text_encoders
-            if e.repo.lower() == r and e.component == component]
-
-
 def filenames(repo: str, component: str, scheme: str | None = None) -> tuple[str, ...]:
     """Unsloth's names, in the order its resolver asks: a file the family declares (Qwen-Image 2.1's int8 ConvRot
     encoder), then ``<Model>-<component>-FP8.safetensors`` and ``.pt`` (a miss of the declared file takes fp8 rather
     than the dense shards). ``scheme``: only that scheme's names."""
     model = sources.model_name(repo)
-    declared = [e.filename for e in _declared(repo, component) if e.filename and scheme in (None, e.scheme)]
+    # the hosted encoders a family declares for this repo and component (Unsloth's TE_INT8_CONVROT_FILES)
+    declared = [e.filename for fam in families.FAMILIES.values() for e in fam.hosting.text_encoders
+                if e.repo.lower() == repo.strip().lower() and e.component == component and e.filename
+                and scheme in (None, e.scheme)]
     derived = [f"{model}-{component}-FP8{ext}" for ext in (".safetensors", ".pt")] if scheme in (None, "fp8") else []
     return tuple(dict.fromkeys(declared + derived))
 

@@ -1,8 +1,10 @@
 """The float32 weight-only matmul on a CPU, a block of weight rows at a time (prequant_core/schemes/cpu_weight_only.py).
 
-Against the whole-weight path it replaces (the weight dequantized per call, then one ``F.linear``): the same output
-bit for bit on Z-Image's real layer shapes, for every scheme; float8 codes widened exactly (every code); a NaN code
-still reaches the output; and no call allocates the whole weight in float32 any more.
+Against the whole-weight path it replaces (the weight dequantized per call, then one ``F.linear``), on Z-Image's real
+layer shapes, for every scheme: the same numbers multiplied (bit for bit the output of the same block loop over the
+whole weight dequantized first), the output the same up to the order the BLAS sums in (a block of rows is another
+shape to it: on some CPUs a few percent of the outputs differ in their last bits); float8 codes widened exactly
+(every code); a NaN code still reaches the output; and no call allocates the whole weight in float32 any more.
 """
 from __future__ import annotations
 
@@ -33,6 +35,18 @@ def _whole(x, ts, spec, bias, table="e4m3"):
     return torch.nn.functional.linear(x, qtensor.dequantize_parts(ts, spec, torch.float32), bias)
 
 
+def _blocks_of_whole(x, ts, spec, bias, table="e4m3"):
+    """The block loop over the whole weight dequantized first: what the path computes if its decoding is exact."""
+    rows = ts[0].shape[0]
+    if spec.kind in ("int8", "float8"):
+        q = ts[0]
+        w = codec.decode(codec.decode_table(table, q.device), q) if q.dtype == torch.uint8 else q.to(torch.float32)
+        out = cpu_weight_only.linear(x, rows, lambda i, j, o: o.copy_(w[i:j])) * ts[1].reshape(-1)
+        return out if bias is None else out + bias
+    w = qtensor.dequantize_parts(ts, spec, torch.float32)
+    return cpu_weight_only.linear(x, rows, lambda i, j, o: o.copy_(w[i:j]), bias)
+
+
 @pytest.mark.parametrize("scheme", ["fp8", "int8", "nvfp4", "mxfp8"])
 def test_blocks_equal_the_whole_weight_on_real_shapes(scheme):
     for n, (rows, cols) in enumerate(SHAPES):
@@ -43,7 +57,10 @@ def test_blocks_equal_the_whole_weight_on_real_shapes(scheme):
         bias = torch.randn(rows, generator=g) if n != 1 else None
         got = layout.weight_only_linear(x, ts, spec, bias, "e4m3")
         assert got.shape == (1, x.shape[1], rows)
-        assert torch.equal(got, _whole(x, ts, spec, bias)), (scheme, rows, cols)
+        assert torch.equal(got, _blocks_of_whole(x, ts, spec, bias)), (scheme, rows, cols)
+        whole = _whole(x, ts, spec, bias)
+        # one F.linear of the whole weight: the same sums, perhaps in another order (float32's last bits)
+        assert float((got - whole).abs().max()) <= 4e-6 * float(whole.abs().max()), (scheme, rows, cols)
 
 
 def test_every_float8_code_widens_exactly():

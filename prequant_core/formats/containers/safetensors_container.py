@@ -266,10 +266,6 @@ def write(path: str, tensors: Mapping, metadata: dict, *, progress: BuildProgres
 # ----------------------------------------------------------------------------------------------------------------
 # The registry's record
 
-def _meta_tensor(info: dict) -> torch.Tensor:
-    return torch.empty(info["shape"], dtype=NAME_DTYPES[info["dtype"]], device="meta")
-
-
 def read_light(fh) -> Light | None:
     """Header-only read, mirroring ``read_safetensors`` key for key. None: a layout only the full read understands
     (ComfyUI-native twins)."""
@@ -281,7 +277,8 @@ def read_light(fh) -> Light | None:
     md = json_entry(meta, "unsloth_metadata", path, {})
     if not isinstance(md, dict):
         raise CorruptCheckpointError("Header entry 'unsloth_metadata' is not a JSON object.", path=path)
-    tensors, qparts = assemble(path, index, meta, lambda k: _meta_tensor(index[k]), read_data=False)
+    tensors, qparts = assemble(path, index, meta, read_data=False, get=lambda k: torch.empty(
+        index[k]["shape"], dtype=NAME_DTYPES[index[k]["dtype"]], device="meta"))
     ck = Checkpoint(path=path, container="safetensors", format_tag=tag, metadata=md, tensors=tensors)
     return Light(ck, READ_HEADER, qparts)
 
