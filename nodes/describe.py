@@ -2,7 +2,7 @@
 formats), so a description cannot go stale when one of them grows (tests/nodes/test_node_docs.py compares)."""
 from __future__ import annotations
 
-from prequant_core import families, schemes
+from prequant_core import schemes
 from prequant_core.formats import comfy_layout, containers
 
 
@@ -13,10 +13,6 @@ def scheme_names() -> list[str]:
 
 def schemes_text() -> str:
     return " / ".join(scheme_names())
-
-
-def family_titles() -> list[str]:
-    return list(dict.fromkeys(f.title for f in families.FAMILIES.values()))
 
 
 def containers_text() -> str:

@@ -7,7 +7,7 @@ import os
 from prequant_core import schemes
 from prequant_core.errors import PrequantError
 from prequant_core.report import info
-from prequant_core.load.metadata import Request
+from prequant_core.request import Request
 
 from . import describe, paths
 from .status import NodeStatus

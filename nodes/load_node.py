@@ -9,8 +9,8 @@ import torch
 from prequant_core import families, schemes
 from prequant_core.load import companion_source, pipeline, route, sources
 from prequant_core.errors import PrequantError, reading
-from prequant_core.load.context import LoadContext
-from prequant_core.load.metadata import Request
+from prequant_core.context import LoadContext
+from prequant_core.request import Request
 from prequant_core.safe_text import escape
 from prequant_core.units import human_bytes
 
@@ -123,7 +123,7 @@ class PrequantLoadTransformer:
     SEARCH_ALIASES = ALIASES
     DESCRIPTION = (f"Loads a pre-quantized ({describe.schemes_text()}) diffusion transformer into ComfyUI's own model "
                    "class without ever materialising the dense model: " + describe.containers_text() + ". Families: "
-                   + ", ".join(describe.family_titles()) + ". Takes a file from models/prequant, or downloads the one "
+                   + ", ".join(dict.fromkeys(f.title for f in families.FAMILIES.values())) + ". Takes a file from models/prequant, or downloads the one "
                    "a preset / hub_repo / family + scheme names into models/prequant. Aliases: int8, fp8, nvfp4, "
                    "quantized, unsloth.")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from prequant_core.load import companion_source
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 from prequant_core.formats.dense_sources import open_dense, stream_quantized
 from prequant_core.load.route import LoadRoute
 

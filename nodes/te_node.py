@@ -13,8 +13,8 @@ from prequant_core.errors import ComfyVersionError, ValidationError, reading
 from prequant_core.families import encoders
 from prequant_core.load import pipeline
 from prequant_core.text_encoders import checks as encoder_checks, sources as encoder_sources, tokenizer as tokenizer_source
-from prequant_core.load.context import LoadContext
-from prequant_core.load.metadata import Request
+from prequant_core.context import LoadContext
+from prequant_core.request import Request
 from prequant_core.safe_text import escape
 from prequant_core.units import human_bytes
 

@@ -26,9 +26,11 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from . import families
-from .load import metadata, opening, pipeline, sources
-from .load.context import LoadContext
-from .schemes import qtensor
+from .hub.names import normalize_repo
+from .load import opening, pipeline, sources
+from .request import Candidates, Request
+from .context import LoadContext
+from .schemes import qtensor, registry
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DependencyError, PrequantError,
                      UnknownFamilyError, UnsupportedFormatError)
 
@@ -120,14 +122,14 @@ def _config(cls: type, base: str, subfolder: str | None, revision: str | None, t
 
 def _looks_like_repo(source: str) -> bool:
     try:
-        sources.normalize_repo(source)
+        normalize_repo(source)
         return True
     except PrequantError:
         return False
 
 
 def _candidates(source: str | None, fam: families.Family, *, scheme, base_id, variant,
-                revision) -> sources.Candidates:
+                revision) -> Candidates:
     """A local file (allowlist applies, never replaced by a download), else a Hub repo, else the family's hosted repo
     for ``scheme`` (with the base picking the variant): the ComfyUI node's order."""
     src = None if source is None else os.fspath(source)
@@ -174,7 +176,7 @@ def load(transformer_class, base: str, source: str | os.PathLike | None = None, 
     base_id = base_model_id or str(base)
     fam = _family_for(cls, family, base_id)
     cands = _candidates(source, fam, scheme=scheme, base_id=base_id, variant=variant, revision=revision)
-    request = metadata.Request(scheme=scheme, base_model_id=base_id, min_features=min_features,
+    request = Request(scheme=scheme, base_model_id=base_id, min_features=min_features,
                                family=fam.name if family else None, component=component, fast_accum=fast_accum)
     ctx = LoadContext.of(model_dirs=allow_dirs, token=token, progress=progress,
                          memory=opening.GUARD if memory_guard else None)
@@ -239,7 +241,7 @@ def attach_layer_formats(model: torch.nn.Module, device, rotations: Mapping[str,
         if group:
             m.register_forward_pre_hook(lambda mod, args, g=group: (rotation.rotate(args[0], g), *args[1:]))
             rotated += 1
-        if spec.kind in qtensor.block_kinds() and devices.choose(spec.kind, spec.dynamic, dev).path == \
+        if registry.codec(spec.kind).block and devices.choose(spec.kind, spec.dynamic, dev).path == \
                 devices.WEIGHT_ONLY:
             m.forward = lambda x, mod=m: torch.nn.functional.linear(
                 x, qtensor.dequantize_parts(*qtensor.parts(mod.weight), x.dtype), mod.bias)

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 
 from .formats import fingerprint, layer_policy
-from .load import memory_check, metadata, opening
+from .load import memory_check, opening
+from .request import Request
 from .text_encoders import checks as encoder_checks
 from .schemes import qtensor
 from .errors import CorruptCheckpointError
@@ -300,7 +301,7 @@ def _sizes(t) -> tuple[int, int]:
     return n, n
 
 
-def _request_dict(req: metadata.Request | None) -> dict | None:
+def _request_dict(req: Request | None) -> dict | None:
     if req is None:
         return None
     d = {k: getattr(req, k) for k in ("base_model_id", "scheme", "family", "min_features", "exclude_tokens")
@@ -310,7 +311,7 @@ def _request_dict(req: metadata.Request | None) -> dict | None:
     return d or None
 
 
-def info(path, request: metadata.Request | Mapping | None = None, verify_fingerprint: bool = False, *,
+def info(path, request: Request | Mapping | None = None, verify_fingerprint: bool = False, *,
          model_dirs: Iterable[str] | None = None, memory: memory_check.Guard | None = opening.GUARD) -> Report:
     """Describe a checkpoint (and judge it against ``request``) without loading its weights: the load pipeline's
     open and judge steps (``load.opening.inspect``: allowlist, one handle, memory guard where a full read happens,
@@ -322,7 +323,7 @@ def info(path, request: metadata.Request | Mapping | None = None, verify_fingerp
     dense) is a report with ``valid=False``.
     """
     if isinstance(request, Mapping):
-        request = metadata.Request(**request)
+        request = Request(**request)
     return opening.inspect(path, request, lambda o, light, fh: _report(o, light, fh, verify_fingerprint),
                            model_dirs=model_dirs, memory=memory)
 

@@ -52,10 +52,10 @@ def run_info(args) -> int:
 
 def run_verify(args) -> int:
     import json
-    from ..load import metadata
+    from ..request import Request
     from ..report import info
     from ..safe_text import escape
-    req = metadata.Request(scheme=args.scheme, base_model_id=args.base, min_features=args.min_features,
+    req = Request(scheme=args.scheme, base_model_id=args.base, min_features=args.min_features,
                            family=args.family)
     r = info(args.file, req, verify_fingerprint=args.verify_fingerprint)
     if args.json:

@@ -208,10 +208,6 @@ def _qwen25_vl(k: str) -> str | None:
     return k
 
 
-def _unprefixed(prefix: str) -> Callable[[str], str]:
-    return lambda k: k[len(prefix):] if k.startswith(prefix) else k
-
-
 def _qwen25_vl_back(k: str) -> str:
     if k.startswith("model.") and not k.startswith("model.language_model."):
         return "model.language_model." + k[len("model."):]
@@ -220,15 +216,11 @@ def _qwen25_vl_back(k: str) -> str:
     return k
 
 
-def _t5(k: str) -> str | None:
-    return None if k == "encoder.embed_tokens.weight" else k  # the tied copy of ``shared``
-
-
 KINDS: tuple[EncoderKind, ...] = (
     EncoderKind("Gemma2-2B", ("Gemma2Model",), _prefixed("model."),
                 ("model.layers.0.post_feedforward_layernorm.weight",),
                 tokenizer=TOKENIZER_SPIECE, tokenizer_file="tokenizer/tokenizer.model",
-                comfy_file_hint="gemma_2_2b_fp16.safetensors", from_comfy=_unprefixed("model."),
+                comfy_file_hint="gemma_2_2b_fp16.safetensors", from_comfy=lambda k: k.removeprefix("model."),
                 layers=("model.layers.", "layers."), layer_keys=DECODER_LAYER + SANDWICH_NORM,
                 sizes=(Size("Gemma2-2B", 2304, 8 * 256, 4 * 256),)),
     EncoderKind("Qwen3-4B", ("Qwen3ForCausalLM", "Qwen3Model"), _prefixed("model.", drop=("lm_head",)),
@@ -240,7 +232,9 @@ KINDS: tuple[EncoderKind, ...] = (
                 ("model.layers.0.self_attn.k_proj.bias",), from_comfy=_qwen25_vl_back, needs=("lm_head.weight",),
                 layers=("model.layers.", "model.language_model.layers."), layer_keys=DECODER_LAYER + QKV_BIAS,
                 sizes=(Size("Qwen2.5-VL-7B", 3584, 28 * 128, 4 * 128),)),
-    EncoderKind("T5-XXL", ("T5EncoderModel",), _t5, ("encoder.block.23.layer.1.DenseReluDense.wi_1.weight",),
+    # T5's encoder.embed_tokens is the tied copy of ``shared``
+    EncoderKind("T5-XXL", ("T5EncoderModel",), lambda k: None if k == "encoder.embed_tokens.weight" else k,
+                ("encoder.block.23.layer.1.DenseReluDense.wi_1.weight",),
                 tied=(("encoder.embed_tokens.weight", "shared.weight"),),
                 embeddings=("shared", "embed_tokens", "relative_attention_bias"), keep_dense=("wo",),
                 layers=("encoder.block.",), layer_keys=T5_BLOCK, sizes=(Size("T5-XXL", 4096, 64 * 64, 64 * 64),),
@@ -282,7 +276,3 @@ def for_class(te_class) -> EncoderKind | None:
         if te_class in k.te_classes:
             return k
     return None
-
-
-def known_classes() -> tuple[str, ...]:
-    return tuple(c for k in KINDS for c in k.te_classes)

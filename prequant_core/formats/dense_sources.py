@@ -354,10 +354,6 @@ def _refuse_quantized(infos: Mapping, path: str | None) -> None:
                          fix="Pick the dense model it was made from.")
 
 
-def _marker_text(m) -> str:
-    return f"'{m}'" if isinstance(m, str) else " + ".join(f"'{k}'" for k in m)
-
-
 @dataclasses.dataclass
 class Prepared:
     source: Source  # diffusers layout
@@ -399,8 +395,9 @@ def open_input(input, *, family: str | Family | None = None, key_map: KeyMapArg 
         found_layout = layout
     if found_layout is None:
         raise BuildError(f"The input's tensor names do not look like {fam.title} in either key layout.", path=src.path,
-                         expected="tensors such as " + " or ".join(_marker_text(m) for m in
-                                                                   fam.arch.diffusers_markers + fam.arch.comfy_markers),
+                         expected="tensors such as " + " or ".join(  # a marker: a name, or names found together
+                             f"'{m}'" if isinstance(m, str) else " + ".join(f"'{k}'" for k in m)
+                             for m in fam.arch.diffusers_markers + fam.arch.comfy_markers),
                          found=f"{len(keys)} tensors, e.g. {sorted(keys)[:3]}",
                          fix="Pick the right family, or 'auto'.")
     if found_layout == "comfyui":

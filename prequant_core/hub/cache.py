@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from ..errors import HubError
-
-if TYPE_CHECKING:  # the download child imports this module: no torch, so not sources at run time
-    from ..load import sources
 
 
 def client_constants():
@@ -72,7 +69,8 @@ def cached_file(repo: str, filenames: Iterable[str], revision: str | None = None
     return None
 
 
-def is_cached(candidate: sources.Candidate) -> bool:
+def is_cached(candidate) -> bool:
+    """Whether a Hub candidate of the load's plan (``load.sources.Candidate``) has a file in the cache."""
     return candidate.place == "hub" and cached_file(candidate.repo, candidate.filenames, candidate.revision) is not None
 
 

@@ -29,7 +29,7 @@ Rules (see ``sources`` for where the names come from):
   announced is discarded; a body of the wrong size is never renamed into place (the client checks the size).
 - Token: the context's ``token``, else the client's default (``HF_TOKEN``, then the stored ``hf auth login``). A token
   is never logged, put into a message or on a command line (it reaches the child through its stdin).
-- ``revision`` pins a branch, tag or commit (``sources.normalize_revision``: what the Hub accepts, no path tricks);
+- ``revision`` pins a branch, tag or commit (``names.normalize_revision``: what the Hub accepts, no path tricks);
   a commit hash already in the cache is served without any request.
 - Offline (``HF_HUB_OFFLINE=1``): served from the cache only (names the cache records as absent are skipped); if none
   of the names is cached, ``HubOfflineError`` lists them all.
@@ -47,8 +47,8 @@ import logging
 import os
 from typing import Iterable
 
-from ..load import sources
-from ..load.context import LoadContext
+from .names import normalize_repo, normalize_revision, prefer_cached_twins
+from ..context import LoadContext
 from ..safe_text import redact
 from .cache import (cache_dir, cached_file, client_constants, endpoint, is_offline, shown_endpoint, pinned_commit_hit,
                     storage_folder)
@@ -71,9 +71,9 @@ def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    repo = sources.normalize_repo(repo)
+    repo = normalize_repo(repo)
     filenames = list(filenames)
-    rev = sources.normalize_revision(revision) or constants.DEFAULT_REVISION
+    rev = normalize_revision(revision) or constants.DEFAULT_REVISION
     token = (ctx.token or "").strip() or None  # None: the client's default (HF_TOKEN, then the stored login)
     ctx = dataclasses.replace(ctx, token=token)
     dest_dir, progress = ctx.download_dir, ctx.show
@@ -119,7 +119,7 @@ def download(repo: str, filenames: Iterable[str], ctx: LoadContext = LoadContext
         return Fetched(p, repo, rev, fn, rev, file_size(p) or 0, False, folder, skipped)
 
     job = Job(repo, rev, cache, ep, Limits.from_env(), tried)
-    names = sources.prefer_cached_twins(list(filenames), lambda n: cached_file(repo, [n], rev, cache) is not None)
+    names = prefer_cached_twins(list(filenames), lambda n: cached_file(repo, [n], rev, cache) is not None)
     attempt = 0
     while names:
         out = fetch_in_child(job, names, ctx)

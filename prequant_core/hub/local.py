@@ -8,7 +8,7 @@ import os
 import re
 from typing import Iterable, Mapping
 
-from ..load import sources
+from .names import local_name, normalize_repo
 
 
 def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str],
@@ -17,7 +17,7 @@ def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str],
     ``folders`` (never a file of the same name from elsewhere)."""
     for fn in filenames:
         for d in folders:
-            p = os.path.join(origin_dir(d, repo, revision), sources.local_name(repo, fn))
+            p = os.path.join(origin_dir(d, repo, revision), local_name(repo, fn))
             if os.path.isfile(p):
                 return fn, p
     return None
@@ -90,7 +90,7 @@ def origin_dir(dest_dir: str, repo: str, revision: str | None = None) -> str:
     """Where a download from ``repo@revision`` is kept in a model folder: ``<dest>/<owner>/<name>`` (default branch)
     or ``<dest>/<owner>/<name>@<revision>`` (``revision_folder_part``). Keyed by origin, so a file from another repo
     or revision never stands in for the official one of the same name."""
-    owner, name = sources.normalize_repo(repo).split("/")
+    owner, name = normalize_repo(repo).split("/")
     rev = (revision or "").strip()
     if rev and rev != "main":
         name = f"{name}@{revision_folder_part(rev)}"
@@ -104,7 +104,7 @@ def staging_dir(dest_dir: str, repo: str, revision: str, filename: str) -> str:
     """The staging folder of one file of one repo and revision (``<dest>/.prequant-download/<owner>--<name>/<file
     key>``): each download has its own, so a second file of the same repo never finds, judges or removes the first's
     partial, and two processes downloading two files of one repo never delete each other's."""
-    owner, name = sources.normalize_repo(repo).split("/")
+    owner, name = normalize_repo(repo).split("/")
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", filename.rsplit("/", 1)[-1])[:48]
     return os.path.join(dest_dir, STAGING_DIR, f"{owner}--{name}", f"{stem}.{_digest(revision, filename)[:16]}")
 

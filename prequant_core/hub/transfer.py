@@ -12,8 +12,8 @@ import sys
 import time
 from typing import Mapping
 
-from ..load import sources
-from ..load.context import LoadContext
+from .names import local_name
+from ..context import LoadContext
 from .cache import storage_folder
 from .errors import HubDownloadError, HubUnavailableError, reasons_of, where
 from .local import local_file, origin_dir, staging_dir
@@ -329,7 +329,7 @@ def _transfer(child, meta, job: Job, ctx: LoadContext, slot: _Slot) -> _Outcome:
         child.send("stop")
         raise HubDownloadError(
             f"{fn} from {repo} is {human_size(total)} and the disk holding {staging or final_dir} has {human_size(free)} "
-            "free: nothing was written.", path=os.path.join(final_dir, sources.local_name(repo, fn)),
+            "free: nothing was written.", path=os.path.join(final_dir, local_name(repo, fn)),
             expected=f"{human_size(total - have0 + DISK_MARGIN)} free", found=f"{human_size(free)} free",
             fix="Free disk space, or set the node's download_to / extra_model_paths.yaml to a larger disk.")
     child.send("go")
@@ -514,7 +514,7 @@ class _Partials:
 def _move_into(staged: str, fn: str, repo: str, rev: str, final_dir: str, staging: str) -> str:
     """The client's completed, size-checked file -> ``<origin dir>/<local name>`` (same disk: an atomic rename; the
     list never shows a half-written file)."""
-    final = os.path.join(final_dir, sources.local_name(repo, fn))
+    final = os.path.join(final_dir, local_name(repo, fn))
     try:
         os.makedirs(final_dir, exist_ok=True)
         os.replace(staged, final)

@@ -11,7 +11,7 @@ from typing import Iterable
 
 from ..errors import CorruptCheckpointError, HubError
 from ..families import Family
-from .context import LoadContext
+from ..context import LoadContext
 
 
 @dataclasses.dataclass

@@ -8,7 +8,8 @@ import logging
 from typing import Iterable, Mapping
 
 from . import sources
-from .context import LoadContext
+from ..request import Candidate, Candidates
+from ..context import LoadContext
 from ..errors import CheckpointNotFoundError
 from ..hub.cache import is_cached, is_offline
 from ..hub.fetch import download
@@ -21,12 +22,12 @@ log = logging.getLogger("prequant")
 @dataclasses.dataclass
 class Located:
     path: str
-    candidate: sources.Candidate
+    candidate: Candidate
     extra_dirs: tuple[str, ...] = ()  # the folder a Hub file was stored in: allowed for this file only
     fetched: Fetched | None = None
 
 
-def locate(plan: sources.Candidates | Iterable[sources.Candidate], ctx: LoadContext = LoadContext(), *,
+def locate(plan: Candidates | Iterable[Candidate], ctx: LoadContext = LoadContext(), *,
            env: Mapping[str, str] | None = None) -> Located:
     """The file to open for a plan.
 

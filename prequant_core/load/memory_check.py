@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Mapping
+from typing import Mapping
 
+from ..context import Guard
 from ..errors import MemoryBudgetError
 from ..units import human_bytes
 
 ENV_VAR = "PREQUANT_MEMORY_CHECK"
-HOST_HEADROOM = 256 * 2**20  # Python objects, the model skeleton, placement temporaries
 _OFF_WORDS = {"0", "false", "no", "off", "n"}
 
 
@@ -65,17 +65,6 @@ def cuda_free(device) -> int:
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return env.get(ENV_VAR, "").strip().lower() not in _OFF_WORDS
-
-
-@dataclasses.dataclass
-class Guard:
-    """How to judge a load. ``device``: the load device (None / "cpu": host rule only)."""
-    device: object = None
-    lowvram: bool = False  # the host streams weights to the device: only the host must hold the whole model
-    device_reclaimable: int = 0  # device bytes the caller frees before loading (other models it will unload)
-    available: Callable[[], int] | None = None  # host budget in bytes; default ``host_available``
-    device_free: Callable[[object], int] | None = None  # device -> free bytes; default ``cuda_free``
-    headroom: int = HOST_HEADROOM
 
 
 @dataclasses.dataclass

@@ -7,37 +7,17 @@ rather than one per attempt. Where Unsloth is stricter, so are we: a requested b
 """
 from __future__ import annotations
 
-import dataclasses
-
 from ..formats import layer_policy
 from ..schemes import qtensor
 from .. import schemes
-from ..families import base_tail, canonical, normalize_base
+from ..families import canonical
 from ..formats.checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
+from ..request import Request, Verdict, base_matches
 from ..safe_text import escape
 
 FIELDS = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",
           "require_divisible", "fast_accum", "fp8_granularity", "fingerprint", "torch_dtype", "quant_backend",
           "transformer_class", "torch_version", "torchao_version", "diffusers_version")
-
-
-@dataclasses.dataclass
-class Request:
-    scheme: str | None = None
-    base_model_id: str | None = None
-    min_features: int | None = None
-    exclude_tokens: list[str] | None = None  # None: the scheme's defaults for the file's family
-    family: str | None = None
-    component: str = "transformer"
-    # None: not checked (Unsloth checks the recorded fast_accum only when the caller forces a value)
-    fast_accum: bool | None = None
-
-
-@dataclasses.dataclass
-class Verdict:
-    ok: bool
-    reasons: list[str]
-    notes: list[str] = dataclasses.field(default_factory=list)  # accepted, but worth showing (Prequant Info)
 
 
 def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
@@ -73,13 +53,6 @@ def _comfy_native_notes(ckpt: Checkpoint) -> list[str]:
 
 
 PER_ROW = "per_row"  # the granularity value of a scheme whose files must hold one scale per row
-
-
-def base_matches(found: str, wanted: str) -> bool:
-    """Exact match, or the same last path part (case-insensitive, either slash)."""
-    if found == wanted or normalize_base(found) == normalize_base(wanted):
-        return True
-    return base_tail(found) == base_tail(wanted)
 
 
 def as_int(v) -> int | None:

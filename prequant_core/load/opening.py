@@ -10,6 +10,7 @@ import os
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from . import allowlist, memory_check, metadata
+from ..request import Request, Verdict
 from ..text_encoders import checks as encoder_checks
 from .. import families, formats
 from ..families import encoders
@@ -27,9 +28,9 @@ class Opened:
     checkpoint: Checkpoint
     family: Family | None  # None only for a lenient judgement (Info) of a file whose family is not recognised
     layout: str | None
-    verdict: metadata.Verdict
+    verdict: Verdict
     read_mode: str = READ_FULL
-    request: metadata.Request | None = None  # as judged (Info may take the component the file records)
+    request: Request | None = None  # as judged (Info may take the component the file records)
     notes: list[str] = dataclasses.field(default_factory=list)
     encoder: encoders.EncoderKind | None = None  # a pre-cast text encoder's model (None: a transformer file)
 
@@ -71,7 +72,7 @@ def read_light(f, memory: memory_check.Guard | None = GUARD) -> Light:
     return Light(read_full(f, memory), READ_FULL)
 
 
-def judge(ckpt: Checkpoint, request: metadata.Request, real: str, *, strict: bool = True) -> Opened:
+def judge(ckpt: Checkpoint, request: Request, real: str, *, strict: bool = True) -> Opened:
     """Family, layout and the verdict against ``request``. ``strict`` (a load): an unknown family or a failed verdict
     raises. Lenient (Info / verify): both are reported, and an expert a two-expert family records (Wan 2.2 A14B's
     transformer_2) is judged as what it records."""
@@ -110,7 +111,7 @@ def judge(ckpt: Checkpoint, request: metadata.Request, real: str, *, strict: boo
     return Opened(ckpt, fam, layout, verdict, request=request, notes=notes)
 
 
-def _judge_encoder(ckpt: Checkpoint, request: metadata.Request, real: str, strict: bool) -> Opened:
+def _judge_encoder(ckpt: Checkpoint, request: Request, real: str, strict: bool) -> Opened:
     """A pre-cast text encoder (or a request for one): its family is what it records or what is asked for; a
     transformer load of an encoder file is refused by name. Info judges it as the component it records."""
     m = ckpt.metadata
@@ -151,14 +152,14 @@ def _judge_encoder(ckpt: Checkpoint, request: metadata.Request, real: str, stric
                   encoder=kind)
 
 
-def open_checkpoint(path: str, request: metadata.Request | None = None, *, model_dirs: Iterable[str] = (),
+def open_checkpoint(path: str, request: Request | None = None, *, model_dirs: Iterable[str] = (),
                     strict: bool = True, memory: memory_check.Guard | None = GUARD,
                     fingerprint_mode: str | None = None) -> Opened:
     """A load's open and judge: ``memory`` checks host memory (and, where the guard names one, the load device's)
     against the file's declared size before reading it (``memory_check``); None skips the check.
     ``fingerprint_mode``: ``full`` / ``sample`` / ``off`` (None: ``fingerprint.mode_from_env``); checked only for a
     file that passed validation."""
-    request = request or metadata.Request()
+    request = request or Request()
     with open_allowed(path, model_dirs) as f:
         ckpt = read_full(f, memory)
         st = os.fstat(f.fd)  # the opened file's identity, for a remembered fingerprint pass
@@ -173,13 +174,13 @@ def open_checkpoint(path: str, request: metadata.Request | None = None, *, model
         return opened
 
 
-def inspect(path, request: metadata.Request | None, build: Callable[[Opened, Light, formats.OpenedFile], T], *,
+def inspect(path, request: Request | None, build: Callable[[Opened, Light, formats.OpenedFile], T], *,
             model_dirs: Iterable[str] | None = None, memory: memory_check.Guard | None = GUARD) -> T:
     """Info's open and judge (header / index only where the container can), then ``build(opened, light, handle)``
     while the file is still open (fingerprint verification reads weights through it). ``path``: a name, or a handle
     the caller opened (then already judged by the allowlist). ``model_dirs`` None: the command line, where the person
     names the file themselves (its own folder is allowed)."""
-    request = request or metadata.Request()
+    request = request or Request()
     if isinstance(path, formats.OpenedFile):
         ctx = contextlib.nullcontext(path)
     else:

@@ -11,9 +11,9 @@ import os
 
 from . import sources
 from . import locate
-from .context import LoadContext
+from ..context import LoadContext
 from ..errors import PrequantError
-from .metadata import Request
+from ..request import Request
 from .route import DENSE_ONLY, Fallback, LoadRoute, choose
 
 

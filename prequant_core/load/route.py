@@ -14,8 +14,8 @@ from . import allowlist
 from .. import families, schemes
 from ..errors import MemoryBudgetError, PrequantError, ValidationError
 from .opening import Opened, open_checkpoint
-from .context import LoadContext
-from .metadata import Request
+from ..context import LoadContext
+from ..request import Request
 
 PREQUANT_ONLY = "prequant only"
 PREQUANT_ELSE_DENSE = "prequant, else quantize dense"

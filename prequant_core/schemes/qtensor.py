@@ -19,11 +19,6 @@ from .codec import (BLOCK_TORCHAO, ROTATION_ATTR, QParts, QSpec, decode_table,  
                     dequantize_rows, require_block_torchao)
 
 
-def block_kinds() -> tuple[str, ...]:
-    """The weight kinds with per-block scales."""
-    return tuple(c.kind for c in registry.codecs() if c.block)
-
-
 def codec_of(t):
     """The codec of a quantized weight (torchao tensor or ``QParts``); TypeError for anything else."""
     if isinstance(t, QParts):

@@ -14,7 +14,7 @@ from ..families import HostedEncoder, normalize_base
 from ..families import encoders as kinds
 from ..formats.checkpoint import KNOWN_FORMATS, LAYERWISE_CAST, TEXT_ENCODER_FORMAT_INT8_CONVROT, TEXT_ENCODER_FORMAT_V1
 from ..schemes import qtensor
-from ..load.metadata import Request, Verdict, base_matches
+from ..request import Request, Verdict, base_matches
 
 FORMAT_V1 = TEXT_ENCODER_FORMAT_V1
 FORMAT_INT8_CONVROT = TEXT_ENCODER_FORMAT_INT8_CONVROT
@@ -127,7 +127,7 @@ def validate(ckpt, req: Request) -> Verdict:
         reasons.append("the file records no te_class (the transformers class of the encoder)")
     elif kind is None:
         reasons.append(f"te_class {_text(te_class)!r} is not an encoder this pack can hand to ComfyUI "
-                       f"(known: {', '.join(kinds.known_classes())})")
+                       f"(known: {', '.join(c for k in kinds.KINDS for c in k.te_classes)})")
     if req.family:
         hosted = hosted_for(req.family, comp if is_encoder_component(comp) else None)
         if hosted is not None and kind is not None and te_class not in kinds.for_class(hosted.te_class).te_classes:

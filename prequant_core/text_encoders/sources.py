@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from .. import families
 from ..errors import HubError
-from ..load import sources
+from ..hub.names import model_name, normalize_repo, normalize_revision
+from ..request import PRESET_NONE, Candidate, Candidates, Preset, pick
 from .checks import COMPONENTS
-from ..load.sources import Candidate, Candidates, Preset
 
 
 def filenames(repo: str, component: str, scheme: str | None = None) -> tuple[str, ...]:
     """Unsloth's names, in the order its resolver asks: a file the family declares (Qwen-Image 2.1's int8 ConvRot
     encoder), then ``<Model>-<component>-FP8.safetensors`` and ``.pt`` (a miss of the declared file takes fp8 rather
     than the dense shards). ``scheme``: only that scheme's names."""
-    model = sources.model_name(repo)
+    model = model_name(repo)
     # the hosted encoders a family declares for this repo and component (Unsloth's TE_INT8_CONVROT_FILES)
     declared = [e.filename for fam in families.FAMILIES.values() for e in fam.hosting.text_encoders
                 if e.repo.lower() == repo.strip().lower() and e.component == component and e.filename
@@ -31,11 +31,11 @@ def presets() -> list[Preset]:
 
 
 def preset_labels() -> list[str]:
-    return [sources.PRESET_NONE] + [p.label for p in presets()]
+    return [PRESET_NONE] + [p.label for p in presets()]
 
 
 def get_preset(label: str | None) -> Preset | None:
-    return sources.pick(label, presets(), "text-encoder preset", "one per family with a hosted text encoder")
+    return pick(label, presets(), "text-encoder preset", "one per family with a hosted text encoder")
 
 
 def component_for(family: str | None, component: str | None) -> str | None:
@@ -59,7 +59,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
     path = (path or "").strip() or None
     hub_repo = (hub_repo or "").strip() or None
     family = None if (family or "").strip().lower() in ("", "auto") else family.strip().lower()
-    revision = sources.normalize_revision(revision)
+    revision = normalize_revision(revision)
     notes: list[str] = []
     chosen = get_preset(preset)
     if chosen and (path or hub_repo):
@@ -83,7 +83,7 @@ def plan(path: str | None = None, hub_repo: str | None = None, family: str | Non
             notes.append(f"family '{family}' has no hosted text encoder"
                          + (f" named {comp}" if comp else ""))
     for repo, origin in repo_origin:
-        repo = sources.normalize_repo(repo)
+        repo = normalize_repo(repo)
         if comp is None:
             raise HubError(f"Which text encoder of {repo} should be downloaded?", expected=", ".join(COMPONENTS),
                            found="auto", fix="Set the node's component (or its family) so the file name is known.")

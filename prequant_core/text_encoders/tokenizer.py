@@ -12,7 +12,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, PrequantError
 from ..families.encoders import EncoderKind
-from ..load.context import LoadContext
+from ..context import LoadContext
 
 MAX_BYTES = 64 << 20  # a SentencePiece model is a few MB (Gemma's: 4.2 MB)
 SPIECE_KEY = "spiece_model"

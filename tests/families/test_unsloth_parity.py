@@ -18,6 +18,7 @@ from prequant_core.load import opening, metadata, sources
 from prequant_core.formats.checkpoint import FORMAT_V1
 from prequant_core.errors import HubError, ValidationError
 from prequant_core.formats.containers.pt import load_weights_only
+from prequant_core.hub import names as hub_names
 from tools import tiny_families as tf
 
 # Unsloth's order, written out (docs/FORMAT.md section 4), not derived from our code
@@ -253,7 +254,7 @@ def test_fp8_kernels_pinned_to_torch_and_activation_floor_supplied(pt_fp8, tmp_p
 # --- Hub: family-declared names first, excluded bases, the new families -----------------------------------------------
 
 def test_filename_order_declared_names_first(monkeypatch):
-    monkeypatch.setenv(sources.TWIN_ENV, "0")  # the twins' places: tests/hub/test_comfy_twins.py
+    monkeypatch.setenv(hub_names.TWIN_ENV, "0")  # the twins' places: tests/hub/test_comfy_twins.py
     assert sources.filenames("unsloth/Qwen-Image-2.1-FP8", "int8") == (  # the repo's ConvRot build first
         "Qwen-Image-2.1-INT8-ConvRot.safetensors", "Qwen-Image-2.1-INT8.safetensors", "Qwen-Image-2.1-INT8.pt",
         "transformer_int8.pt")
@@ -307,7 +308,7 @@ def test_the_video_families_unsloth_hosts_now(monkeypatch):
     the alias wherever a family is named (the registry, a file's ``family``, the command line)."""
     from prequant_core import cli
     from prequant_core.load import metadata
-    monkeypatch.delenv(sources.TWIN_ENV, raising=False)
+    monkeypatch.delenv(hub_names.TWIN_ENV, raising=False)
     labels = sources.preset_labels()
     assert {"LTX-2.3 / fp8", "MiniMax-H3 / int8", "MiniMax-H3 / fp8"} <= set(labels)
     assert "LTX-2.3 / int8" not in labels  # fp8 only

@@ -123,7 +123,6 @@ def test_a_pre_quant_scale_on_a_format_comfyui_does_not_apply_it_to_is_ignored_a
     fp8 / int8 / mxfp8 layer its loader drops it and the layer computes without it. Such a layer was left holding a
     stray tensor, and the node refused the file as one for another model size. It reads as ComfyUI reads it: the
     weights as without the entry, the entry noted; the command line (a fresh process) says so and judges it loadable."""
-    import os
     import subprocess
     import sys
     from safetensors.torch import load_file, save_file
@@ -254,7 +253,6 @@ def test_native_scales_that_would_make_nan_or_flip_signs_are_refused(tmp_path, f
 
 
 def test_a_nan_scale_in_an_older_scaled_fp8_file_is_refused_by_the_command_line(tmp_path):
-    import os
     import subprocess
     import sys
     from safetensors.torch import save_file

@@ -6,7 +6,7 @@ restated ComfyUI quantizer (tests/comfy_quantizer.py) from a tiny real Qwen-Imag
 own key names."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 import json
 
@@ -20,13 +20,14 @@ from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.load import pipeline, sources
 from prequant_core.hub.errors import HubNotFoundError
 from prequant_core.load.metadata import Request
+from prequant_core.hub import names as hub_names
 
 REPO = "unsloth/Qwen-Image-FP8"
 BASE = "Qwen/Qwen-Image"
 
 
 def test_the_chain_asks_for_twins_where_unsloth_does(monkeypatch):
-    monkeypatch.delenv(sources.TWIN_ENV, raising=False)
+    monkeypatch.delenv(hub_names.TWIN_ENV, raising=False)
     assert sources.filenames("unsloth/Z-Image-Turbo-FP8", "int8") == (
         "Z-Image-Turbo-INT8-ComfyUI.safetensors", "Z-Image-Turbo-INT8.safetensors", "Z-Image-Turbo-INT8.pt",
         "transformer_int8.pt")
@@ -39,13 +40,13 @@ def test_the_chain_asks_for_twins_where_unsloth_does(monkeypatch):
         "Qwen-Image-2.1-INT8-ComfyUI.safetensors", "Qwen-Image-2.1-INT8.safetensors")
     # video families: none (Unsloth loads their experts otherwise); legacy names never have one
     for repo, scheme in (("unsloth/Wan2.2-TI2V-5B-NVFP4", "nvfp4"),):
-        assert not any(sources.is_comfy_twin(n) for n in sources.filenames(repo, scheme))
-    assert sources.artifact_stem("transformer_fp8.pt") is None
+        assert not any(hub_names.is_comfy_twin(n) for n in sources.filenames(repo, scheme))
+    assert hub_names.artifact_stem("transformer_fp8.pt") is None
     for off in ("0", "off", "False", " no "):
-        monkeypatch.setenv(sources.TWIN_ENV, off)
-        assert not any(sources.is_comfy_twin(n) for s in ("int8", "fp8")
+        monkeypatch.setenv(hub_names.TWIN_ENV, off)
+        assert not any(hub_names.is_comfy_twin(n) for s in ("int8", "fp8")
                        for n in sources.filenames("unsloth/Z-Image-Turbo-FP8", s)), off
-    monkeypatch.setenv(sources.TWIN_ENV, "1")
+    monkeypatch.setenv(hub_names.TWIN_ENV, "1")
     assert sources.filenames("unsloth/Z-Image-Turbo-FP8", "int8")[0].endswith("-ComfyUI.safetensors")
 
 
@@ -64,13 +65,13 @@ def test_where_a_stored_file_came_from_is_read_off_its_folders():
 def test_a_cached_container_is_never_downloaded_twice():
     chain = ["M-INT8-ComfyUI.safetensors", "M-INT8.safetensors", "M-INT8.pt", "transformer_int8.pt"]
     # the artifact's .pt is cached: the uncached twin steps behind it
-    assert sources.prefer_cached_twins(chain, lambda n: n == "M-INT8.pt") == [
+    assert hub_names.prefer_cached_twins(chain, lambda n: n == "M-INT8.pt") == [
         "M-INT8.safetensors", "M-INT8.pt", "M-INT8-ComfyUI.safetensors", "transformer_int8.pt"]
     fp8 = ["M-FP8.safetensors", "M-FP8.pt", "M-FP8-ComfyUI.safetensors", "transformer_fp8.pt"]
     # a cached fp8 twin goes first when no container of its artifact is cached
-    assert sources.prefer_cached_twins(fp8, lambda n: n == "M-FP8-ComfyUI.safetensors")[0] == fp8[2]
-    assert sources.prefer_cached_twins(fp8, lambda n: False) == fp8
-    assert sources.prefer_cached_twins(chain, lambda n: False) == chain
+    assert hub_names.prefer_cached_twins(fp8, lambda n: n == "M-FP8-ComfyUI.safetensors")[0] == fp8[2]
+    assert hub_names.prefer_cached_twins(fp8, lambda n: False) == fp8
+    assert hub_names.prefer_cached_twins(chain, lambda n: False) == chain
 
 
 def _twin(path, scheme: str, record: dict | None = None):
@@ -98,7 +99,7 @@ pytestmark = pytest.mark.hub_chunk(64 * 1024)
 @pytest.fixture
 def hub(hub, monkeypatch):
     """conftest's loopback Hub, with the twin setting from the developer's environment removed."""
-    monkeypatch.delenv(sources.TWIN_ENV, raising=False)
+    monkeypatch.delenv(hub_names.TWIN_ENV, raising=False)
     return hub
 
 
@@ -155,7 +156,7 @@ def test_the_switch_off_never_asks_for_a_twin(hub, tmp_path, monkeypatch):
     twin = tmp_path / "Qwen-Image-INT8-ComfyUI.safetensors"
     _twin(twin, "int8")
     hub.commit(REPO, {twin.name: str(twin)})
-    monkeypatch.setenv(sources.TWIN_ENV, "0")
+    monkeypatch.setenv(hub_names.TWIN_ENV, "0")
     with pytest.raises(HubNotFoundError):
         _load(tmp_path, "int8")
     assert twin.name not in [r["filename"] for r in hub.requests("HEAD")]

@@ -2,7 +2,8 @@
 (tests/hub_server.py) serving real tiny pre-quantized files; then the loader node and a real ComfyUI server."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
+from prequant_core.hub import names as hub_names
 
 import dataclasses
 import json
@@ -34,7 +35,7 @@ def test_filename_chain_and_model_name(monkeypatch):
     for repo, model in [("unsloth/FLUX.1-dev-FP8", "FLUX.1-dev"), ("a/Qwen-Image-2512-int8", "Qwen-Image-2512"),
                         ("a/Foo-NVFP4", "Foo"), ("a/Foo-MXFP8", "Foo"), ("a/Foo-quantized", "Foo"),
                         ("a/Plain", "Plain"), ("a/FP8", "FP8")]:
-        assert sources.model_name(repo) == model, repo
+        assert hub_names.model_name(repo) == model, repo
     # weight-only: upper-cased normalized scheme, no legacy name (documented in sources.py)
     assert sources.filenames(REPO, "int8_wo") == ("Z-Image-Turbo-INT8-WEIGHT-ONLY.safetensors",
                                                   "Z-Image-Turbo-INT8-WEIGHT-ONLY.pt")

@@ -3,7 +3,7 @@ against the loopback Hub: resumable, never half-written under the final name, re
 first folder ComfyUI lists for ``prequant`` (extra_model_paths.yaml) is where they land."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 import os
 import subprocess
@@ -101,7 +101,7 @@ def test_killed_download_leaves_no_file_under_the_final_name_and_resumes(hub, hf
     size = os.path.getsize(hub_files["int8.safetensors"])
     hub.slow[(REPO, PRIMARY)] = 0.01  # 256 KiB per 10 ms
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from prequant_core.hub import fetch as hub; "
-            "from prequant_core.load.context import LoadContext; "
+            "from prequant_core.context import LoadContext; "
             "hub.download(sys.argv[2], [sys.argv[3]], LoadContext(download_dir=sys.argv[4]))")
     proc = subprocess.Popen([sys.executable, "-c", code, ROOT, REPO, PRIMARY, str(dest)], env=dict(os.environ),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

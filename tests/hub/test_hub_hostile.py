@@ -4,7 +4,7 @@ larger than the free disk is refused before a byte is written, and downloads are
 repo never stands in for the official one of the same name)."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 import os
 import time

@@ -6,7 +6,7 @@ repo never delete each other's staging, two downloading one file transfer it onc
 never labelled with a pinned commit it does not record."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 import json
 import os
@@ -24,7 +24,7 @@ from loopback_hub import MiB, PRIMARY, REPO, cache_files, partials, sha256
 FP8 = "Z-Image-Turbo-FP8.safetensors"
 ORIGIN = os.path.join(*REPO.split("/"))
 DOWNLOAD = ("import json, sys; sys.path.insert(0, sys.argv[1]); from prequant_core.hub import fetch as hub; "
-            "from prequant_core.load.context import LoadContext; "
+            "from prequant_core.context import LoadContext; "
             "f = hub.download(sys.argv[2], [sys.argv[3]], LoadContext(download_dir=sys.argv[4])); "
             "print(json.dumps({'path': f.path, 'downloaded': f.downloaded}))")
 

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from prequant_core import families
 from prequant_core.errors import CorruptCheckpointError, HubError
 from prequant_core.load import companion_source
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 FAM = families.get("ltx-2")
 C = FAM.arch.companion

@@ -1,7 +1,7 @@
 """The fallback chain: pre-quantized first, else quantize the dense model at load time, decided up front."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 import os
 

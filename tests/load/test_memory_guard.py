@@ -81,7 +81,7 @@ def test_declared_bytes_match_the_index(prequant_files):
 def test_host_budget_boundary(prequant_files):
     path = prequant_files("int8", "safetensors")
     declared = memory_check.declared_bytes(path)
-    needed = declared + memory_check.HOST_HEADROOM
+    needed = declared + memory_check.Guard().headroom
     ok = open_checkpoint(path, model_dirs=[os.path.dirname(path)],
                          memory=memory_check.Guard(available=lambda: needed))
     assert ok.family.name == "z-image"

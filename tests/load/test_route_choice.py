@@ -13,7 +13,7 @@ import torch
 from prequant_core import schemes
 from prequant_core.errors import HubError, PathNotAllowedError, ValidationError
 from prequant_core.load import route
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 from prequant_core.load.metadata import Request
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from prequant_core.errors import HubError
 from prequant_core.load import sources
+from prequant_core.hub import names as hub_names
 
 
 def test_candidates_describe_themselves():
@@ -24,15 +25,15 @@ def test_candidates_describe_themselves():
 
 
 def test_names_that_are_no_artifact_have_no_stem():
-    assert sources.artifact_stem("README.md") is None
-    assert sources.artifact_stem("model.bin") is None
-    assert sources.artifact_stem("Z-Image-Turbo-FP8.safetensors") == "Z-Image-Turbo-FP8"
+    assert hub_names.artifact_stem("README.md") is None
+    assert hub_names.artifact_stem("model.bin") is None
+    assert hub_names.artifact_stem("Z-Image-Turbo-FP8.safetensors") == "Z-Image-Turbo-FP8"
 
 
 def test_a_twin_without_a_sibling_stays_where_it_is():
     names = ["A-FP8-ComfyUI.safetensors", "B-FP8.safetensors"]
     for cached in (lambda n: True, lambda n: False):
-        assert sources.prefer_cached_twins(names, cached) == names
+        assert hub_names.prefer_cached_twins(names, cached) == names
 
 
 def test_a_variant_naming_a_hosted_model_picks_its_repo():

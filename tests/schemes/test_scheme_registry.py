@@ -21,6 +21,7 @@ from prequant_core.errors import CorruptCheckpointError
 from prequant_core.formats import validate_tensors
 from prequant_core.formats.containers import safetensors_container
 from prequant_core.formats import comfy_layout, layer_policy
+from prequant_core.hub import names as hub_names
 from toy import toy_kind, toy_scheme
 
 REPO = "me/Z-Image-Turbo-Q8TOY"
@@ -55,7 +56,7 @@ def test_a_scheme_is_unknown_without_its_registry_line(tmp_path):
     with pytest.raises(ValidationError) as e:
         schemes.normalize("q8toy")
     assert "int8 / fp8 / nvfp4 / mxfp8" in str(e.value)
-    assert families.schemes_from_suffix(REPO) == () and sources.model_name(REPO) == "Z-Image-Turbo-Q8TOY"
+    assert families.schemes_from_suffix(REPO) == () and hub_names.model_name(REPO) == "Z-Image-Turbo-Q8TOY"
     with pytest.raises(ValidationError):
         builder.build_from_tensors(_dense(), builder.Target(str(tmp_path / "x.safetensors")),
                                    builder.Recipe("q8toy", family=families.get("z-image"), base_model_id=BASE,
@@ -66,7 +67,7 @@ def test_a_new_scheme_is_one_module_and_one_line(tmp_path, with_toy):
     # named from a repo's suffix, with its own file names (no legacy transformer_<s>.pt: legacy_pt is False)
     assert schemes.normalize("Q8TOY") == "q8toy" and "q8toy" in schemes.names()
     assert families.schemes_from_suffix(REPO) == ("q8toy",) and sources.schemes_for_repo(REPO) == ("q8toy",)
-    assert sources.model_name(REPO) == "Z-Image-Turbo"
+    assert hub_names.model_name(REPO) == "Z-Image-Turbo"
     assert sources.filenames(REPO, "q8toy") == ("Z-Image-Turbo-Q8TOY.safetensors", "Z-Image-Turbo-Q8TOY.pt",
                                                "Z-Image-Turbo-Q8TOY-ComfyUI.safetensors")  # a twin trails
     assert "q8toy" in containers.writes_schemes(containers.by_name("safetensors"))
@@ -316,7 +317,22 @@ def test_no_module_outside_schemes_names_a_scheme():
 
 def test_prequant_core_has_no_import_cycle():
     # module-level and in-function imports alike: a cycle is a layering knot, however late it is tied
-    cycles = _import_cycles()
+    cycles = _cycles(_import_graph())
+    assert cycles == [], cycles
+
+
+def test_no_room_of_prequant_core_imports_one_that_imports_it():
+    """A room (a package of prequant_core: load/, hub/, text_encoders/, ...; or a top-level module) uses only rooms
+    below it: no two rooms import each other, however indirectly, even where no module does (the Hub once took its
+    names from load/sources.py while load/locate.py downloads through the Hub)."""
+    graph = _import_graph()
+    rooms: dict = {}
+    for m, targets in graph.items():
+        room = ".".join(m.split(".")[:2])
+        rooms.setdefault(room, set()).update(".".join(t.split(".")[:2]) for t in targets)
+        rooms[room].discard(room)
+    assert len(rooms) >= 15
+    cycles = _cycles(rooms)
     assert cycles == [], cycles
 
 
@@ -355,7 +371,7 @@ def test_no_product_function_takes_more_than_six_parameters_but_the_justified():
     assert sum(1 for k in over if not k.startswith(("nodes/", "prequant_core/formats/containers/legacy_v1"))) <= 1
 
 
-def _import_cycles() -> list:
+def _import_graph() -> dict:
     import ast
     import os
     import prequant_core
@@ -379,6 +395,10 @@ def _import_cycles() -> list:
             else:
                 continue
             graph[m].update(t for t in targets if t in mods and t != m)
+    return graph
+
+
+def _cycles(graph: dict) -> list:
     found, state = [], {}
 
     def visit(m, stack):
@@ -397,12 +417,12 @@ def _import_cycles() -> list:
 
 def test_the_drift_bugs_stay_fixed():
     # -MXFP8 is not read as -FP8 (the model name kept an "-MX" and the scheme auto refused "Expected: int8 or fp8")
-    assert sources.model_name("unsloth/Z-Image-Turbo-MXFP8") == "Z-Image-Turbo"
+    assert hub_names.model_name("unsloth/Z-Image-Turbo-MXFP8") == "Z-Image-Turbo"
     assert families.schemes_from_suffix("me/Model-MXFP8") == ("mxfp8",)
     assert families.schemes_from_suffix("me/Model-FP8") == ("fp8", "int8")
     for s in registry.all_schemes():  # every scheme's suffix names it, and <Model> is the name without it
         assert families.schemes_from_suffix(f"me/Model{s.suffix}")[0] == s.name
-        assert sources.model_name(f"me/Model{s.suffix}") == "Model"
+        assert hub_names.model_name(f"me/Model{s.suffix}") == "Model"
     # the nvfp4 bf16 rule is Unsloth's (true for fp8 and mxfp8 only)
     assert not schemes.rules("nvfp4").require_bf16 and schemes.rules("mxfp8").require_bf16
     # weight-only is a property of a scheme, not a record of its own

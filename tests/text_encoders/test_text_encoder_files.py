@@ -6,7 +6,7 @@ configs of the real transformers classes); ComfyUI is not imported here (tests/t
 node in ComfyUI)."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 import json
 import os

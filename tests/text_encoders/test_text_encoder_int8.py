@@ -8,7 +8,7 @@ the file (Info, ``info`` / ``verify``), names it on the Hub the way Unsloth's re
 (tests/text_encoders/test_text_encoder_comfy.py: the node, naming the version). Core tier: no ComfyUI."""
 from __future__ import annotations
 
-from prequant_core.load.context import LoadContext
+from prequant_core.context import LoadContext
 
 import json
 import os

@@ -6,11 +6,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable
 
-from . import memory_check
-
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes in all) of a transfer, every poll
 StatusFn = Callable[[str], None]  # a short line for the user while they wait (connecting, downloading, ...)
 CancelFn = Callable[[], None]  # called every poll; raises to stop (ComfyUI's interrupt)
+HOST_HEADROOM = 256 * 2**20  # Python objects, the model skeleton, placement temporaries
+
+
+@dataclasses.dataclass
+class Guard:
+    """How the memory guard (``load/memory_check.py``) judges a load. ``device``: the load device (None / "cpu": host
+    rule only)."""
+    device: object = None
+    lowvram: bool = False  # the host streams weights to the device: only the host must hold the whole model
+    device_reclaimable: int = 0  # device bytes the caller frees before loading (other models it will unload)
+    available: Callable[[], int] | None = None  # host budget in bytes; default ``host_available``
+    device_free: Callable[[object], int] | None = None  # device -> free bytes; default ``cuda_free``
+    headroom: int = HOST_HEADROOM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +33,7 @@ class LoadContext:
     progress: ProgressFn | None = None
     status: StatusFn | None = None
     cancel: CancelFn | None = None
-    memory: memory_check.Guard | None = dataclasses.field(default_factory=memory_check.Guard)  # None: no check
+    memory: Guard | None = dataclasses.field(default_factory=Guard)  # None: no check
 
     @classmethod
     def of(cls, *, model_dirs: Iterable[str] = (), search_dirs: Iterable[str] = (), **kw) -> "LoadContext":
