@@ -154,6 +154,20 @@ def main():
         lines.append(f"- {scheme}: rel err vs dense {rel:.4f} (target <= 0.02); a vs b max abs diff {(out_a - out_b).abs().max().item()}")
         del ma
         print("\n".join(lines[-4:]), flush=True)
+    # The product lines no CPU test reaches (docs/DEVELOPING.md, "Coverage", (a)) that this script's steps above do
+    # not: the memory guard's device rule (memory_check.cuda_free) and a device tensor handed to the safetensors
+    # writer (safetensors_layout.write_flat). devices.describe and the int8 / fp8 quantized matmuls ran above.
+    from prequant_core.context import Guard
+    from prequant_core.load import memory_check
+    b = memory_check.check(os.path.join(tmp, "z-int8.safetensors"), 2**20, Guard(device=dev, lowvram=False))
+    lines.append(f"- memory guard on {dev}: device free {b.device_available} bytes read (None off CUDA)")
+    on_dev = os.path.join(tmp, "z-int8-from-device.safetensors")
+    builder.build_from_tensors({k: v.to(dev) for k, v in dense.items()}, builder.Target(on_dev),
+                               builder.Recipe("int8", family=families.get("z-image"), base_model_id="x"))
+    a, d = formats.read(os.path.join(tmp, "z-int8.safetensors")).tensors, formats.read(on_dev).tensors
+    same = all(torch.equal(qtensor.split(a[n + ".weight"])[0], qtensor.split(d[n + ".weight"])[0]) for n in names)
+    lines.append(f"- int8 built from {dev} tensors: written and read back ({len(d)} tensors), codes equal to the "
+                 f"host-built file's: {same}")
     lines.append(f"- total {time.time() - t_all:.0f}s")
     text = "\n".join(lines)
     print(text)

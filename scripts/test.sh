@@ -61,7 +61,9 @@ CORE_TESTS=(tests/families/test_unsloth_conformance.py tests/formats/test_fuzz.p
             tests/text_encoders/test_tokenizer_source.py tests/formats/test_validate_tensors.py tests/families/test_keymap_edges.py
             tests/builder/test_builder_inputs.py tests/load/test_placement_edges.py tests/load/test_route_choice.py
             tests/formats/test_container_headers.py tests/schemes/test_codec_edges.py tests/load/test_metadata_edges.py
-            tests/text_encoders/test_encoder_kinds.py tests/hub/test_hub_transfer_edges.py tests/formats/test_plain_values.py)
+            tests/text_encoders/test_encoder_kinds.py tests/hub/test_hub_transfer_edges.py tests/formats/test_plain_values.py
+            tests/cli/test_cli_edges.py tests/load/test_opening_edges.py tests/formats/test_data_section.py tests/formats/test_format_edges.py
+            tests/schemes/test_scheme_edges.py tests/builder/test_encoder_builder_edges.py tests/families/test_family_config_edges.py)
 # The ComfyUI tier's heaviest files; every other test file (tests/test_*.py, tests/<room>/test_*.py) follows them.
 COMFY_HEAVY=(tests/project/test_browser.py tests/nodes/test_compile.py tests/families/test_unsloth_conformance_comfy.py
              tests/test_diffusers_loader.py tests/nodes/test_concurrency.py tests/hub/test_hub.py tests/builder/test_build.py

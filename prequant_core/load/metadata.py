@@ -94,12 +94,6 @@ def _per_row_replacement(family, m: dict, scheme: str) -> str:
             f"downloads it), {build}")
 
 
-def _type_reason(field, value, types, what):
-    if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-        return f"metadata '{field}' is {type(value).__name__} {str(value)[:60]!r}, expected {what}"
-    return None
-
-
 def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
     """``family`` (a ``families.Family``, or None when the file's family is unknown): supplies its int8 exclude
     tokens and its excluded bases."""
@@ -122,11 +116,11 @@ def validate(ckpt: Checkpoint, req: Request, *, family=None) -> Verdict:
                                ("fp8_granularity", (str,), "a string"), ("exclude_name_tokens", (list, tuple), "a list"),
                                ("fingerprint", (dict,), "an object"), ("quant_backend", (str,), "a string"),
                                ("torch_dtype", (str,), "a string")):
-        r = _type_reason(field, m.get(field), types, what)
-        if r is None and field == "min_features" and m.get(field) is not None and as_int(m[field]) is None:
-            r = f"metadata 'min_features' is {str(m[field])[:60]!r}, expected an integer"
-        if r:
-            reasons.append(r)
+        v = m.get(field)
+        if v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
+            reasons.append(f"metadata '{field}' is {type(v).__name__} {str(v)[:60]!r}, expected {what}")
+        elif field == "min_features" and v is not None and as_int(v) is None:
+            reasons.append(f"metadata 'min_features' is {str(v)[:60]!r}, expected an integer")
     if reasons and any("metadata '" in r for r in reasons):
         return Verdict(False, reasons)
     reasons += layer_policy.tag_reasons(ckpt)

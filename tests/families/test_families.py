@@ -620,6 +620,13 @@ def _load_with_companion(fam, loads, extra: dict, models_prequant: str):
     try:
         with torch.inference_mode():
             res = [load() for load in loads]
+        # ComfyUI's reload of the model (``cached_patcher_init``: a non-dynamic delegate, a device copy) reads the
+        # connectors from their own file again, as the load did
+        reload, args = res[0]["result"][0].cached_patcher_init
+        assert os.path.samefile(args[2], local)
+        before, after = res[0]["result"][0].model.state_dict(), reload(*args).model.state_dict()
+        connectors = [k for k in before if "connector" in k]
+        assert connectors and all(torch.equal(before[k], after[k]) for k in connectors)
     finally:
         os.remove(local)
     assert res[0]["ui"]["prequant"][0]["companion"] == f"{c.local_name} (local)"

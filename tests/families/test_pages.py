@@ -59,6 +59,9 @@ def test_to_comfy_names_the_file_rows_a_fused_weight_was_copied_from(tmp_path):
     from prequant_core.schemes import qtensor
     assert pages.file_backed(qtensor.parts(mapped["to_q.weight"])[0])
     assert not pages.file_backed([torch.randn(4, 4)]) and not pages.file_backed([])
+    # a view of the mapped codes that is not their bytes in order (transposed), or holds none, is not file-backed
+    q = qtensor.parts(mapped["to_q.weight"])[0][0]
+    assert pages.file_backed([q]) and not pages.file_backed([q.t()]) and not pages.file_backed([q[:0]])
     sources: dict = {}
     keymap.to_comfy(mapped, key_map, sources=sources)
     assert list(sources) == ["qkv.weight"]

@@ -373,6 +373,23 @@ def test_revision_pinning(hub, hf_env, hub_files):
     assert len(hub.log) == n + 1  # one answer, no other names tried
 
 
+def test_a_pinned_commit_skips_a_name_the_cache_records_as_absent_without_a_request(hub, hf_env, hub_files):
+    """A commit's files never change: a name the client's cache records as absent at that commit (``.no_exist``,
+    written by the client itself on a 404) is passed over offline, and the next cached name is served."""
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+    from prequant_core.hub import cache as hub_cache, fetch as h
+    commit = hub.commit(REPO, {PT: hub_files["int8.pt"]})
+    assert h.download(REPO, (PT,), revision=commit).filename == PT
+    with pytest.raises(EntryNotFoundError):  # the real client records the miss in its cache
+        huggingface_hub.hf_hub_download(REPO, PRIMARY, revision=commit, cache_dir=hub_cache.cache_dir(),
+                                        endpoint=hub_cache.endpoint())
+    n = len(hub.log)
+    f = h.download(REPO, (PRIMARY, PT, LEGACY), revision=commit)
+    assert f.filename == PT and not f.downloaded and len(hub.log) == n  # no request at all
+    assert f.tried == [(PRIMARY, "not in the repo (recorded in the cache)")]
+
+
 def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, hub_files):
     """The server drops the connection mid-body once; the next request asks only for the missing bytes."""
     from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h, local as hub_local

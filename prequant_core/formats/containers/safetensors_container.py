@@ -90,11 +90,18 @@ def read_header(src) -> tuple[dict, dict, int]:
                                          path=path, found=f"{info['dtype']} {info['shape']}",
                                          fix="Download or build the file again.")
         spans.append((a, b, name))
-    spans.sort()
-    for (a1, b1, n1), (a2, b2, n2) in zip(spans, spans[1:]):
-        if a2 < b1:
-            raise CorruptCheckpointError("Two tensors in the safetensors file overlap.", path=path,
-                                         found=f"'{n1[:60]}' and '{n2[:60]}'")
+    end = 0  # the tensors tile the data section, as the full read (the safetensors library) requires of a file
+    for a, b, name in sorted(spans):
+        if a != end:
+            raise CorruptCheckpointError("Two tensors in the safetensors file overlap." if a < end else
+                                         "The safetensors file holds bytes no tensor accounts for.", path=path,
+                                         found=f"tensor '{name[:60]}' at bytes {a}..{b}; the ones before end at {end}",
+                                         fix="Download or build the file again.")
+        end = b
+    if end != data_len:
+        raise CorruptCheckpointError("The safetensors file holds bytes no tensor accounts for.", path=path,
+                                     found=f"data section {data_len} bytes, its tensors end at {end}",
+                                     fix="Download or build the file again.")
     return header, meta, n
 
 
