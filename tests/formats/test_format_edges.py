@@ -8,11 +8,9 @@ written again with one header entry changed. Core tier: no ComfyUI."""
 from __future__ import annotations
 
 import json
-import zipfile
 
 import pickle_asm as asm
 import pytest
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -87,22 +85,9 @@ def _container(weight: bytes) -> bytes:
             + asm.STOP)
 
 
-def _write_pt(path, data_pkl: bytes) -> str:
-    """A genuine torch.save archive with its pickle replaced."""
-    torch.save({"x": torch.ones(2)}, path)
-    with zipfile.ZipFile(path) as z:
-        blobs = {n: z.read(n) for n in z.namelist()}
-    pkl = next(n for n in blobs if n.endswith("data.pkl"))
-    blobs[pkl] = data_pkl
-    with zipfile.ZipFile(path, "w") as z:
-        for n, b in blobs.items():
-            z.writestr(n, b)
-    return str(path)
-
-
 def test_a_v1_class_where_a_tensor_layout_belongs_is_refused_naming_the_class(tmp_path):
     layout_of_a_class = _g("torch.serialization", "_get_layout") + asm.MARK + AQT + asm.TUPLE + asm.REDUCE
-    path = _write_pt(tmp_path / "odd-int8.pt", _container(LAQT + asm.POP + layout_of_a_class))
+    path = asm.write_pt(tmp_path / "odd-int8.pt", _container(LAQT + asm.POP + layout_of_a_class))
     with pytest.raises(CorruptCheckpointError) as e:
         formats.read(path)
     msg = str(e.value)
@@ -111,5 +96,5 @@ def test_a_v1_class_where_a_tensor_layout_belongs_is_refused_naming_the_class(tm
     # control: the layout torch.save names is decoded (the file then fails only where its weight is not a tensor)
     fine = _g("torch.serialization", "_get_layout") + asm.MARK + _s("torch.strided") + asm.TUPLE + asm.REDUCE
     with pytest.raises(CorruptCheckpointError) as e:
-        formats.read(_write_pt(tmp_path / "layout-int8.pt", _container(LAQT + asm.POP + fine)))
+        formats.read(asm.write_pt(tmp_path / "layout-int8.pt", _container(LAQT + asm.POP + fine)))
     assert "Entry 'w.weight' is not a tensor." in str(e.value) and "Found: layout" in str(e.value), str(e.value)

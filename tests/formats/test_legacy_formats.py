@@ -10,7 +10,6 @@ import json
 import os
 import pickle
 import pickletools
-import struct
 import subprocess
 import sys
 import types
@@ -24,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from conftest import BASE_ID, ROOT, sample
 from prequant_core import builder, errors, families, formats, schemes
 from prequant_core.load import opening, metadata
-from prequant_core.schemes import qtensor, quantize
+from prequant_core.schemes import qtensor
 from prequant_core.builder import writers
 from prequant_core.formats.checkpoint import FORMAT_V1, FORMAT_V2, FORMAT_V3
 from prequant_core.formats.containers import legacy_v1
@@ -198,19 +197,6 @@ def _call(module, name, *args: str) -> bytes:
     return _g(module, name) + MARK + b"".join(_s(a) for a in args) + TUPLE + REDUCE
 
 
-def _write_pt(path, data_pkl: bytes):
-    """A genuine torch.save archive (one 8-byte float storage, data/0) with its pickle replaced."""
-    torch.save({"x": torch.ones(2)}, path)
-    with zipfile.ZipFile(path) as z:
-        blobs = {n: z.read(n) for n in z.namelist()}
-    pkl = next(n for n in blobs if n.endswith("data.pkl"))
-    blobs[pkl] = data_pkl
-    with zipfile.ZipFile(path, "w") as z:
-        for n, b in blobs.items():
-            z.writestr(n, b)
-    return str(path)
-
-
 def _payloads(marker: str) -> dict:
     touch = f"touch {marker}"
     return {
@@ -236,7 +222,7 @@ LIVE = ("os.system in a v1 weight", "builtins.exec in a v1 weight", "subprocess 
 @pytest.mark.parametrize("case", list(_payloads("M")))
 def test_crafted_legacy_pickles_are_refused_without_running(folder, tmp_path, case):
     marker = tmp_path / "PWNED"
-    path = _write_pt(folder / "evil-int8.pt", _payloads(str(marker))[case])
+    path = asm.write_pt(folder / "evil-int8.pt", _payloads(str(marker))[case])
     with pytest.raises(errors.UnsafeCheckpointError) as e:
         formats.read(path)
     assert not marker.exists(), "the payload ran"
@@ -276,12 +262,12 @@ def test_malformed_legacy_pickles_are_corrupt(folder, case):
             "a dtype called": _g("torch", "int8") + MARK + TUPLE + REDUCE,
             "a tensor written as a dict": tensor(2) + _int(0) + _int(5) + b"s",
             "copyreg extension": b"\x82\x01"}[case]
-    path = _write_pt(folder / "bad-int8.pt", _container(LAQT + POP + body))
+    path = asm.write_pt(folder / "bad-int8.pt", _container(LAQT + POP + body))
     with pytest.raises(errors.CorruptCheckpointError) as e:
         formats.read(path)
     assert "legacy" in str(e.value)
     # control: the same archive with a well-formed tensor reads
-    ok = _write_pt(folder / "ok-int8.pt", _container(LAQT + POP + tensor(2)))
+    ok = asm.write_pt(folder / "ok-int8.pt", _container(LAQT + POP + tensor(2)))
     assert torch.equal(formats.read(ok).tensors["w.weight"], torch.ones(2))
 
 

@@ -13,11 +13,9 @@ own objects where torchao would not produce the variant itself. Nothing here imp
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 import textwrap
-import zipfile
 
 import pickle_asm as asm
 import pytest
@@ -206,34 +204,15 @@ def _container(weight: bytes, *, before: bytes = b"", metadata: bytes = EMPTY_DI
             + EMPTY_DICT + MARK + _s("w.weight") + weight + SETITEMS + _s("metadata") + metadata + SETITEMS + STOP)
 
 
-def _write_pt(path, data_pkl: bytes, *, big_endian: bool = False) -> str:
-    """A genuine torch.save archive (one storage of two float32 ones, data/0) with its pickle replaced; big-endian:
-    the archive as a big-endian machine writes it (its byteorder record, its storage bytes swapped)."""
-    torch.save({"x": torch.ones(2)}, path)
-    with zipfile.ZipFile(path) as z:
-        blobs = {n: z.read(n) for n in z.namelist()}
-    for n in blobs:
-        if n.endswith("data.pkl"):
-            blobs[n] = data_pkl
-        elif big_endian and n.endswith("/byteorder"):
-            blobs[n] = b"big"
-        elif big_endian and n.endswith("/data/0"):
-            blobs[n] = struct.pack(">2f", 1.0, 1.0)
-    with zipfile.ZipFile(path, "w") as z:
-        for n, b in blobs.items():
-            z.writestr(n, b)
-    return str(path)
-
-
 def test_control_a_crafted_container_with_a_plain_tensor_reads(tmp_path):
-    ck = formats.read(_write_pt(tmp_path / "ok.pt", _container(_tensor())))
+    ck = formats.read(asm.write_pt(tmp_path / "ok.pt", _container(_tensor())))
     assert ck.container == "legacy-pt" and torch.equal(ck.tensors["w.weight"], torch.ones(2))
 
 
 def test_a_big_endian_archive_is_byteswapped_on_read(tmp_path):
     if sys.byteorder != "little":
         pytest.skip("the swap is tested from a little-endian machine")
-    path = _write_pt(tmp_path / "big.pt", _container(_tensor()), big_endian=True)
+    path = asm.write_pt(tmp_path / "big.pt", _container(_tensor()), big_endian=True)
     for mmap in (True, False):
         got = legacy_v1.read_legacy_v1(path, mmap=mmap).tensors["w.weight"]
         assert torch.equal(got, torch.ones(2)), (mmap, got)
@@ -243,12 +222,12 @@ def test_empty_states_torch_never_writes_read_and_a_set_is_no_metadata(tmp_path)
     layout = _g("torchao.dtypes.utils", "PlainLayout") + EMPTY_TUPLE + NEWOBJ + EMPTY_DICT + BUILD + POP
     ordered = ORDERED_DICT + EMPTY_TUPLE + REDUCE + EMPTY_DICT + BUILD + POP
     a_set = EMPTY_SET + MARK + _s("norm") + _s("embed") + ADDITEMS
-    ck = formats.read(_write_pt(tmp_path / "states.pt", _container(_tensor(), before=layout + ordered + a_set + POP)))
+    ck = formats.read(asm.write_pt(tmp_path / "states.pt", _container(_tensor(), before=layout + ordered + a_set + POP)))
     assert torch.equal(ck.tensors["w.weight"], torch.ones(2))
     # the same set kept in the metadata: not the JSON-like data Unsloth's metadata holds
     meta = EMPTY_DICT + _s("exclude_name_tokens") + a_set + b"s"
     with pytest.raises(CorruptCheckpointError) as e:
-        formats.read(_write_pt(tmp_path / "set-meta.pt", _container(_tensor(), metadata=meta)))
+        formats.read(asm.write_pt(tmp_path / "set-meta.pt", _container(_tensor(), metadata=meta)))
     assert "metadata is malformed" in e.value.message and "set" in e.value.found
 
 
@@ -286,7 +265,7 @@ def test_crafted_records_are_corrupt_naming_what_is_wrong(tmp_path, case, found)
                 _g("torch._utils", "_rebuild_tensor_v2")):-len(REDUCE)] + EMPTY_DICT + TUPLE + REDUCE,
     }[case]
     with pytest.raises(CorruptCheckpointError) as e:
-        formats.read(_write_pt(tmp_path / "bad.pt", _container(weight)))
+        formats.read(asm.write_pt(tmp_path / "bad.pt", _container(weight)))
     assert "legacy" in e.value.message and found in e.value.found, (e.value.message, e.value.found)
 
 
