@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from . import families
-from .hub.names import normalize_repo
+from .families.hub_names import normalize_repo
 from .load import opening, pipeline, sources
 from .request import Candidates, Request
 from .context import LoadContext

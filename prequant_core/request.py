@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 from .errors import HubError
-from .families import base_tail, normalize_base
 
 PRESET_NONE = "none"
 
@@ -82,10 +81,3 @@ class Verdict:
     ok: bool
     reasons: list[str]
     notes: list[str] = dataclasses.field(default_factory=list)  # accepted, but worth showing (Prequant Info)
-
-
-def base_matches(found: str, wanted: str) -> bool:
-    """Exact match, or the same last path part (case-insensitive, either slash)."""
-    if found == wanted or normalize_base(found) == normalize_base(wanted):
-        return True
-    return base_tail(found) == base_tail(wanted)

@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 
 from ..errors import UnknownFamilyError
 from ._base import (Architecture, ComfyParamDefault, Family, HostedEncoder, HostedFile, Hosting, KnownPolicy, Shapes,
-                    base_tail, blocks, count_blocks, first, has_any, normalize_base,
+                    base_matches, base_tail, blocks, count_blocks, first, has_any, normalize_base,
                     schemes_from_suffix)  # noqa: F401 (public names)
 
 # Registration order is detection order (``detect`` takes the first family whose markers match):

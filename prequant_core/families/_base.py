@@ -98,6 +98,13 @@ def base_tail(s: str) -> str:
     return normalize_base(s).rsplit("/", 1)[-1]
 
 
+def base_matches(found: str, wanted: str) -> bool:
+    """Exact match, or the same last path part (case-insensitive, either slash)."""
+    if found == wanted or normalize_base(found) == normalize_base(wanted):
+        return True
+    return base_tail(found) == base_tail(wanted)
+
+
 def _has(keys: set, marker) -> bool:
     return all(k in keys for k in ((marker,) if isinstance(marker, str) else marker))
 

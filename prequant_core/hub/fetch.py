@@ -47,7 +47,7 @@ import logging
 import os
 from typing import Iterable
 
-from .names import normalize_repo, normalize_revision, prefer_cached_twins
+from ..families.hub_names import normalize_repo, normalize_revision, prefer_cached_twins
 from ..context import LoadContext
 from ..safe_text import redact
 from .cache import (cache_dir, cached_file, client_constants, endpoint, is_offline, shown_endpoint, pinned_commit_hit,

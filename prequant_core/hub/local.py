@@ -8,7 +8,7 @@ import os
 import re
 from typing import Iterable, Mapping
 
-from .names import local_name, normalize_repo
+from ..families.hub_names import local_name, normalize_repo
 
 
 def local_file(repo: str, filenames: Iterable[str], folders: Iterable[str],

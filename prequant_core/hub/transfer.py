@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Mapping
 
-from .names import local_name
+from ..families.hub_names import local_name
 from ..context import LoadContext
 from .cache import storage_folder
 from .errors import HubDownloadError, HubUnavailableError, reasons_of, where

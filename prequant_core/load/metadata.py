@@ -10,9 +10,9 @@ from __future__ import annotations
 from ..formats import layer_policy
 from ..schemes import qtensor
 from .. import schemes
-from ..families import canonical
+from ..families import base_matches, canonical
 from ..formats.checkpoint import FORMAT_V1, KNOWN_FORMATS, Checkpoint
-from ..request import Request, Verdict, base_matches
+from ..request import Request, Verdict
 from ..safe_text import escape
 
 FIELDS = ("base_model_id", "family", "scheme", "component", "min_features", "exclude_name_tokens", "require_bf16",

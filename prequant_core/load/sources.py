@@ -32,7 +32,7 @@ from . import allowlist
 from .. import families, schemes
 from ..errors import HubError, PrequantError
 from ..request import PRESET_NONE, Candidate, Candidates, Preset, pick
-from ..hub.names import (TWIN_ENV, local_name, model_name, normalize_repo, normalize_revision,
+from ..families.hub_names import (TWIN_ENV, local_name, model_name, normalize_repo, normalize_revision,
                          with_comfy_twins)
 
 

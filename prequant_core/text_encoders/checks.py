@@ -10,11 +10,11 @@ import re
 import torch
 
 from .. import families
-from ..families import HostedEncoder, normalize_base
+from ..families import HostedEncoder, base_matches, normalize_base
 from ..families import encoders as kinds
 from ..formats.checkpoint import KNOWN_FORMATS, LAYERWISE_CAST, TEXT_ENCODER_FORMAT_INT8_CONVROT, TEXT_ENCODER_FORMAT_V1
 from ..schemes import qtensor
-from ..request import Request, Verdict, base_matches
+from ..request import Request, Verdict
 
 FORMAT_V1 = TEXT_ENCODER_FORMAT_V1
 FORMAT_INT8_CONVROT = TEXT_ENCODER_FORMAT_INT8_CONVROT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import families
 from ..errors import HubError
-from ..hub.names import model_name, normalize_repo, normalize_revision
+from ..families.hub_names import model_name, normalize_repo, normalize_revision
 from ..request import PRESET_NONE, Candidate, Candidates, Preset, pick
 from .checks import COMPONENTS
 

@@ -18,7 +18,7 @@ from prequant_core.load import opening, metadata, sources
 from prequant_core.formats.checkpoint import FORMAT_V1
 from prequant_core.errors import HubError, ValidationError
 from prequant_core.formats.containers.pt import load_weights_only
-from prequant_core.hub import names as hub_names
+from prequant_core.families import hub_names
 from tools import tiny_families as tf
 
 # Unsloth's order, written out (docs/FORMAT.md section 4), not derived from our code

@@ -20,7 +20,7 @@ from prequant_core.errors import CorruptCheckpointError, ValidationError
 from prequant_core.load import pipeline, sources
 from prequant_core.hub.errors import HubNotFoundError
 from prequant_core.load.metadata import Request
-from prequant_core.hub import names as hub_names
+from prequant_core.families import hub_names
 
 REPO = "unsloth/Qwen-Image-FP8"
 BASE = "Qwen/Qwen-Image"

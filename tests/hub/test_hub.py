@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prequant_core.context import LoadContext
-from prequant_core.hub import names as hub_names
+from prequant_core.families import hub_names
 
 import dataclasses
 import json

@@ -75,7 +75,9 @@ def test_one_load_opens_the_checkpoint_once(traced):
 
 
 # Leaf helpers every step may use; they call nothing back (the room count leaves them aside)
-LEAVES = ("prequant_core/errors.py", "prequant_core/units.py", "prequant_core/safe_text.py")
+LEAVES = ("prequant_core/errors.py", "prequant_core/units.py", "prequant_core/safe_text.py",
+          # the records a load passes down whole (what the host gives, what is asked): every step's, no step of its own
+          "prequant_core/context.py", "prequant_core/request.py")
 # The callbacks a caller hands down (status lines, progress, ComfyUI's interrupt): the only calls up the layers
 CALLBACKS = {("nodes/status.py", "say"), ("nodes/status.py", "bytes"), ("nodes/status.py", "tensors"),
              ("nodes/load_node.py", "_interrupted")}
@@ -89,6 +91,19 @@ def _room(mod: str) -> str:
     """A folder under prequant_core/ is one room; any other file is its own."""
     parts = mod.split(os.sep)
     return "/".join(parts[:2]) if parts[0] == "prequant_core" and len(parts) > 2 else mod
+
+
+def test_the_leaves_import_nothing_of_the_pack_but_leaves():
+    """What lets the room count leave them aside: a leaf reaches no step of the load."""
+    import ast
+    for leaf in LEAVES:
+        tree = ast.parse(open(os.path.join(ROOT, leaf), encoding="utf-8").read())
+        own = {f"prequant_core/{n.module.replace('.', '/')}.py" for n in ast.walk(tree)
+               if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+        own |= {f"prequant_core/{a.name}.py" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and n.level == 1 and not n.module for a in n.names}
+        assert own <= set(LEAVES), (leaf, own - set(LEAVES))
+        assert not any(isinstance(n, ast.ImportFrom) and n.level > 1 for n in ast.walk(tree)), leaf
 
 
 def test_the_load_walk_goes_down_through_few_rooms(traced):

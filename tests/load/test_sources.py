@@ -8,7 +8,7 @@ import pytest
 
 from prequant_core.errors import HubError
 from prequant_core.load import sources
-from prequant_core.hub import names as hub_names
+from prequant_core.families import hub_names
 
 
 def test_candidates_describe_themselves():

@@ -21,7 +21,7 @@ from prequant_core.errors import CorruptCheckpointError
 from prequant_core.formats import validate_tensors
 from prequant_core.formats.containers import safetensors_container
 from prequant_core.formats import comfy_layout, layer_policy
-from prequant_core.hub import names as hub_names
+from prequant_core.families import hub_names
 from toy import toy_kind, toy_scheme
 
 REPO = "me/Z-Image-Turbo-Q8TOY"

@@ -1,6 +1,6 @@
-"""The Hub's names: a repo id and a revision as the Hub accepts them, ``<Model>`` of a repo, the name a Hub file gets in
-a model folder, and Unsloth's ComfyUI-format twins (``<stem>-ComfyUI.safetensors``) in a chain of names. No I/O: the
-load's planner (``load/sources.py``) and the download (``fetch``, ``local``, ``transfer``) read the same rules."""
+"""The names hosted files go by: a repo id and a revision as the Hub accepts them, ``<Model>`` of a repo, the name a
+Hub file gets in a model folder, and Unsloth's ComfyUI-format twins (``<stem>-ComfyUI.safetensors``) in a chain of
+names. No I/O: the load's planner (``load/sources.py``) and the Hub download (``hub/``) read the same rules."""
 from __future__ import annotations
 
 import re
