@@ -60,6 +60,27 @@ def test_a_root_tensor_list_that_is_not_a_list_of_names_is_refused_naming_the_fi
     assert "Header entry 'unsloth_root_tensors' is not a list of names." in msg and "roots.safetensors" in msg
 
 
+def test_a_tensor_the_header_lists_but_the_file_lacks_is_refused_naming_it(int8_file, tmp_path):
+    with safe_open(int8_file, "pt") as f:
+        names = json.loads(f.metadata()["tensor_names"])
+    path = _rewritten(int8_file, str(tmp_path / "ghost.safetensors"), tensor_names=json.dumps([*names, "ghost.weight"]),
+                      **{"ghost.weight": "{}"})
+    with pytest.raises(CorruptCheckpointError) as e:
+        formats.read(path)
+    msg = str(e.value)
+    assert "Tensor 'ghost.weight' is listed in the header but missing." in msg and "ghost.safetensors" in msg, msg
+
+
+def test_a_file_with_no_tensor_is_refused_as_holding_none(int8_file, tmp_path):
+    with safe_open(int8_file, "pt") as f:
+        meta = dict(f.metadata())
+    path = str(tmp_path / "empty.safetensors")
+    save_file({}, path, metadata={**meta, "tensor_names": "[]"})  # the pack's header, no tensor at all
+    with pytest.raises(CorruptCheckpointError) as e:
+        formats.read(path)
+    assert "The checkpoint holds no tensors." in str(e.value) and "empty.safetensors" in str(e.value), str(e.value)
+
+
 def test_a_folder_given_as_the_checkpoint_is_refused_as_a_folder(tmp_path):
     folder = tmp_path / "Z-Image-Turbo-INT8.safetensors"  # a folder with a checkpoint's name
     folder.mkdir()

@@ -378,7 +378,7 @@ def test_a_pinned_commit_skips_a_name_the_cache_records_as_absent_without_a_requ
     written by the client itself on a 404) is passed over offline, and the next cached name is served."""
     import huggingface_hub
     from huggingface_hub.errors import EntryNotFoundError
-    from prequant_core.hub import cache as hub_cache, fetch as h
+    from prequant_core.hub import cache as hub_cache, errors as hub_errors, fetch as h
     commit = hub.commit(REPO, {PT: hub_files["int8.pt"]})
     assert h.download(REPO, (PT,), revision=commit).filename == PT
     with pytest.raises(EntryNotFoundError):  # the real client records the miss in its cache
@@ -388,6 +388,10 @@ def test_a_pinned_commit_skips_a_name_the_cache_records_as_absent_without_a_requ
     f = h.download(REPO, (PRIMARY, PT, LEGACY), revision=commit)
     assert f.filename == PT and not f.downloaded and len(hub.log) == n  # no request at all
     assert f.tried == [(PRIMARY, "not in the repo (recorded in the cache)")]
+    # every name recorded as absent: the cache cannot answer, so the Hub is asked, and says the same
+    with pytest.raises(hub_errors.HubNotFoundError):
+        h.download(REPO, (PRIMARY,), revision=commit)
+    assert len(hub.log) > n
 
 
 def test_interrupted_transfer_resumes_with_a_range_request(hub, hf_env, hub_files):
