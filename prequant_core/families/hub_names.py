@@ -72,6 +72,11 @@ def local_name(repo: str, filename: str) -> str:
     return filename
 
 
+# Next to ``<stem>.safetensors`` / ``.pt`` Unsloth may host ``<stem>-ComfyUI.safetensors``: the same weights in
+# ComfyUI's own quantized layout (read by formats/containers/comfy_native.py), for its image families. A twin that
+# holds the artifact's weights bit for bit (its scheme record's ``twin_leads``: int8) leads the artifact's names (the
+# one file stock ComfyUI loads too is the default download); an fp8 twin has one scale per tensor, a coarser rounding
+# of the per-row file, so it trails.
 TWIN_TAG = "-ComfyUI"
 TWIN_SUFFIX = TWIN_TAG + ".safetensors"
 TWIN_ENV = "UNSLOTH_DIFFUSION_PREQUANT_COMFY"  # 0 / off / false / no: never ask for a twin

@@ -31,10 +31,9 @@ from typing import Callable, Iterable, Mapping
 from . import allowlist
 from .. import families, schemes
 from ..errors import HubError, PrequantError
-from ..request import PRESET_NONE, Candidate, Candidates, Preset, pick
 from ..families.hub_names import (TWIN_ENV, local_name, model_name, normalize_repo, normalize_revision,
-                         with_comfy_twins)
-
+                                  with_comfy_twins)
+from ..request import PRESET_NONE, Candidate, Candidates, Preset, pick
 
 
 def family_schemes(fam) -> tuple[str, ...]:
@@ -69,12 +68,6 @@ def filenames(repo: str, scheme: str, component: str = "transformer", base_model
     return tuple(names)
 
 
-# --- ComfyUI-format twins ------------------------------------------------------------------------------------------
-# Next to ``<stem>.safetensors`` / ``.pt`` Unsloth may host ``<stem>-ComfyUI.safetensors``: the same weights in
-# ComfyUI's own quantized layout (read by formats/containers/comfy_native.py), for its image families. A twin that
-# holds the artifact's weights bit for bit (its scheme record's ``twin_leads``: int8) leads the artifact's names (the
-# one file stock ComfyUI loads too is the default download); an fp8 twin has one scale per tensor, a coarser rounding
-# of the per-row file, so it trails.
 def schemes_for_repo(repo: str) -> tuple[str, ...]:
     """What scheme ``auto`` tries in a repo, in order: the scheme its name's suffix says first where the repo holds
     it, then the rest of what the family table says it holds (e.g. unsloth/Qwen-Image-FP8: fp8, then int8)."""
